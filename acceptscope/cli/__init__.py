@@ -1,0 +1,50 @@
+"""The ``acceptscope`` command line.
+
+One module per command group; each defines ``register(app)``. Modules import
+their heavy dependencies (torch, streamlit, estimators) inside the command
+functions so that ``acceptscope --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="acceptscope",
+    help=(
+        "Observability and block-accept estimation for DSpark speculative decoding.\n\n"
+        "Typical audit:  acceptscope audit --engine reference --workload mixed --db audit.duckdb"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+# Command modules, in --help order. A module listed here that does not exist yet is skipped.
+_COMMAND_MODULES = (
+    "audit",
+    "run",
+    "ingest",
+    "estimate",
+    "calibrate",
+    "report",
+    "dashboard",
+    "export",
+    "train",
+    "profile",
+    "live",
+)
+
+for _name in _COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"acceptscope.cli.{_name}")
+    except ModuleNotFoundError as e:  # only tolerate the module itself being absent
+        if e.name != f"acceptscope.cli.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

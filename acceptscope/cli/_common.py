@@ -1,0 +1,28 @@
+"""Options and helpers shared by the CLI command modules."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+# Exit codes scripts can rely on.
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the command ran and found a problem (e.g. audit parity broken)
+EXIT_USAGE = 2  # bad arguments or unreadable input
+EXIT_NO_DATA = 3  # the database holds nothing to work on
+
+DbOption = typer.Option(Path("acceptscope.duckdb"), "--db", help="DuckDB telemetry file.")
+JsonOption = typer.Option(False, "--json", help="Print a machine-readable JSON summary on stdout.")
+
+
+def emit_json(summary: Any) -> None:
+    """Write one JSON document to stdout (human output goes to stderr)."""
+    sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+    sys.stdout.flush()
