@@ -1,14 +1,46 @@
 """The DuckDB telemetry store: schema creation, idempotent Arrow appends, readers.
 
-Concurrency design: DuckDB allows one read-write *process* per file. The writer
-therefore holds its connection only for the duration of a flush (open, append
-one Arrow batch per table in one transaction, close), and readers open short
-``read_only`` connections with retry. A dashboard can thus read while a run is
-being written; each sees a consistent, committed snapshot.
+Concurrency design
+------------------
+DuckDB allows one read-write *process* per file (an OS file lock), and inside
+one process it refuses a second connection to the same file with a different
+``read_only`` setting. The store therefore never keeps a connection open:
+
+* the writer opens the file read-write only for the duration of a flush (one
+  transaction across all tables, then close, which checkpoints the WAL);
+* readers open short ``read_only`` connections and retry with backoff while a
+  flush holds the lock (``_connect``), so a dashboard process reads committed
+  snapshots while a run is being written;
+* inside one process a per-file lock serialises connections, so a reader
+  thread and the writer thread of the same process take turns instead of
+  tripping DuckDB's "different configuration" error. Nested ``connect()``
+  calls on one thread reuse the open connection.
+
+``tests/test_concurrent_read.py`` checks this with real processes (a writer
+streaming for seconds, two readers polling every 100 ms); the figures are in
+that test's printed summary and in the store helper's report.
+
+Idempotency
+-----------
+Every table has a natural key (``schema.Table.key``). Re-ingesting a source
+inserts nothing new. Two implementations exist and are detected per file:
+
+* ``primary_keys=True``: the key is a DuckDB ``PRIMARY KEY`` and inserts use
+  ``INSERT OR IGNORE`` (an ART index, kept in memory, grows with the table);
+* ``primary_keys=False`` (default for new files): no index; each insert is an
+  anti-join against the existing rows, restricted by the min/max of the
+  incoming batch's integer and string key columns so DuckDB's zone maps skip
+  row groups that cannot collide (telemetry arrives in ``forward_ct`` order,
+  so a flush only touches the tail of the table). Duplicates inside one batch
+  are dropped too.
+
+``bench/writer.py`` measures both side by side; the figures (see
+``acceptscope/writer.py``'s docstring) chose the default.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +49,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from acceptscope import schema
 
@@ -42,109 +75,453 @@ def duck_type(t: pa.DataType) -> str:
         raise TypeError(f"no DuckDB type mapping for Arrow type {t}") from None
 
 
-def create_table_sql(t: schema.Table) -> str:
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def create_table_sql(t: schema.Table, primary_key: bool = True) -> str:
     cols = ",\n  ".join(
-        f'"{c.name}" {duck_type(c.type)}{"" if c.nullable else " NOT NULL"}' for c in t.columns
+        f'{_q(c.name)} {duck_type(c.type)}{"" if c.nullable else " NOT NULL"}' for c in t.columns
     )
-    key = ", ".join(f'"{k}"' for k in t.key)
-    return f'CREATE TABLE IF NOT EXISTS "{t.name}" (\n  {cols},\n  PRIMARY KEY ({key})\n)'
+    if primary_key:
+        cols += ",\n  PRIMARY KEY (" + ", ".join(_q(k) for k in t.key) + ")"
+    return f"CREATE TABLE IF NOT EXISTS {_q(t.name)} (\n  {cols}\n)"
 
 
-def _connect(path: str | Path, read_only: bool, timeout_s: float) -> duckdb.DuckDBPyConnection:
-    """Open a connection, retrying while another process holds the file lock."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.005
+# ---------------------------------------------------------------------------
+# connections
+# ---------------------------------------------------------------------------
+_PROCESS_LOCKS: dict[str, threading.RLock] = {}
+_PROCESS_LOCKS_GUARD = threading.Lock()
+_ACTIVE = threading.local()  # per thread: {path: (connection, read_only)}
+
+
+def _process_lock(path: str) -> threading.RLock:
+    with _PROCESS_LOCKS_GUARD:
+        return _PROCESS_LOCKS.setdefault(path, threading.RLock())
+
+
+class LockStats:
+    """How often opening the file had to wait for another holder, and for how long."""
+
+    def __init__(self) -> None:
+        self.opens = 0
+        self.retries = 0
+        self.waited_opens = 0
+        self.max_wait_s = 0.0  # longest open that had to retry (includes the open itself)
+        self.max_open_s = 0.0  # longest open overall
+        self._lock = threading.Lock()
+
+    def record(self, retries: int, elapsed_s: float) -> None:
+        with self._lock:
+            self.opens += 1
+            self.retries += retries
+            self.max_open_s = max(self.max_open_s, elapsed_s)
+            if retries:
+                self.waited_opens += 1
+                self.max_wait_s = max(self.max_wait_s, elapsed_s)
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "opens": self.opens,
+            "retries": self.retries,
+            "waited_opens": self.waited_opens,
+            "max_wait_s": round(self.max_wait_s, 4),
+            "max_open_s": round(self.max_open_s, 4),
+        }
+
+
+def _is_busy(e: Exception) -> bool:
+    msg = str(e).lower()
+    return (isinstance(e, duckdb.IOException) and "lock" in msg) or (
+        isinstance(e, duckdb.ConnectionException) and "different configuration" in msg
+    )
+
+
+def _connect(
+    path: str | Path, read_only: bool, timeout_s: float, stats: LockStats | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Open a connection, retrying with backoff while another process holds the file lock."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    delay = 0.002
+    retries = 0
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
-        except duckdb.IOException as e:
-            if "lock" not in str(e).lower() or time.monotonic() > deadline:
+            con = duckdb.connect(str(path), read_only=read_only)
+        except (duckdb.IOException, duckdb.ConnectionException) as e:
+            if not _is_busy(e):
                 raise
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{path}: could not open {'read-only' if read_only else 'read-write'} within "
+                    f"{timeout_s:.1f} s because another connection holds the file: {e}"
+                ) from e
+            retries += 1
             time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            delay = min(delay * 2, 0.05)
+            continue
+        if stats is not None:
+            stats.record(retries, time.monotonic() - start)
+        return con
+
+
+def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+    """A query's result as an Arrow table, via the relation API (no extra copy on DuckDB 2.x)."""
+    rel = con.sql(sql, params=list(params) if params else None)
+    fn = getattr(rel, "to_arrow_table", None) or getattr(rel, "arrow")
+    return fn()
+
+
+def fetch_arrow_reader(
+    con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None, batch_rows: int = 65_536
+) -> pa.RecordBatchReader:
+    """A query's result as a streaming Arrow reader (bounded memory)."""
+    rel = con.sql(sql, params=list(params) if params else None)
+    fn = getattr(rel, "to_arrow_reader", None) or getattr(rel, "record_batch")
+    return fn(batch_rows)
+
+
+# ---------------------------------------------------------------------------
+# input coercion
+# ---------------------------------------------------------------------------
+def _check_columns(t: schema.Table, names: Sequence[str], what: str) -> None:
+    known = set(t.names)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{what} for table {t.name!r} has unknown column(s) {unknown}; known: {t.names}")
+
+
+def _conform(t: schema.Table, data: pa.Table, what: str) -> pa.Table:
+    _check_columns(t, data.column_names, what)
+    cols = []
+    for c in t.columns:
+        if c.name in data.column_names:
+            col = data.column(c.name)
+            if col.type != c.type:
+                try:
+                    col = col.cast(c.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                    raise ValueError(
+                        f"{what} for table {t.name!r}: column {c.name!r} of type {col.type} "
+                        f"cannot become {c.type}: {e}"
+                    ) from e
+        else:
+            col = pa.nulls(data.num_rows, c.type)
+        if not c.nullable and col.null_count:
+            raise ValueError(
+                f"{what} for table {t.name!r}: column {c.name!r} is required but has {col.null_count} NULL value(s)"
+            )
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=t.arrow_schema)
 
 
 def as_arrow(t: schema.Table, data: Any) -> pa.Table:
-    """Coerce row dicts, a DataFrame, or Arrow data into table ``t``'s exact schema."""
+    """Coerce row dicts, a DataFrame, or Arrow data into table ``t``'s exact schema.
+
+    Unknown columns, uncastable values and NULLs in required columns raise a
+    ``ValueError`` naming the table and column; missing nullable columns become NULL.
+    """
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
-        missing = [n for n in t.names if n not in data.column_names]
-        for n in missing:
-            data = data.append_column(n, pa.nulls(data.num_rows, t.column(n).type))
-        return data.select(t.names).cast(t.arrow_schema)
+        return _conform(t, data, "Arrow data")
     if isinstance(data, pd.DataFrame):
-        data = data.to_dict("records")
+        _check_columns(t, [str(c) for c in data.columns], "DataFrame")
+        arrays = []
+        for c in t.columns:
+            if c.name not in data.columns:
+                arrays.append(pa.nulls(len(data), c.type))
+                continue
+            try:
+                arrays.append(pa.array(data[c.name], type=c.type, from_pandas=True))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                raise ValueError(
+                    f"DataFrame for table {t.name!r}: column {c.name!r} cannot become {c.type}: {e}"
+                ) from e
+        return _conform(t, pa.Table.from_arrays(arrays, names=t.names), "DataFrame")
     if isinstance(data, Mapping):
         data = [data]
-    return pa.Table.from_batches([schema.to_batch(t, list(data))])
+    rows = list(data)
+    if rows and not all(isinstance(r, Mapping) for r in rows):
+        bad = next(i for i, r in enumerate(rows) if not isinstance(r, Mapping))
+        raise ValueError(f"rows for table {t.name!r}: row {bad} is {type(rows[bad]).__name__}, not a dict")
+    keys: set[str] = set()
+    for r in rows:
+        keys.update(r.keys())
+    _check_columns(t, sorted(keys), "rows")
+    cols = {}
+    for c in t.columns:
+        vals = [r.get(c.name) for r in rows]
+        try:
+            cols[c.name] = pa.array(vals, type=c.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+            bad = _first_bad(vals, c.type)
+            raise ValueError(
+                f"rows for table {t.name!r}: column {c.name!r} row {bad} value {vals[bad]!r:.80} "
+                f"cannot become {c.type}: {e}"
+            ) from e
+    return _conform(t, pa.Table.from_pydict(cols, schema=t.arrow_schema), "rows")
 
 
+def _first_bad(vals: list, type_: pa.DataType) -> int:
+    for i, v in enumerate(vals):
+        try:
+            pa.array([v], type=type_)
+        except Exception:  # noqa: BLE001 - we are locating the offender
+            return i
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# dedupe
+# ---------------------------------------------------------------------------
+def _literal(v: Any) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    return None
+
+
+def dedupe_batch(t: schema.Table, data: pa.Table) -> pa.Table:
+    """Drop rows whose natural key repeats an earlier row of the same batch (first one wins).
+
+    Done in Arrow (a hash group-by on the key columns) because a SQL window over
+    the batch materialises every column, list columns included (~8x slower).
+    """
+    if data.num_rows < 2:
+        return data
+    keys = data.select(list(t.key))
+    if keys.group_by(list(t.key), use_threads=False).aggregate([]).num_rows == data.num_rows:
+        return data
+    idx = keys.append_column("_i", pa.array(range(data.num_rows), pa.int64()))
+    first = idx.group_by(list(t.key), use_threads=False).aggregate([("_i", "min")]).column("_i_min")
+    first = first.combine_chunks()
+    return data.take(first.take(pc.sort_indices(first)))  # keep the original row order
+
+
+def _antijoin_insert_sql(t: schema.Table, incoming: pa.Table, view: str) -> str:
+    """INSERT of the batch's rows whose natural key is not in the table yet (batch already deduped)."""
+    keys = [_q(k) for k in t.key]
+    on = " AND ".join(f"e.{k} = i.{k}" for k in keys)
+    prune = []
+    for k in t.key:
+        col = incoming.column(k)
+        if not (pa.types.is_integer(col.type) or pa.types.is_string(col.type)):
+            continue
+        mm = pc.min_max(col).as_py()
+        lo, hi = _literal(mm["min"]), _literal(mm["max"])
+        if lo is None or hi is None:
+            continue
+        prune.append(f"e.{_q(k)} BETWEEN {lo} AND {hi}")
+    where = " AND ".join([on] + prune)
+    return (
+        f"INSERT INTO {_q(t.name)} SELECT * FROM {view} i "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {_q(t.name)} e WHERE {where})"
+    )
+
+
+# ---------------------------------------------------------------------------
+# the store
+# ---------------------------------------------------------------------------
 class Store:
-    """A DuckDB file holding acceptscope telemetry."""
+    """A DuckDB file holding acceptscope telemetry.
 
-    def __init__(self, path: str | Path, *, lock_timeout_s: float = 30.0):
+    ``primary_keys`` only matters for a new file (an existing file keeps the
+    layout it was created with); see the module docstring. ``read_only=True``
+    opens an existing file without creating anything and refuses writes: the
+    form a dashboard or notebook uses next to a live writer process.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        lock_timeout_s: float = 30.0,
+        primary_keys: bool = False,
+        read_only: bool = False,
+    ):
         self.path = Path(path)
         self.lock_timeout_s = lock_timeout_s
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.connect() as con:
-            for t in schema.ALL_TABLES:
-                con.execute(create_table_sql(t))
+        self.lock_stats = LockStats()
+        self.read_only = read_only
+        if read_only:
+            if not self.path.exists():
+                raise FileNotFoundError(f"{self.path}: no such DuckDB telemetry file")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._key = str(self.path.resolve())
+        with self.connect(read_only=read_only) as con:
+            existing = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+            missing = [t for t in schema.ALL_TABLES if t.name not in existing]
+            if missing and read_only:
+                raise ValueError(
+                    f"{self.path}: not an acceptscope store (missing tables {[t.name for t in missing]})"
+                )
+            for t in missing:
+                con.execute(create_table_sql(t, primary_key=primary_keys))
+            pk = con.execute(
+                "SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'request_steps' "
+                "AND constraint_type = 'PRIMARY KEY'"
+            ).fetchone()[0]
+        self.primary_keys = bool(pk)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r}, primary_keys={self.primary_keys}, read_only={self.read_only})"
 
     # -- connections ------------------------------------------------------
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        con = _connect(self.path, read_only, self.lock_timeout_s)
-        try:
-            yield con
-        finally:
-            con.close()
+        """A short-lived connection; hold it briefly (it blocks other processes' writers/readers)."""
+        active: dict = _ACTIVE.__dict__.setdefault("cons", {})
+        outer = active.get(self._key)
+        if outer is not None:  # nested on this thread: reuse the open connection
+            con, ro = outer
+            if ro and not read_only:
+                raise RuntimeError(f"{self.path}: read-write connect() nested inside a read-only one")
+            cur = con.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
+            return
+        lock = _process_lock(self._key)
+        with lock:
+            con = _connect(self.path, read_only, self.lock_timeout_s, self.lock_stats)
+            active[self._key] = (con, read_only)
+            try:
+                yield con
+            finally:
+                del active[self._key]
+                con.close()
+
+    def snapshot(self) -> Any:
+        """Context manager: one read-only connection for several queries on one committed snapshot.
+
+        Keep it short: while it is open, a writer process waits for the file lock.
+        """
+        return self.connect(read_only=True)
 
     # -- writes -----------------------------------------------------------
-    def append(self, tables: Mapping[str, Any]) -> dict[str, int]:
-        """Append data to several tables in one transaction; duplicates by natural key are ignored.
+    def write_arrow(self, tables: Mapping[str, pa.Table]) -> dict[str, int]:
+        """Insert Arrow tables in ONE transaction; returns rows actually inserted per table.
 
-        Returns the number of rows offered per table.
+        Tables already in the record model's schema (``as_arrow`` output) go in as is;
+        others are conformed first.
         """
-        arrow = {name: as_arrow(schema.table(name), data) for name, data in tables.items()}
+        if self.read_only:
+            raise PermissionError(f"{self.path}: this Store was opened read_only")
+        inserted: dict[str, int] = {}
         with self.connect() as con:
             con.execute("BEGIN TRANSACTION")
             try:
-                for name, tbl in arrow.items():
+                for name, tbl in tables.items():
                     if tbl.num_rows == 0:
+                        inserted[name] = 0
                         continue
-                    con.register("_incoming", tbl)
-                    con.execute(f'INSERT OR IGNORE INTO "{name}" SELECT * FROM _incoming')
-                    con.unregister("_incoming")
+                    t = schema.table(name)
+                    if tbl.schema != t.arrow_schema:
+                        tbl = as_arrow(t, tbl)
+                    view = "_incoming"
+                    con.register(view, tbl)
+                    try:
+                        if self.primary_keys:
+                            sql = f"INSERT OR IGNORE INTO {_q(name)} SELECT * FROM {view}"
+                        else:
+                            tbl = dedupe_batch(t, tbl)
+                            con.register(view, tbl)
+                            sql = _antijoin_insert_sql(t, tbl, view)
+                        row = con.execute(sql).fetchone()
+                        inserted[name] = int(row[0]) if row else 0
+                    finally:
+                        con.unregister(view)
                 con.execute("COMMIT")
-            except Exception:
+            except BaseException:
                 con.execute("ROLLBACK")
                 raise
+        return inserted
+
+    def append(self, tables: Mapping[str, Any]) -> dict[str, int]:
+        """Append data to several tables in one transaction; duplicates by natural key are ignored.
+
+        Returns the number of rows offered per table (``write_arrow`` returns inserted rows).
+        """
+        arrow = {name: as_arrow(schema.table(name), data) for name, data in tables.items()}
+        self.write_arrow(arrow)
         return {name: tbl.num_rows for name, tbl in arrow.items()}
+
+    def writer(self, **kwargs: Any) -> "TelemetryWriter":  # noqa: F821 - imported lazily
+        """A streaming, buffered, thread-safe writer (see ``acceptscope.writer``)."""
+        from acceptscope.writer import TelemetryWriter
+
+        return TelemetryWriter(self, **kwargs)
 
     # -- reads ------------------------------------------------------------
     def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         with self.connect(read_only=True) as con:
-            return con.execute(sql, params or []).fetch_arrow_table()
+            return fetch_arrow(con, sql, params)
 
     def query_df(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
         with self.connect(read_only=True) as con:
             return con.execute(sql, params or []).df()
 
-    def read_table(self, name: str, run_id: str | Sequence[str] | None = None) -> pd.DataFrame:
-        """Read one table as a DataFrame, optionally filtered to one or more runs."""
+    def _table_sql(self, name: str, run_id: str | Sequence[str] | None, columns: Sequence[str] | None):
         t = schema.table(name)
+        cols = "*"
+        if columns is not None:
+            for c in columns:
+                t.column(c)
+            cols = ", ".join(_q(c) for c in columns)
         if run_id is None or "run_id" not in t.names:
-            return self.query_df(f'SELECT * FROM "{t.name}"')
+            return f"SELECT {cols} FROM {_q(t.name)}", []
         ids = [run_id] if isinstance(run_id, str) else list(run_id)
-        return self.query_df(f'SELECT * FROM "{t.name}" WHERE run_id IN (SELECT UNNEST(?))', [ids])
+        return f"SELECT {cols} FROM {_q(t.name)} WHERE run_id IN (SELECT UNNEST(?))", [ids]
+
+    def read_table(
+        self, name: str, run_id: str | Sequence[str] | None = None, columns: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        """Read one table as a DataFrame, optionally filtered to one or more runs and some columns."""
+        return self.query_df(*self._table_sql(name, run_id, columns))
+
+    def read_arrow(
+        self, name: str, run_id: str | Sequence[str] | None = None, columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        """``read_table`` as an Arrow table in the record model's exact types (lists stay Arrow lists)."""
+        t = schema.table(name)
+        got = self.query_arrow(*self._table_sql(name, run_id, columns))
+        want = pa.schema([t.arrow_schema.field(n) for n in got.column_names])
+        return got.cast(want)
 
     def runs(self) -> pd.DataFrame:
-        return self.query_df('SELECT * FROM runs ORDER BY started_at')
+        return self.query_df("SELECT * FROM runs ORDER BY started_at, run_id")
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, run_id: str | None = None) -> dict[str, int]:
+        """Rows per table (only tables with a ``run_id`` column when ``run_id`` is given)."""
+        tables = [t for t in schema.ALL_TABLES if run_id is None or "run_id" in t.names]
+        where = " WHERE run_id = ?" if run_id is not None else ""
+        sql = " UNION ALL ".join(
+            f"SELECT {i} AS i, count(*) AS n FROM {_q(t.name)}{where}" for i, t in enumerate(tables)
+        )
+        params = [run_id] * len(tables) if run_id is not None else []
         with self.connect(read_only=True) as con:
-            return {
-                t.name: con.execute(f'SELECT count(*) FROM "{t.name}"').fetchone()[0]
-                for t in schema.ALL_TABLES
-            }
+            got = dict(con.execute(sql, params).fetchall())
+        return {t.name: int(got.get(i, 0)) for i, t in enumerate(tables)}
+
+    def latest_forward_ct(self, run_id: str) -> dict[str, Any]:
+        """Cheap 'has anything changed' probe for live refresh.
+
+        Returns row counts of ``steps`` and ``request_steps`` for the run and the
+        largest ``(epoch, forward_ct)`` seen in ``steps`` (None when empty). Compare
+        the dict with the previous poll's to decide whether to re-query.
+        """
+        with self.connect(read_only=True) as con:
+            n_steps, epoch, fct = con.execute(
+                "SELECT count(*), max(epoch), max(forward_ct) FILTER (WHERE epoch = "
+                "(SELECT max(epoch) FROM steps WHERE run_id = $1)) FROM steps WHERE run_id = $1",
+                [run_id],
+            ).fetchone()
+            n_rs = con.execute("SELECT count(*) FROM request_steps WHERE run_id = ?", [run_id]).fetchone()[0]
+        return {"steps": int(n_steps), "request_steps": int(n_rs), "epoch": epoch, "forward_ct": fct}

@@ -1,0 +1,242 @@
+"""The embedded reference DSpark serving engine (PyTorch, CPU-friendly).
+
+Public API: :func:`run_engine` (``EngineConfig`` -> ``RunSummary``). It loads the target and
+drafter, builds the prompt mix, serves it with continuous batching in one of SGLang's three
+verify modes, and streams ``runs`` / ``steps`` / ``request_steps`` / ``requests`` rows into a
+DuckDB store. The serving loop itself is :class:`acceptscope.engine.runner.Engine`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_TARGET = "fixtures/models/target"
+DEFAULT_DRAFTER = "fixtures/models/drafter"
+DEFAULT_SPS = PACKAGE_DATA / "sps_reference.json"
+
+__all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_models", "resolve_model_path", "DEFAULT_SPS"]
+
+
+def resolve_model_path(p: str | Path) -> Path:
+    """Absolute paths as given; relative ones against the cwd first, then the repository root."""
+    path = Path(p).expanduser()
+    if path.is_absolute() or path.exists():
+        return path.resolve()
+    cand = REPO_ROOT / path
+    return cand if cand.exists() else path
+
+
+@dataclass
+class EngineConfig:
+    arm: str = "cap-accept"
+    target: str = DEFAULT_TARGET
+    drafter: str = DEFAULT_DRAFTER
+    workload: str = "mixed"
+    num_requests: int = 240
+    max_new_tokens: int = 64
+    max_prompt_tokens: int = 192
+    temperature: float = 0.0
+    seed: int = 0
+    gamma: Optional[int] = None
+    max_running_requests: int = 32
+    sts: Optional[str] = None
+    sps: Optional[str] = "default"  # "default" = the shipped table, "none" = no table (verify-all)
+    lag_steps: int = 2
+    per_position: bool = True
+    db: Optional[str] = None
+    run_id: Optional[str] = None
+    audit_group: Optional[str] = None
+    threads: Optional[int] = None
+    flush_steps: int = 32
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    arm: str
+    gamma: int
+    requests: int
+    completion_tokens: int
+    decode_steps: int
+    forward_ct: int
+    wall_s: float
+    tokens_per_s: float
+    mean_accept_length: float  # completion tokens per verify step (SGLang spec_accept_length, pooled)
+    mean_window: float
+    mean_correct_drafts: float
+    scheduled_verify_tokens: int
+    executed_verify_tokens: int
+    db: Optional[str]
+    by_workload: dict = field(default_factory=dict)
+    writer_stats: Optional[dict] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _set_threads(n: Optional[int]) -> None:
+    import torch
+
+    n = n or os.cpu_count() or 1
+    torch.set_num_threads(max(1, int(n)))
+
+
+def _load_sps(spec: Optional[str]):
+    from acceptscope.engine import sps as sps_mod
+
+    if spec is None or spec == "none":
+        return None, None
+    path = DEFAULT_SPS if spec == "default" else resolve_model_path(spec)
+    if spec == "default" and not path.exists():
+        return None, None
+    return sps_mod.load_sps(path), str(path)
+
+
+def load_models(target: str | Path, drafter: str | Path):
+    """(target dir, drafter dir, target model, drafter) with clear errors for missing directories."""
+    from acceptscope.engine.drafter import DSparkDrafter
+    from acceptscope.engine.target import load_target
+
+    tpath = resolve_model_path(target)
+    dpath = resolve_model_path(drafter)
+    for label, p in (("target", tpath), ("drafter", dpath)):
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"{label} model directory {p}: no config.json")
+    model = load_target(tpath)
+    return tpath, dpath, model, DSparkDrafter.from_pretrained(dpath, target=model)
+
+
+def profile_engine(target: str | Path, drafter: str | Path, out: str | Path, *, fmt: str = "both",
+                   batch_sizes=(1, 2, 4, 8, 16, 32), fracs=(0.0, 0.25, 0.5, 0.75, 1.0), steps: int = 8,
+                   context_len: int = 64, mbin: int = 16, gamma: Optional[int] = None,
+                   threads: Optional[int] = None, progress: Optional[Callable[[], None]] = None) -> dict:
+    """Profile the engine's step cost and write SGLang SPS tables; returns paths, hashes and cells."""
+    import time
+
+    from acceptscope.engine import profiler, sps as sps_mod
+    from acceptscope.engine.runner import Engine
+
+    _set_threads(threads)
+    _, _, model, dr = load_models(target, drafter)
+    g = int(gamma or dr.config.gamma)
+    eng = Engine(model, dr, mode="compact", gamma=g, max_running_requests=max(batch_sizes),
+                 max_seq_len=context_len + 2 * g + 4)
+    t0 = time.perf_counter()
+    cells = profiler.profile_cells(eng, batch_sizes, fracs, context_len=context_len, steps=steps, progress=progress)
+    wall = time.perf_counter() - t0
+    out = Path(out)
+    tables = {}
+    if fmt in ("additive", "both"):
+        t = profiler.fit_additive(cells, mbin=mbin)
+        tables["additive"] = {"path": str(out), "sha256": sps_mod.write_sps(t, out)}
+    if fmt in ("diagonal", "both"):
+        t1 = profiler.fit_diagonal(cells, g, max_batch_tokens=max(batch_sizes) * (g + 1))
+        p1 = out if fmt == "diagonal" else out.with_name(out.name.removesuffix(".json") + ".1d.json")
+        tables["diagonal"] = {"path": str(p1), "sha256": sps_mod.write_sps(t1, p1)}
+    return {"tables": tables, "wall_s": wall, "gamma": g,
+            "cells": [{"bs": c.bs, "frac": c.frac, "batch_tokens": c.batch_tokens, "median_step_s": c.median_s}
+                      for c in cells]}
+
+
+def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], None]] = None) -> RunSummary:
+    """Run one arm end to end and return its summary (telemetry goes to ``config.db`` if set)."""
+    import time
+
+    import torch
+
+    from acceptscope import schema
+    from acceptscope.engine import sts as sts_mod
+    from acceptscope.engine.runner import Engine, RequestSpec
+    from acceptscope.engine.telemetry import TelemetrySink
+    from acceptscope.engine.tokenizer import format_chat, load_tokenizer
+    from acceptscope.engine.verify import check_mode
+    from acceptscope.engine.workloads import load_prompts
+
+    check_mode(config.arm)
+    _set_threads(config.threads)
+    tpath, dpath, model, drafter = load_models(config.target, config.drafter)
+    tok = load_tokenizer(tpath)
+    gamma = int(config.gamma or drafter.config.gamma)
+
+    sts_table, sts_hash = None, None
+    if config.sts:
+        sp = resolve_model_path(config.sts)
+        sts_table = sts_mod.load_sts(sp)
+        sts_table.check_gamma(gamma, str(sp))
+        sts_hash = sts_mod.file_sha256(sp)
+    sps_table, sps_path = _load_sps(config.sps)
+    sps_hash = sts_mod.file_sha256(sps_path) if sps_path else None
+
+    eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        eos = tok.eos_token_id
+    prompts = load_prompts(config.workload, config.num_requests)
+    specs = []
+    for i, pr in enumerate(prompts):
+        text = format_chat([{"role": "user", "content": pr.text}], add_generation_prompt=True)
+        ids = tok.encode(text, add_special_tokens=False)[-config.max_prompt_tokens :]
+        specs.append(RequestSpec(rid=f"{pr.workload}-{pr.prompt_index}", prompt_ids=ids,
+                                 max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                 seed=config.seed, workload=pr.workload, prompt_index=pr.prompt_index))
+    max_len = max(len(s.prompt_ids) for s in specs) + config.max_new_tokens + gamma + 2
+
+    run_id = config.run_id or f"ref-{config.arm}-{uuid.uuid4().hex[:8]}"
+    store = None
+    if config.db:
+        from acceptscope.store import Store
+
+        store = Store(config.db)
+        cfg = asdict(config)
+        cfg.update(gamma=gamma, target=str(tpath), drafter=str(dpath), sps_path=sps_path,
+                   torch_threads=torch.get_num_threads())
+        store.append({schema.RUNS.name: [{
+            "run_id": run_id, "arm": config.arm, "engine": "reference", "gamma": gamma,
+            "temperature": config.temperature, "target_model": str(tpath), "draft_model": str(dpath),
+            "sts_hash": sts_hash, "sps_hash": sps_hash, "started_at": datetime.now(timezone.utc),
+            "config_json": json.dumps(cfg, sort_keys=True, default=str), "source": "live",
+            "audit_group": config.audit_group,
+        }]})
+    sink = TelemetrySink(store, flush_steps=config.flush_steps) if store is not None else None
+    engine = Engine(model, drafter, mode=config.arm, gamma=gamma, max_running_requests=config.max_running_requests,
+                    max_seq_len=max_len, eos_token_id=eos, sts=sts_table, sps=sps_table, lag_steps=config.lag_steps,
+                    seed=config.seed, per_position=config.per_position, sink=sink, run_id=run_id)
+    t0 = time.perf_counter()
+    results = engine.run(specs, progress=progress)
+    wall = time.perf_counter() - t0
+    wstats = sink.close() if sink is not None else None
+    return summarize(engine, results, run_id, config.arm, gamma, wall, config.db, wstats)
+
+
+def summarize(engine: Any, results: list, run_id: str, arm: str, gamma: int, wall: float,
+              db: Optional[str], wstats: Optional[dict] = None) -> RunSummary:
+    toks = sum(len(r.output_tokens) for r in results)
+    vct = sum(r.verify_ct for r in results)
+    corr = sum(r.correct_drafts for r in results)
+    by: dict[str, dict] = {}
+    for r in results:
+        d = by.setdefault(r.workload, {"requests": 0, "tokens": 0, "verify_ct": 0, "correct": 0})
+        d["requests"] += 1
+        d["tokens"] += len(r.output_tokens)
+        d["verify_ct"] += r.verify_ct
+        d["correct"] += r.correct_drafts
+    for d in by.values():
+        d["accept_length"] = d["tokens"] / d["verify_ct"] if d["verify_ct"] else None
+    steps = max(engine.decode_steps, 1)
+    return RunSummary(
+        run_id=run_id, arm=arm, gamma=gamma, requests=len(results), completion_tokens=toks,
+        decode_steps=engine.decode_steps, forward_ct=engine.forward_ct, wall_s=wall,
+        tokens_per_s=toks / wall if wall > 0 else 0.0,
+        mean_accept_length=toks / vct if vct else 0.0,
+        mean_window=(engine.scheduled_tokens / max(vct, 1)) - 1.0,
+        mean_correct_drafts=corr / vct if vct else 0.0,
+        scheduled_verify_tokens=engine.scheduled_tokens, executed_verify_tokens=engine.executed_tokens,
+        db=db, by_workload=by, writer_stats=wstats,
+    )

@@ -1,0 +1,138 @@
+"""``acceptscope audit``: production arm + audit arm, parity, estimators, HTML report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from acceptscope.cli._common import EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json
+
+HELP = """Audit a DSpark deployment end to end.
+
+Runs the production arm (compact) and the audit arm (cap-accept) on the same
+workload and seeds, checks that both committed identical tokens (parity),
+infers utilization against the ceiling, runs the estimators and writes one
+self-contained HTML report.
+
+Exit codes: 0 parity holds; 1 parity broken (per-request findings in the
+report and in --json); 2 bad arguments; 3 nothing to audit.
+
+\b
+Examples:
+  # the main job (a few minutes on 2 CPU cores):
+  acceptscope audit --engine reference --workload mixed \\
+      --db audit.duckdb --out report.html
+\b
+  # audit 5% of the traffic; ceiling and utilization are inferred with
+  # bootstrap intervals (ratio estimator on compact's confidence):
+  acceptscope audit --audit-fraction 0.05 -n 400 --db audit.duckdb
+\b
+  # add the static (verify-all) arm; JSON summary on stdout:
+  acceptscope audit -w math,chat --with-static --db a.duckdb --json
+\b
+  # a real SGLang deployment (GPUs, the sglang extra):
+  acceptscope audit --engine sglang --workload mixed --db audit.duckdb
+"""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("audit", help=HELP)
+    def audit(
+        engine: str = typer.Option("reference", "--engine", help="reference | sglang"),
+        workload: str = typer.Option("mixed", "--workload", "-w",
+                                     help="Workload spec: mixed, math,code,chat,poetry, or a {turns} .jsonl path."),
+        db: Path = DbOption,
+        out: Optional[Path] = typer.Option(Path("report.html"), "--out", "-o", help="HTML report to write."),
+        no_report: bool = typer.Option(False, "--no-report", help="Skip the HTML report."),
+        with_static: bool = typer.Option(False, "--with-static", help="Also run the static (verify-all) arm."),
+        audit_fraction: float = typer.Option(1.0, "--audit-fraction", min=0.0, max=1.0,
+                                             help="Fraction of requests replayed in the audit arm (seeded sample)."),
+        sample_seed: int = typer.Option(0, "--sample-seed", help="Seed of the audit sample and the bootstrap."),
+        audit_group: Optional[str] = typer.Option(None, "--audit-group", help="Audit group id (default: new)."),
+        num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Requests per arm."),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Generated tokens per request."),
+        temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature (0 = greedy)."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (same in every arm)."),
+        gamma: Optional[int] = typer.Option(None, "--gamma", help="Draft block size (default: the drafter's)."),
+        max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests", help="Batch cap."),
+        sts: Optional[str] = typer.Option(None, "--sts", help="STS calibration JSON."),
+        sps: Optional[str] = typer.Option(None, "--sps", help="SPS cost table JSON ('default', 'none' or a path)."),
+        target: Optional[str] = typer.Option(None, "--target", help="Target model directory."),
+        drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter model directory."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+        no_estimators: bool = typer.Option(False, "--no-estimators", help="Report raw-table views only."),
+        json_out: bool = JsonOption,
+    ) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from acceptscope.audit import AuditConfig, run_audit
+
+        if engine not in ("reference", "sglang"):
+            console.print(f"[red]--engine must be reference or sglang, got {engine!r}[/red]")
+            raise typer.Exit(EXIT_USAGE)
+        if not 0 < audit_fraction <= 1:
+            console.print(f"[red]--audit-fraction must be in (0, 1], got {audit_fraction}[/red]")
+            raise typer.Exit(EXIT_USAGE)
+        opts = {k: v for k, v in dict(
+            num_requests=num_requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+            gamma=gamma, max_running_requests=max_running_requests, sts=sts, sps=sps, target=target,
+            drafter=drafter, threads=threads).items() if v is not None}
+        cfg = AuditConfig(db=str(db), engine=engine, workload=workload, out=None if no_report else str(out),
+                          with_static=with_static, audit_fraction=audit_fraction, sample_seed=sample_seed,
+                          audit_group=audit_group, estimators=not no_estimators, engine_options=opts)
+        with Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as bar:
+            tasks: dict = {}
+
+            def progress(arm: str, done: int, total: int) -> None:
+                if arm not in tasks:
+                    tasks[arm] = bar.add_task(arm, total=total)
+                bar.update(tasks[arm], completed=done, total=total)
+
+            try:
+                res = run_audit(cfg, progress=progress, stage=lambda s: console.log(s))
+            except (ValueError, FileNotFoundError) as e:
+                console.print(f"[red]{e}[/red]")
+                raise typer.Exit(EXIT_USAGE)
+            except RuntimeError as e:
+                console.print(f"[red]{e}[/red]")
+                raise typer.Exit(EXIT_FAILURE)
+        _print(res)
+        if json_out:
+            emit_json(res.to_dict())
+        raise typer.Exit(res.exit_code)
+
+
+def _print(res) -> None:
+    import re
+
+    from rich.table import Table
+
+    t = Table(title=f"audit {res.audit_group}", show_lines=False)
+    for c in ("arm", "run_id", "requests", "accept len", "window", "tok/s", "wall s"):
+        t.add_column(c)
+    for arm, r in res.runs.items():
+        t.add_row(arm, str(r.get("run_id")), str(r.get("requests")), f"{r.get('mean_accept_length', 0):.2f}",
+                  f"{r.get('mean_window', 0):.2f}", f"{r.get('tokens_per_s', 0):.0f}", f"{r.get('wall_s', 0):.1f}")
+    console.print(t)
+    p = res.parity
+    if p.ok:
+        console.print(f"[green]parity holds[/green]: {p.pairs} request pairs committed identical tokens")
+    else:
+        console.print(f"[red]parity broken[/red]: {len(p.findings)} of {p.pairs} requests diverge {p.counts()}")
+        for f in p.findings[:10]:
+            console.print(f"  - {f.describe()}")
+    s = res.sampling
+    if s is not None:
+        u, c = s.utilization_ratio, s.ceiling_ratio
+        if u is not None:
+            console.print(f"utilization {u.estimate:.1%} [{u.lo:.1%}, {u.hi:.1%}] of ceiling {c.estimate:.2f} "
+                          f"[{c.lo:.2f}, {c.hi:.2f}] tokens/block ({s.n_audited}/{s.n_requests} requests audited)")
+    if res.report is not None:
+        for f in res.report.findings:
+            color = {"ok": "green", "warn": "yellow", "bad": "red"}.get(f.level, "white")
+            console.print(f"[{color}]{f.level:>4}[/{color}] {f.area}: {re.sub(r'<[^>]+>', '', f.text)}")
+        console.print(f"report: {res.report.path}")
+    console.print(f"done in {res.wall_s:.1f} s")

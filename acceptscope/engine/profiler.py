@@ -1,0 +1,139 @@
+"""Cost profiler for the reference engine: step time over batch size and verify tokens -> SGLang SPS tables.
+
+Mirrors SGLang's ``dspark_sps_profiler`` procedure on the embedded engine: for each batch
+size ``bs`` and budget fraction ``frac`` the engine runs steady decode steps (draft + compact
+verify of ``M = bs + int(frac * bs * gamma)`` total verify tokens + acceptance) on prefilled
+requests, and the median step time of the cell is kept. Then
+
+* the **diagonal** 1-D table takes the full-width cells (``frac = 1``, ``B = bs * (gamma+1)``)
+  as ``steps_per_sec = 1 / median``;
+* the **additive** table is an OLS fit ``T = bias + alpha[bs] + theta[bin(M)]`` with
+  ``alpha[min bs] = 0`` and ``theta[min bin] = 0`` (SGLang's parametrisation; bins of
+  ``mbin`` tokens, probes at the bin's mean M, written as ints).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from acceptscope.engine.kv import pack
+from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive
+from acceptscope.engine.verify import run_verify
+
+
+@dataclass
+class Cell:
+    bs: int
+    frac: float
+    batch_tokens: int
+    median_s: float
+    samples: int
+
+
+def profile_cells(
+    engine,
+    batch_sizes: Sequence[int],
+    fracs: Sequence[float],
+    *,
+    context_len: int = 64,
+    steps: int = 8,
+    warmup: int = 2,
+    vocab_hi: Optional[int] = None,
+    progress: Optional[Callable[[], None]] = None,
+) -> list[Cell]:
+    """Time steady decode steps of ``engine`` (a :class:`runner.Engine`) per (bs, frac) cell."""
+    G = engine.gamma
+    tgt = engine.target
+    V = vocab_hi or tgt.vocab_size
+    g = torch.Generator().manual_seed(1234)
+    cells: list[Cell] = []
+    for bs in batch_sizes:
+        if bs > tgt.cache.num_slots:
+            raise ValueError(f"batch size {bs} exceeds the engine's {tgt.cache.num_slots} slots")
+        slots = [tgt.cache.alloc() for _ in range(bs)]
+        try:
+            prompt = torch.randint(0, V, (bs * context_len,), generator=g)
+            pb = pack(slots, [0] * bs, [context_len] * bs)
+            _, hidden = tgt.forward(pb, prompt, logit_rows=pb.cu_seqlens[1:] - 1)
+            states = []
+            for i in range(bs):
+                st = engine.drafter.new_state()
+                engine.drafter.extend_context(st, hidden[i * context_len : (i + 1) * context_len])
+                states.append(st)
+            anchors = torch.randint(0, V, (bs,), generator=g)
+            temps = torch.ones(bs)
+            for frac in fracs:
+                extra = int(frac * bs * G)
+                base, rem = divmod(extra, bs)
+                windows = torch.tensor([base + (1 if i < rem else 0) for i in range(bs)], dtype=torch.long)
+                times = []
+                for it in range(warmup + steps):
+                    t0 = time.perf_counter()
+                    prop = engine.drafter.propose(states, anchors, temps, engine.draft_gen)
+                    u = torch.rand(bs, 2 * G + 1, generator=g)
+                    run_verify(tgt, "compact", slots, [context_len] * bs, anchors, prop.tokens[:, :G],
+                               prop.logprobs[:, :G], windows, temps, u[:, :G], u[:, G:])
+                    if it >= warmup:
+                        times.append(time.perf_counter() - t0)
+                cells.append(Cell(bs, float(frac), bs + extra, float(np.median(times)), len(times)))
+                if progress:
+                    progress()
+        finally:
+            for s in slots:
+                tgt.cache.free(s)
+    return cells
+
+
+def fit_diagonal(cells: Sequence[Cell], gamma: int, max_batch_tokens: Optional[int] = None) -> SpsTable1D:
+    full = sorted((c for c in cells if c.frac >= 1.0), key=lambda c: c.batch_tokens)
+    if not full:
+        raise ValueError("diagonal fit needs full-width cells (frac = 1)")
+    probes, sps = [], []
+    for c in full:
+        if probes and c.batch_tokens == probes[-1]:
+            continue
+        probes.append(int(c.batch_tokens))
+        sps.append(1.0 / c.median_s)
+    return SpsTable1D(probes, sps, int(max_batch_tokens or probes[-1]))
+
+
+def fit_additive(cells: Sequence[Cell], mbin: int = 16) -> SpsTableAdditive:
+    """OLS on one-hot dummies: ``T = bias + alpha[bs] + theta[bin(M)]``."""
+    if len(cells) < 4:
+        raise ValueError("additive fit needs at least 4 cells")
+    bss = sorted({c.bs for c in cells})
+    bins = sorted({int(round(c.batch_tokens / mbin)) for c in cells})
+    ncol = 1 + (len(bss) - 1) + (len(bins) - 1)
+    X = np.zeros((len(cells), ncol))
+    y = np.zeros(len(cells))
+    for i, c in enumerate(cells):
+        X[i, 0] = 1.0
+        bi = bss.index(c.bs)
+        if bi > 0:
+            X[i, bi] = 1.0
+        mi = bins.index(int(round(c.batch_tokens / mbin)))
+        if mi > 0:
+            X[i, len(bss) - 1 + mi] = 1.0
+        y[i] = c.median_s
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    bias = float(coef[0])
+    alpha = [0.0] + [float(v) for v in coef[1 : len(bss)]]
+    theta = [0.0] + [float(v) for v in coef[len(bss) :]]
+    # probe = mean M of the cells in the bin (ints, strictly increasing)
+    m_probes = []
+    for b in bins:
+        ms = [c.batch_tokens for c in cells if int(round(c.batch_tokens / mbin)) == b]
+        m_probes.append(int(round(float(np.mean(ms)))))
+    for i in range(1, len(m_probes)):
+        if m_probes[i] <= m_probes[i - 1]:
+            m_probes[i] = m_probes[i - 1] + 1
+    if bias <= 0:  # keep SGLang's bias > 0 invariant by moving the shift into alpha
+        shift = bias - 1e-6
+        bias = 1e-6
+        alpha = [a + shift for a in alpha]
+    return SpsTableAdditive(bias, [int(b) for b in bss], alpha, m_probes, theta)

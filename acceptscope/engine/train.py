@@ -1,0 +1,487 @@
+"""Training loops for the reference engine: the Qwen3-architecture target LM and its DSpark drafter.
+
+``train_target``: corpus generation -> byte-level BPE -> causal-LM training -> ``save_pretrained`` (+ tokenizer).
+``train_drafter``: the frozen target (loaded from its directory, as the runtime will load it) provides the
+context features of the chosen layers and its next-token distributions; the drafter is trained on many
+anchor blocks per sequence with the DSpark loss (paper Eq. 9-12, DeepSpec ``loss.py``):
+
+    L = a_ce * CE(q, corpus token) + a_l1 * ||q - p_t||_1 + a_kl * KL(p_t || q) + a_conf * BCE(z, c*)
+
+with per-slot weights ``exp(-k / 4)``, ``q`` the Markov-corrected teacher-forced draft distribution and
+``c* = 1 - TV(q, p_t)`` (stop-gradient). The KL term is our addition (DeepSpec uses CE + L1 only): it
+speeds up convergence of small drafters trained for minutes.
+
+Both loops are seeded, run on CPU (tiny step counts) and CUDA (bf16 autocast), and can fit their step
+count to a wall-clock budget (``time_budget_s``) after timing the first steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from acceptscope.engine import corpus as corpus_mod
+from acceptscope.engine.drafter import DrafterConfig, DSparkDrafter, position_weights
+from acceptscope.engine.target import (
+    default_target_layer_ids,
+    load_target,
+    make_target_config,
+    target_hidden_for,
+    validate_target_layer_ids,
+)
+from acceptscope.engine.tokenizer import load_tokenizer, special_token_ids, train_tokenizer
+
+__all__ = [
+    "TargetTrainConfig",
+    "DrafterTrainConfig",
+    "train_target",
+    "train_drafter",
+    "tokenize_docs",
+    "seed_everything",
+]
+
+ProgressFn = Callable[[int, int, dict[str, float]], None]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda requested but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def tokenize_docs(tokenizer: Any, docs: list[corpus_mod.Doc]) -> tuple[np.ndarray, dict[str, int]]:
+    """Concatenate the documents' token ids into one int32 stream; also count tokens per workload."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # the Rust batch encoder: parallel and much faster than the Python wrapper
+        enc = [e.ids for e in backend.encode_batch([d.text for d in docs], add_special_tokens=False)]
+    else:
+        enc = tokenizer([d.text for d in docs], add_special_tokens=False)["input_ids"]
+    counts: dict[str, int] = {}
+    for d, ids in zip(docs, enc):
+        counts[d.workload] = counts.get(d.workload, 0) + len(ids)
+    stream = np.fromiter((t for ids in enc for t in ids), dtype=np.int32)
+    return stream, counts
+
+
+class _Batcher:
+    """Random fixed-length windows from a token stream (seeded)."""
+
+    def __init__(self, stream: np.ndarray, seq_len: int, batch_size: int, seed: int) -> None:
+        if len(stream) <= seq_len + 1:
+            raise ValueError(f"corpus has {len(stream)} tokens, fewer than seq_len+1 = {seq_len + 1}")
+        self.t = torch.from_numpy(stream.astype(np.int64))
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.g = torch.Generator().manual_seed(seed)
+
+    def __call__(self) -> torch.Tensor:
+        starts = torch.randint(0, len(self.t) - self.seq_len, (self.batch_size,), generator=self.g)
+        idx = starts.unsqueeze(1) + torch.arange(self.seq_len).unsqueeze(0)
+        return self.t[idx]
+
+
+def _lr_at(step: int, total: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / max(1, warmup)
+    prog = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, prog))))
+
+
+def _fit_steps(steps: int, done: int, elapsed: float, budget: float | None) -> int:
+    if budget is None or done == 0:
+        return steps
+    per = elapsed / done
+    return max(done + 1, min(steps, int(budget / per)))
+
+
+# --------------------------------------------------------------------------------------------------
+# target
+
+
+@dataclass
+class TargetTrainConfig:
+    steps: int = 2000
+    batch_size: int = 64
+    seq_len: int = 256
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.05
+    seed: int = 0
+    device: str = "cpu"
+    corpus_chars: int = 4_000_000
+    tokenizer_chars: int = 3_000_000
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    num_layers: int = 6
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 640
+    max_position_embeddings: int = 2048
+    save_dtype: str = "bfloat16"
+    time_budget_s: float | None = None
+    mix: dict[str, float] = field(default_factory=lambda: dict(corpus_mod.DEFAULT_MIX))
+
+
+def train_target(cfg: TargetTrainConfig, out_dir: str | Path, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Generate the corpus, train the tokenizer and the target LM; save both to ``out_dir``."""
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    t0 = time.time()
+    seed_everything(cfg.seed)
+    dev = _device(cfg.device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    docs = corpus_mod.build_corpus(cfg.seed, cfg.corpus_chars, cfg.mix)
+    tok_rng = random.Random(cfg.seed + 1)
+    tok_docs = list(docs)
+    tok_rng.shuffle(tok_docs)
+    sample, n = [], 0
+    for d in tok_docs:
+        sample.append(d.text)
+        n += len(d.text)
+        if n >= cfg.tokenizer_chars:
+            break
+    tokenizer = train_tokenizer(sample, vocab_size=cfg.vocab_size)
+    sp = special_token_ids(tokenizer)
+    stream, counts = tokenize_docs(tokenizer, docs)
+    t_data = time.time() - t0
+
+    mcfg = make_target_config(
+        len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        eos_token_id=sp["eos"],
+        pad_token_id=sp["pad"],
+    )
+    model = Qwen3ForCausalLM(mcfg).to(dev)
+    model.train()
+    decay = [p for n_, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n_, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95), fused=dev.type == "cuda",
+    )
+    batcher = _Batcher(stream, cfg.seq_len, cfg.batch_size, cfg.seed)
+    steps = cfg.steps
+    losses: list[float] = []
+    t_train = time.time()
+    step = 0
+    while step < steps:
+        lr = _lr_at(step, steps, cfg.lr, min(cfg.warmup, max(1, steps // 10)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids = batcher().to(dev, non_blocking=True)
+        with _autocast(dev):
+            logits = model(ids).logits
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 10 == 0 or step == steps:
+            lv = float(loss.item())
+            losses.append(lv)
+            if step == 20 and cfg.time_budget_s:
+                steps = _fit_steps(steps, step, time.time() - t_train, cfg.time_budget_s)
+            if progress:
+                progress(step, steps, {"loss": lv, "lr": lr})
+    train_s = time.time() - t_train
+
+    # held-out loss per workload (fresh generated docs + held-out stdlib)
+    eval_docs = corpus_mod.build_corpus(cfg.seed + 1000, max(200_000, cfg.corpus_chars // 50), cfg.mix,
+                                         code_split="eval")
+    model.eval()
+    per_wl = _eval_loss(model, tokenizer, eval_docs, cfg.seq_len, dev)
+
+    model = model.to(_DTYPES[cfg.save_dtype])
+    model.config.use_cache = True
+    model.save_pretrained(str(out))
+    model.generation_config = GenerationConfig(eos_token_id=[sp["eos"], sp["pad"]], pad_token_id=sp["pad"])
+    model.generation_config.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    n_params = int(sum(p.numel() for p in model.parameters()))
+    metrics = {
+        "config": asdict(cfg),
+        "steps_run": step,
+        "final_loss": float(np.mean(losses[-10:])) if losses else None,
+        "loss_curve_every_10": losses[:: max(1, len(losses) // 50)],
+        "heldout_loss_per_workload": per_wl,
+        "corpus_tokens": int(len(stream)),
+        "corpus_tokens_per_workload": counts,
+        "vocab_size": len(tokenizer),
+        "special_token_ids": sp,
+        "parameters": n_params,
+        "data_s": round(t_data, 2),
+        "train_s": round(train_s, 2),
+        "tokens_seen": int(step * cfg.batch_size * cfg.seq_len),
+        "python": _py_version(),
+        "torch": torch.__version__,
+        "device": str(dev),
+    }
+    (out / "training.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+def _py_version() -> str:
+    import sys
+
+    return sys.version.split()[0]
+
+
+@torch.no_grad()
+def _eval_loss(model: Any, tokenizer: Any, docs: list[corpus_mod.Doc], seq_len: int, dev: torch.device,
+               max_tokens: int = 40_000) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for w in corpus_mod.WORKLOADS:
+        sel = [d for d in docs if d.workload == w]
+        if not sel:
+            continue
+        stream, _ = tokenize_docs(tokenizer, sel)
+        stream = stream[:max_tokens]
+        n = len(stream) // seq_len
+        if n == 0:
+            continue
+        x = torch.from_numpy(stream[: n * seq_len].astype(np.int64)).view(n, seq_len)
+        tot, cnt = 0.0, 0
+        for i in range(0, n, 32):
+            ids = x[i : i + 32].to(dev)
+            with _autocast(dev):
+                logits = model(ids).logits
+            tot += float(F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                         ids[:, 1:].reshape(-1), reduction="sum"))
+            cnt += ids[:, 1:].numel()
+        out[w] = round(tot / cnt, 4)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# drafter
+
+
+@dataclass
+class DrafterTrainConfig:
+    steps: int = 2000
+    batch_size: int = 32
+    seq_len: int = 256
+    num_anchors: int = 32
+    lr: float = 2e-3
+    warmup: int = 100
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str = "cpu"
+    corpus_chars: int = 4_000_000
+    gamma: int = 7
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    markov_rank: int = 64
+    target_layer_ids: list[int] | None = None
+    num_target_taps: int = 3
+    ce_alpha: float = 0.1
+    l1_alpha: float = 0.9
+    kl_alpha: float = 1.0
+    conf_alpha: float = 1.0
+    loss_decay_gamma: float = 4.0
+    save_dtype: str = "bfloat16"
+    target_path_hint: str | None = "../target"
+    time_budget_s: float | None = None
+    mix: dict[str, float] = field(default_factory=lambda: dict(corpus_mod.DEFAULT_MIX))
+
+
+def drafter_config_for(target: Any, tokenizer: Any, cfg: DrafterTrainConfig) -> DrafterConfig:
+    tc = target.config
+    n_layers = int(tc.num_hidden_layers)
+    ids = (validate_target_layer_ids(cfg.target_layer_ids, n_layers) if cfg.target_layer_ids
+           else default_target_layer_ids(n_layers, cfg.num_target_taps))
+    sp = special_token_ids(tokenizer)
+    head_dim = cfg.head_dim or int(getattr(tc, "head_dim", tc.hidden_size // tc.num_attention_heads))
+    return DrafterConfig(
+        vocab_size=int(tc.vocab_size),
+        hidden_size=int(tc.hidden_size),
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=cfg.intermediate_size or int(tc.intermediate_size),
+        gamma=cfg.gamma,
+        target_layer_ids=ids,
+        target_hidden_size=int(tc.hidden_size),
+        markov_rank=cfg.markov_rank,
+        mask_token_id=sp["mask"],
+        rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(tc),
+        max_position_embeddings=int(getattr(tc, "max_position_embeddings", 4096)),
+        eos_token_id=sp["eos"],
+        target_path=cfg.target_path_hint,
+        loss_decay_gamma=cfg.loss_decay_gamma,
+    )
+
+
+def _rope_theta(tc: Any) -> float:
+    rp = getattr(tc, "rope_parameters", None)
+    if isinstance(rp, dict) and "rope_theta" in rp:
+        return float(rp["rope_theta"])
+    return float(getattr(tc, "rope_theta", 10000.0))
+
+
+def drafter_loss(
+    drafter: DSparkDrafter,
+    target: Any,
+    ids: torch.Tensor,
+    num_anchors: int,
+    cfg: DrafterTrainConfig,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One batch of the DSpark loss (see the module docstring); returns (loss, diagnostics)."""
+    dev = ids.device
+    B, T = ids.shape
+    g = drafter.config.gamma
+    with torch.no_grad(), _autocast(dev):
+        tout = target(ids, output_hidden_states=True)
+    feats = target_hidden_for(tout, drafter.config.target_layer_ids).float()
+    t_logits = tout.logits.float()
+
+    n = min(num_anchors, T - 2)
+    anchors = (torch.rand(B, T - 2, generator=gen).argsort(dim=1)[:, :n] + 1).to(dev)
+    anchors, _ = anchors.sort(dim=1)
+    with _autocast(dev):
+        o = drafter.forward_train(feats, ids, anchors)
+    logits = o["logits"].float()  # [B,N,g,V]
+    label_pos = o["label_pos"]
+    valid = label_pos < T
+    lp_c = label_pos.clamp(max=T - 1)
+    labels = ids.gather(1, lp_c.view(B, -1)).view_as(lp_c)
+    V = logits.shape[-1]
+    tl = t_logits.gather(1, (lp_c - 1).view(B, -1, 1).expand(-1, -1, V)).view(*lp_c.shape, V)
+
+    w = position_weights(g, cfg.loss_decay_gamma, dev).view(1, 1, g) * valid.float()
+    wsum = w.sum().clamp(min=1.0)
+    logq = torch.log_softmax(logits, -1)
+    q = logq.exp()
+    logp = torch.log_softmax(tl, -1)
+    p = logp.exp()
+    ce = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    l1 = (q - p).abs().sum(-1)
+    kl = (p * (logp - logq)).sum(-1)
+    c_star = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
+    bce = F.binary_cross_entropy_with_logits(o["confidence_logits"].float(), c_star, reduction="none")
+    loss = ((cfg.ce_alpha * ce + cfg.l1_alpha * l1 + cfg.kl_alpha * kl + cfg.conf_alpha * bce) * w).sum() / wsum
+
+    with torch.no_grad():
+        match = (logits.argmax(-1) == tl.argmax(-1)).float()
+        vf = valid.float()
+        surv = torch.cumprod(match * vf, dim=-1)
+        conf = torch.sigmoid(o["confidence_logits"].float())
+        diag = {
+            "loss": float(loss.item()),
+            "ce": float((ce * w).sum() / wsum),
+            "l1": float((l1 * w).sum() / wsum),
+            "kl": float((kl * w).sum() / wsum),
+            "bce": float((bce * w).sum() / wsum),
+            "argmax_match": float((match * vf).sum() / vf.sum().clamp(min=1)),
+            "tau_greedy_tf": float(1.0 + surv.sum(-1).mean()),
+            "tau_probabilistic": float(1.0 + torch.cumprod(c_star, -1).sum(-1).mean()),
+            "confidence_bias": float(((conf - c_star) * vf).sum() / vf.sum().clamp(min=1)),
+        }
+    return loss, diag
+
+
+def train_drafter(
+    target_dir: str | Path, out_dir: str | Path, cfg: DrafterTrainConfig, progress: ProgressFn | None = None
+) -> dict[str, Any]:
+    """Train a DSpark drafter against the target saved in ``target_dir``; save it to ``out_dir``."""
+    t0 = time.time()
+    seed_everything(cfg.seed)
+    dev = _device(cfg.device)
+    target = load_target(target_dir, device=dev, dtype=torch.float32)
+    tokenizer = load_tokenizer(target_dir)
+    dcfg = drafter_config_for(target, tokenizer, cfg)
+    drafter = DSparkDrafter(dcfg)
+    drafter.load_shared_from_target(target)
+    drafter.to(dev)
+    drafter.train()
+
+    docs = corpus_mod.build_corpus(cfg.seed + 17, cfg.corpus_chars, cfg.mix)
+    stream, counts = tokenize_docs(tokenizer, docs)
+    batcher = _Batcher(stream, cfg.seq_len, cfg.batch_size, cfg.seed + 17)
+    gen = torch.Generator().manual_seed(cfg.seed + 29)
+    params = drafter.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
+                            fused=dev.type == "cuda")
+    steps = cfg.steps
+    hist: list[dict[str, float]] = []
+    t_train = time.time()
+    step = 0
+    while step < steps:
+        lr = _lr_at(step, steps, cfg.lr, min(cfg.warmup, max(1, steps // 10)))
+        for g_ in opt.param_groups:
+            g_["lr"] = lr
+        ids = batcher().to(dev, non_blocking=True)
+        loss, diag = drafter_loss(drafter, target, ids, cfg.num_anchors, cfg, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if step % 10 == 0 or step == steps:
+            hist.append({"step": step, **diag})
+            if step == 20 and cfg.time_budget_s:
+                steps = _fit_steps(steps, step, time.time() - t_train, cfg.time_budget_s)
+            if progress:
+                progress(step, steps, diag)
+    train_s = time.time() - t_train
+
+    drafter.eval()
+    drafter.save_pretrained(out_dir, dtype=_DTYPES[cfg.save_dtype])
+    final = {k: float(np.mean([h[k] for h in hist[-5:]])) for k in hist[-1] if k != "step"} if hist else {}
+    metrics = {
+        "config": asdict(cfg),
+        "drafter_config": dcfg.to_dict(),
+        "steps_run": step,
+        "final": final,
+        "history": hist[:: max(1, len(hist) // 50)],
+        "corpus_tokens": int(len(stream)),
+        "corpus_tokens_per_workload": counts,
+        "trainable_parameters": drafter.num_parameters(True),
+        "total_parameters_incl_shared": drafter.num_parameters(False),
+        "train_s": round(train_s, 2),
+        "total_s": round(time.time() - t0, 2),
+        "device": str(dev),
+        "torch": torch.__version__,
+    }
+    Path(out_dir, "training.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics

@@ -1,0 +1,186 @@
+"""Parquet export of the telemetry store, hive-partitioned for other engines.
+
+Layout (Spark-standard hive partitioning, ``key=value`` directories)::
+
+    OUT/<table>/run_id=<id>/part-<uuid>-<n>.parquet                  most tables
+    OUT/request_steps/run_id=<id>/rank=<r>/part-<uuid>-<n>.parquet   and steps
+    OUT/_acceptscope_export.json                                     what was written
+
+Every table with a ``run_id`` column is exported (``runs`` included). Partition
+values are URI-encoded by pyarrow; a NULL ``run_id`` (only ``rejects`` allows
+one) goes to ``run_id=__HIVE_DEFAULT_PARTITION__`` as Hive/Spark expect. The
+partition columns live in the path, not in the files, so a reader must enable
+hive partitioning: ``read_export`` (pyarrow) and ``duckdb_source`` (DuckDB SQL)
+do it with the record model's types, e.g. so a numeric-looking run id stays a
+string. Spark reads the same tree with ``spark.read.parquet(OUT + "/steps")``.
+
+Re-exporting a run replaces that run's directory of each table (no stale files,
+no duplicates). Each (table, run) is read on its own short read-only connection,
+so a live writer process is only held off for one run's table at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Sequence
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from acceptscope import schema
+from acceptscope.store import Store, _q, fetch_arrow_reader
+
+MANIFEST = "_acceptscope_export.json"
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+# Extra partition columns after run_id: per-rank files keep one rank's steps together.
+EXTRA_PARTITIONS: dict[str, tuple[str, ...]] = {"request_steps": ("rank",), "steps": ("rank",)}
+
+
+def exportable_tables() -> list[schema.Table]:
+    return [t for t in schema.ALL_TABLES if "run_id" in t.names]
+
+
+def partition_columns(t: schema.Table) -> tuple[str, ...]:
+    return ("run_id",) + EXTRA_PARTITIONS.get(t.name, ())
+
+
+def _partitioning(t: schema.Table) -> ds.Partitioning:
+    fields = [pa.field(c, t.column(c).type) for c in partition_columns(t)]
+    return ds.HivePartitioning(pa.schema(fields), null_fallback=NULL_PARTITION)
+
+
+def _remove_run_dirs(table_dir: Path, run_id: str | None) -> None:
+    if not table_dir.is_dir():
+        return
+    want = NULL_PARTITION if run_id is None else run_id
+    for d in table_dir.iterdir():
+        if d.is_dir() and d.name.startswith("run_id=") and unquote(d.name[len("run_id="):]) == want:
+            shutil.rmtree(d)
+
+
+def export_parquet(
+    store: Store,
+    run_ids: Sequence[str] | None,
+    out_dir: str | Path,
+    *,
+    tables: Sequence[str] | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict[str, Any]:
+    """Write ``run_ids`` (None: every run, plus NULL-run rows) of every run-keyed table as Parquet.
+
+    Returns a summary ``{"out_dir", "runs", "tables": {name: rows}}`` (also written
+    to ``OUT/_acceptscope_export.json``). ``progress(table, rows)`` is called per
+    (table, run) written. Unknown run ids raise ``KeyError``.
+    """
+    out = Path(out_dir)
+    chosen = exportable_tables()
+    if tables is not None:
+        names = {t.name for t in chosen}
+        bad = [n for n in tables if n not in names]
+        if bad:
+            raise KeyError(f"not exportable (no run_id column or unknown): {bad}; exportable: {sorted(names)}")
+        chosen = [t for t in chosen if t.name in set(tables)]
+    known = set(store.query_df("SELECT run_id FROM runs")["run_id"])
+    if run_ids is None:
+        runs: list[str | None] = sorted(known)
+        for t in chosen:  # telemetry may exist for runs without a runs row (e.g. file ingest)
+            ids = store.query_df(f"SELECT DISTINCT run_id FROM {_q(t.name)} WHERE run_id IS NOT NULL")["run_id"]
+            runs.extend(i for i in ids if i not in runs)
+        runs.append(None)  # rows without a run (only rejects can have them)
+    else:
+        runs = list(dict.fromkeys(run_ids))
+        missing = [r for r in runs if r not in known]
+        if missing:
+            raise KeyError(f"run(s) {missing} not in {store.path}; known runs: {sorted(known)[:20]}")
+    out.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex[:12]
+    written: dict[str, int] = {t.name: 0 for t in chosen}
+    for t in chosen:
+        table_dir = out / t.name
+        for run in runs:
+            if run is None and not t.column("run_id").nullable:
+                continue
+            where = "run_id IS NULL" if run is None else "run_id = ?"
+            order = ", ".join(_q(k) for k in t.key)
+            sql = f"SELECT * FROM {_q(t.name)} WHERE {where} ORDER BY {order}"
+            with store.connect(read_only=True) as con:
+                reader = fetch_arrow_reader(con, sql, None if run is None else [run])
+                try:
+                    first = reader.read_next_batch()
+                except StopIteration:
+                    first = None
+                _remove_run_dirs(table_dir, run)
+                if first is None:
+                    continue
+                rows = first.num_rows
+
+                def batches(first=first, reader=reader):
+                    nonlocal rows
+                    yield first.cast(t.arrow_schema) if first.schema != t.arrow_schema else first
+                    for b in reader:
+                        rows += b.num_rows
+                        yield b.cast(t.arrow_schema) if b.schema != t.arrow_schema else b
+
+                ds.write_dataset(
+                    pa.RecordBatchReader.from_batches(t.arrow_schema, batches()),
+                    table_dir,
+                    format="parquet",
+                    partitioning=_partitioning(t),
+                    basename_template=f"part-{token}-{{i}}.parquet",
+                    existing_data_behavior="overwrite_or_ignore",
+                    file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
+                    max_rows_per_group=128 * 1024,
+                )
+            written[t.name] += rows
+            if progress is not None:
+                progress(t.name, rows)
+    summary = {
+        "out_dir": str(out),
+        "runs": [r for r in runs if r is not None],
+        "tables": written,
+        "partitioning": {t.name: list(partition_columns(t)) for t in chosen},
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _merge_manifest(out / MANIFEST, summary)
+    return summary
+
+
+def _merge_manifest(path: Path, summary: dict[str, Any]) -> None:
+    try:
+        old = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        old = {"exports": []}
+    old.setdefault("exports", []).append(summary)
+    old["exports"] = old["exports"][-100:]
+    path.write_text(json.dumps(old, indent=2))
+
+
+# ---------------------------------------------------------------------------
+# reading an export back
+# ---------------------------------------------------------------------------
+def read_export(out_dir: str | Path, table: str, run_ids: Sequence[str] | None = None) -> pa.Table:
+    """Read one exported table with pyarrow.dataset, columns in record-model order and types."""
+    t = schema.table(table)
+    root = Path(out_dir) / t.name
+    if not root.is_dir():
+        return t.arrow_schema.empty_table()
+    dataset = ds.dataset(root, format="parquet", partitioning=_partitioning(t), schema=t.arrow_schema)
+    flt = None
+    if run_ids is not None:
+        flt = ds.field("run_id").isin(list(run_ids))
+    return dataset.to_table(filter=flt).select(t.names)
+
+
+def duckdb_source(out_dir: str | Path, table: str) -> str:
+    """A DuckDB table expression reading one exported table, e.g. ``SELECT * FROM {duckdb_source(...)}``."""
+    t = schema.table(table)
+    from acceptscope.store import duck_type
+
+    glob = str(Path(out_dir) / t.name / "**" / "*.parquet").replace("'", "''")
+    types = ", ".join(f"'{c}': '{duck_type(t.column(c).type)}'" for c in partition_columns(t))
+    return f"read_parquet('{glob}', hive_partitioning = true, hive_types = {{{types}}})"

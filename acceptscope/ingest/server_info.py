@@ -1,0 +1,1129 @@
+"""SGLang ``/server_info`` DSpark info dumps -> ``runs`` / ``steps`` / ``request_steps`` / ``gaps``.
+
+What SGLang 0.5.23 gives us (reference §2): ``internal_states[i].dspark_info_record``
+per DP rank, in *arrival order* (no rank id), each holding the whole in-memory
+ring of ``DecodeStepRecord`` (200 000 records max) on every call. The structs
+are ``msgspec.Struct(omit_defaults=True)``, so fields equal to their default
+are absent from the JSON.
+
+Translation decisions (documented here because readers depend on them):
+
+* Defaults are filled as SGLang declares them, then the ``-1`` "unknown"
+  sentinels of ``bs``, ``num_running_reqs``, ``num_verify_tokens`` and
+  ``verify_tokens_*`` are stored as **NULL** (one spelling of "unknown" in the
+  store); ``mode == ""`` (no ``core`` component) is stored as NULL.
+* ``rid`` NULL -> ``'pool:<req_pool_index>'``; ``window = verify_len - 1``;
+  ``ceiling = correct_drafts + cap_trim`` in cap-accept, ``correct_drafts`` in
+  static, NULL in compact; ``committed_tokens = draft_tokens[:correct_drafts] + [bonus]``;
+  ``step_index`` counts a rid's steps seen by this ingestor (a ``pool:`` rid
+  restarts at 0 when its ``prefix_len`` goes backwards: a new request took the slot).
+* The ingestor is stateful: per observed rank slot a ``forward_ct`` watermark
+  (records at or below it are duplicates from the ring and are skipped), the
+  fingerprint of the record at the watermark, and the rids of the last step.
+  Each incoming state is matched to the rank whose watermark record it still
+  holds (same fingerprint), else to the rank it continues (rid overlap), else
+  it is a restart (``epoch += 1``; also on a changed ``startup_time`` or
+  ``forward_ct`` going backwards).
+* Gaps: if a matched state no longer holds the watermark record and its oldest
+  record is newer than ``watermark + 1``: ``overflow`` when the ring is full
+  (``ring_capacity`` records), else ``clear-loss`` (cleared between polls).
+  ``forward_ct`` jumps inside a snapshot are normal (prefill/idle passes) and
+  are not gaps.
+* Bad input never aborts: the smallest invalid unit (one ReqDetail, one step
+  header, one component name, one state) goes to ``rejects`` with its field
+  path, and every valid sibling is kept.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from itertools import chain
+from typing import Any, Callable, Optional, Sequence
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from acceptscope import schema
+from acceptscope.ingest.batch import IngestBatch, table_from_columns
+from acceptscope.ingest.rejects import (
+    describe_number,
+    join_path,
+    make_reject,
+    msgspec_error_path,
+)
+
+__all__ = [
+    "ServerInfoIngestor",
+    "IngestBatch",
+    "ReqDetail",
+    "StepRecord",
+    "run_row_from_server_info",
+    "RING_CAPACITY",
+    "KNOWN_COMPONENTS",
+]
+
+RING_CAPACITY = 200_000  # SGLang INFO_DUMP_MAX_RECORDS
+KNOWN_COMPONENTS = frozenset(
+    {"core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs"}
+)
+_SENTINEL_FIELDS = (
+    "bs",
+    "num_running_reqs",
+    "num_verify_tokens",
+    "verify_tokens_local",
+    "verify_tokens_dp_synced",
+    "verify_tokens_graph_key",
+)
+_TIME_FIELDS = ("step_cpu_ms", "step_gpu_ms", "draft_gpu_ms", "target_verify_gpu_ms")
+# Server args worth keeping in runs.config_json (others are noise for an audit).
+_ARG_KEYS = (
+    "model_path",
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_draft_tokens",
+    "speculative_dspark_confidence_sts_path",
+    "speculative_dspark_sps_table_path",
+    "speculative_dspark_block_size",
+    "speculative_dspark_align_verify_tokens_to_graph_tier",
+    "tp_size",
+    "dp_size",
+    "attn_dp_size",
+    "max_running_requests",
+    "disable_cuda_graph",
+    "avg_spec_accept_length",
+    "version",
+)
+
+
+# ---------------------------------------------------------------------------
+# typed mirrors of SGLang's structs (defaults as SGLang declares them)
+# ---------------------------------------------------------------------------
+class ReqDetail(msgspec.Struct):
+    """Mirror of SGLang 0.5.23 ``ReqDetail`` (one verify-batch row)."""
+
+    req_pool_index: int
+    prefix_len: int
+    verify_len: int
+    acc_len: int
+    correct_drafts: int
+    cap_trim: int
+    bonus_token: int
+    draft_tokens: list[int]
+    rid: Optional[str] = None
+    confidence: Optional[list[float]] = None
+    survival: Optional[list[float]] = None
+
+
+class StepRecord(msgspec.Struct):
+    """Mirror of SGLang 0.5.23 ``DecodeStepRecord`` without ``reqs`` (decoded lazily)."""
+
+    forward_ct: int
+    bs: int = -1
+    mode: str = ""
+    budget: Optional[int] = None
+    lag_steps: Optional[int] = None
+    num_running_reqs: int = -1
+    num_verify_tokens: int = -1
+    verify_tokens_local: int = -1
+    verify_tokens_dp_synced: int = -1
+    verify_tokens_graph_key: int = -1
+    predicted_step_ms: Optional[float] = None
+    predicted_theta: Optional[float] = None
+    step_cpu_ms: Optional[float] = None
+    step_gpu_ms: Optional[float] = None
+    draft_gpu_ms: Optional[float] = None
+    target_verify_gpu_ms: Optional[float] = None
+
+
+class _StepRecordRaw(StepRecord):
+    reqs: msgspec.Raw = None  # type: ignore[assignment]  (msgspec: Raw cannot sit in a Union)
+
+
+class _StepRecordObj(StepRecord):
+    reqs: Any = None
+
+
+_ArgFields = [(k, Any, None) for k in _ARG_KEYS]
+
+
+_PayloadRaw = msgspec.defstruct(  # records as lazily decoded raw items
+    "_PayloadRaw",
+    [
+        ("gamma", Any, None),
+        ("verify_num_draft_tokens", Any, None),
+        ("mode", Any, None),
+        ("components", Any, None),
+        ("records", Optional[list[msgspec.Raw]], None),
+        ("simulate_acc_len", Any, None),
+    ],
+)
+_StateRaw = msgspec.defstruct(
+    "_StateRaw", [("dspark_info_record", msgspec.Raw, None)] + _ArgFields
+)
+_TopRaw = msgspec.defstruct(
+    "_TopRaw",
+    [
+        ("internal_states", Optional[list[msgspec.Raw]], None),
+        ("startup_time", Any, None),
+        ("dspark_info_record", msgspec.Raw, None),
+        ("records", msgspec.Raw, None),
+    ]
+    + [f for f in _ArgFields if f[0] != "version"]
+    + [("version", Any, None)],
+)
+
+_dec_top = msgspec.json.Decoder(_TopRaw)
+_dec_state = msgspec.json.Decoder(_StateRaw)
+_dec_payload = msgspec.json.Decoder(_PayloadRaw)
+_dec_record = msgspec.json.Decoder(_StepRecordRaw)
+_dec_reqs = msgspec.json.Decoder(list[ReqDetail])
+_dec_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+_dec_req = msgspec.json.Decoder(ReqDetail)
+_dec_any = msgspec.json.Decoder()
+
+
+def _nr(raw: Any) -> Any:
+    """A decoded ``msgspec.Raw`` holding JSON null -> None."""
+    if raw is None or (isinstance(raw, msgspec.Raw) and bytes(raw) == b"null"):
+        return None
+    return raw
+
+
+def loads_lenient(data: bytes | str) -> Any:
+    """Parse JSON accepting NaN/Infinity tokens (Python's json), for the slow path."""
+    return json.loads(data)
+
+
+# ---------------------------------------------------------------------------
+# one rank's state (a view over either raw JSON bytes or builtins)
+# ---------------------------------------------------------------------------
+@dataclass
+class _State:
+    index: int  # position in internal_states (arrival order)
+    prefix: str  # field-path prefix for rejects
+    gamma: int
+    vndt: int
+    mode: str
+    components: list[str]
+    simulate_acc_len: Optional[float]
+    args: dict
+    records: Sequence[Any]  # raw bytes items or dicts
+    is_raw: bool
+    _headers: dict = field(default_factory=dict)
+
+    def header(self, j: int) -> StepRecord:
+        """Decode record j's header (cached); raises msgspec.ValidationError/DecodeError."""
+        h = self._headers.get(j)
+        if h is None:
+            item = self.records[j]
+            h = _dec_record.decode(item) if self.is_raw else msgspec.convert(item, _StepRecordObj)
+            self._headers[j] = h
+        return h
+
+    def fct(self, j: int) -> int:
+        return self.header(j).forward_ct
+
+
+def _fingerprint(h: StepRecord, reqs: Optional[list[ReqDetail]]) -> tuple:
+    """Content fingerprint of one record: tells 'the same record' from 'same forward_ct, new server'."""
+    rq = tuple((r.rid, r.req_pool_index, r.prefix_len, r.bonus_token) for r in reqs if r is not None) if reqs else ()
+    return (h.forward_ct, h.bs, h.num_verify_tokens, h.budget, h.step_cpu_ms, h.step_gpu_ms, rq)
+
+
+def _rids(reqs: Optional[list[ReqDetail]]) -> frozenset:
+    if not reqs:
+        return frozenset()
+    return frozenset(r.rid if r.rid is not None else f"pool:{r.req_pool_index}" for r in reqs if r is not None)
+
+
+@dataclass
+class _Rank:
+    slot: int
+    watermark: int = -1
+    last_fp: Optional[tuple] = None
+    last_rids: frozenset = frozenset()
+
+
+# ---------------------------------------------------------------------------
+# validation of one ReqDetail (scalar; the vectorised filter mirrors it)
+# ---------------------------------------------------------------------------
+def _surv_tol(k: int) -> float:
+    # confidence and survival are each rounded to 4 dp after SGLang's float32 cumprod
+    return 5e-5 * (k + 2) + 1e-6
+
+
+def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
+    """First problem of one ReqDetail as (sub-field, reason), or None when valid."""
+    for name in ("req_pool_index", "prefix_len", "bonus_token"):
+        v = getattr(r, name)
+        if v < 0:
+            return name, f"negative ({v})"
+    if not 1 <= r.verify_len <= gamma + 1:
+        return "verify_len", f"{r.verify_len} outside [1, gamma+1={gamma + 1}]"
+    window = r.verify_len - 1
+    if r.correct_drafts < 0:
+        return "correct_drafts", f"negative ({r.correct_drafts})"
+    if r.correct_drafts > window:
+        return "correct_drafts", f"{r.correct_drafts} > window {window} (verify_len-1)"
+    if r.acc_len != r.correct_drafts + 1:
+        return "acc_len", f"{r.acc_len} != correct_drafts+1 ({r.correct_drafts + 1})"
+    if r.cap_trim < 0:
+        return "cap_trim", f"negative ({r.cap_trim})"
+    if r.correct_drafts + r.cap_trim > gamma:
+        return "cap_trim", f"correct_drafts+cap_trim = {r.correct_drafts + r.cap_trim} > gamma {gamma}"
+    if mode == "static":
+        if r.verify_len != gamma + 1:
+            return "verify_len", f"{r.verify_len} != gamma+1 in static mode"
+        if r.cap_trim != 0:
+            return "cap_trim", f"{r.cap_trim} != 0 in static mode"
+    if len(r.draft_tokens) != gamma:
+        return "draft_tokens", f"length {len(r.draft_tokens)} != gamma {gamma}"
+    for k, t in enumerate(r.draft_tokens):
+        if t < 0:
+            return f"draft_tokens[{k}]", f"negative token id ({t})"
+    if r.rid is not None and not r.rid:
+        return "rid", "empty string"
+    conf, surv = r.confidence, r.survival
+    if (conf is None) != (surv is None):
+        return ("survival" if surv is None else "confidence"), "confidence and survival must come together"
+    if conf is not None:
+        if len(conf) != gamma:
+            return "confidence", f"length {len(conf)} != gamma {gamma}"
+        if len(surv) != gamma:
+            return "survival", f"length {len(surv)} != gamma {gamma}"
+        for k, c in enumerate(conf):
+            if not (0.0 <= c <= 1.0):  # NaN fails too
+                return f"confidence[{k}]", describe_number(c) if not math.isfinite(c) else f"{c!r} outside [0, 1]"
+        prod = 1.0
+        prev = 1.0
+        for k, s in enumerate(surv):
+            if not (0.0 <= s <= 1.0):
+                return f"survival[{k}]", describe_number(s) if not math.isfinite(s) else f"{s!r} outside [0, 1]"
+            if s > prev:
+                return f"survival[{k}]", f"{s!r} > survival[{k - 1}] {prev!r} (must be non-increasing)"
+            prod *= conf[k]
+            if abs(s - prod) > _surv_tol(k):
+                return f"survival[{k}]", f"{s!r} inconsistent with cumprod(confidence) {prod:.6f}"
+            prev = s
+    return None
+
+
+def _vector_bad_mask(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
+    """Fast filter: True where ``check_req`` would find a problem (may over-flag; never under-flag)."""
+    n = len(reqs)
+    ints = np.array(
+        [
+            (r.req_pool_index, r.prefix_len, r.bonus_token, r.verify_len, r.correct_drafts, r.acc_len,
+             r.cap_trim, len(r.draft_tokens))
+            for r in reqs
+        ],
+        dtype=np.int64,
+    ).reshape(n, 8)
+    pool, prefix, bonus, vlen, cd, acc, ct, dlen = ints.T
+    bad = (pool < 0) | (prefix < 0) | (bonus < 0) | (vlen < 1) | (vlen > gamma + 1)
+    bad |= (cd < 0) | (cd > vlen - 1) | (acc != cd + 1) | (ct < 0) | (cd + ct > gamma) | (dlen != gamma)
+    if mode == "static":
+        bad |= (vlen != gamma + 1) | (ct != 0)
+    ok = ~bad
+    if ok.any():
+        idx = np.flatnonzero(ok)
+        flat = np.fromiter(chain.from_iterable(reqs[i].draft_tokens for i in idx), dtype=np.int64,
+                           count=len(idx) * gamma)
+        tok_bad = (flat.reshape(len(idx), gamma) < 0).any(axis=1)
+        bad[idx[tok_bad]] = True
+    has_conf = np.fromiter((r.confidence is not None for r in reqs), dtype=bool, count=n)
+    has_surv = np.fromiter((r.survival is not None for r in reqs), dtype=bool, count=n)
+    bad |= has_conf != has_surv
+    bad |= np.fromiter((r.rid is not None and not r.rid for r in reqs), dtype=bool, count=n)
+    both = np.flatnonzero(has_conf & has_surv & ~bad)
+    if len(both):
+        clen = np.fromiter((len(reqs[i].confidence) for i in both), dtype=np.int64, count=len(both))
+        slen = np.fromiter((len(reqs[i].survival) for i in both), dtype=np.int64, count=len(both))
+        lbad = (clen != gamma) | (slen != gamma)
+        bad[both[lbad]] = True
+        both = both[~lbad]
+        if len(both):
+            m = len(both) * gamma
+            conf = np.fromiter(chain.from_iterable(reqs[i].confidence for i in both), dtype=np.float64,
+                               count=m).reshape(len(both), gamma)
+            surv = np.fromiter(chain.from_iterable(reqs[i].survival for i in both), dtype=np.float64,
+                               count=m).reshape(len(both), gamma)
+            with np.errstate(invalid="ignore"):
+                rbad = ~((conf >= 0) & (conf <= 1)).all(axis=1)
+                rbad |= ~((surv >= 0) & (surv <= 1)).all(axis=1)
+                rbad |= (np.diff(surv, axis=1, prepend=1.0) > 0).any(axis=1)
+                tol = 5e-5 * (np.arange(gamma) + 2) + 1e-6
+                rbad |= (np.abs(surv - np.cumprod(conf, axis=1)) > tol).any(axis=1)
+            bad[both[rbad]] = True
+    return bad
+
+
+# ---------------------------------------------------------------------------
+# run metadata
+# ---------------------------------------------------------------------------
+def _sha256_file(path: Any) -> Optional[str]:
+    if not path or not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _started_at(startup_time: Any) -> Optional[datetime]:
+    if isinstance(startup_time, (int, float)) and not isinstance(startup_time, bool) and math.isfinite(startup_time):
+        try:
+            return datetime.fromtimestamp(float(startup_time), tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            return None
+    return None
+
+
+def run_row_from_server_info(
+    run_id: str,
+    payload: dict,
+    server_args: Optional[dict] = None,
+    *,
+    source: str = "file",
+    audit_group: Optional[str] = None,
+) -> dict:
+    """The ``runs`` row of an SGLang run from a /server_info response, one state, or a bare dump.
+
+    arm = the dump's ``mode``; gamma = its ``gamma``; target/draft model and the
+    STS/SPS file hashes come from the server args (``server_args`` overrides what
+    the payload carries). Raises ValueError when the payload has no DSpark dump.
+    """
+    top = payload if isinstance(payload, dict) else {}
+    state = top
+    if isinstance(top.get("internal_states"), list):
+        state = next((s for s in top["internal_states"] if isinstance(s, dict) and "dspark_info_record" in s), {})
+    dump = state.get("dspark_info_record", state if "records" in state else None)
+    if not isinstance(dump, dict):
+        raise ValueError("payload has no dspark_info_record")
+    args = {k: top[k] for k in _ARG_KEYS if k in top}
+    args.update({k: state[k] for k in _ARG_KEYS if k in state})
+    args.update(server_args or {})
+    return _run_row(
+        run_id,
+        mode=dump.get("mode"),
+        gamma=dump.get("gamma"),
+        vndt=dump.get("verify_num_draft_tokens"),
+        components=dump.get("components") or [],
+        simulate_acc_len=dump.get("simulate_acc_len"),
+        args=args,
+        startup_time=top.get("startup_time"),
+        source=source,
+        audit_group=audit_group,
+    )
+
+
+def _run_row(run_id, *, mode, gamma, vndt, components, simulate_acc_len, args, startup_time, source,
+             audit_group=None) -> dict:
+    sts_path = args.get("speculative_dspark_confidence_sts_path")
+    sps_path = args.get("speculative_dspark_sps_table_path")
+    config = {
+        "engine": "sglang",
+        "mode": mode,
+        "gamma": gamma,
+        "verify_num_draft_tokens": vndt,
+        "components": list(components),
+        "simulate_acc_len": simulate_acc_len,
+        "startup_time": startup_time,
+        "server_args": {k: v for k, v in args.items() if v is not None},
+    }
+    return {
+        "run_id": run_id,
+        "arm": mode,
+        "engine": "sglang",
+        "gamma": gamma,
+        "temperature": None,
+        "target_model": args.get("model_path"),
+        "draft_model": args.get("speculative_draft_model_path"),
+        "sts_hash": _sha256_file(sts_path),
+        "sps_hash": _sha256_file(sps_path),
+        "started_at": _started_at(startup_time),
+        "config_json": json.dumps(config, sort_keys=True, default=str),
+        "source": source if source in schema.SOURCES else "file",
+        "audit_group": audit_group,
+    }
+
+
+# ---------------------------------------------------------------------------
+# the ingestor
+# ---------------------------------------------------------------------------
+class ServerInfoIngestor:
+    """Stateful translator of successive /server_info payloads of one run.
+
+    ``feed(payload_dict)`` (live poller) and ``feed_bytes(json_bytes)`` (files:
+    decoded straight into typed structs) return an :class:`IngestBatch` holding
+    only what is new since the previous call.
+    """
+
+    def __init__(self, run_id: str, source: str = "live", *, ring_capacity: int = RING_CAPACITY,
+                 expected_gamma: Optional[int] = None, expected_arm: Optional[str] = None,
+                 server_args: Optional[dict] = None):
+        self.run_id = run_id
+        self.source = source
+        self.ring_capacity = ring_capacity
+        self.gamma: Optional[int] = expected_gamma
+        self.arm: Optional[str] = expected_arm
+        self.server_args = dict(server_args or {})
+        self.epoch = 0
+        self.ranks: list[_Rank] = []
+        self.startup_time: Any = None
+        self.run_emitted = False
+        self._step_ct: dict[str, int] = {}
+        self._pool_prefix: dict[str, int] = {}
+        self.polls = 0
+
+    # -- entry points -------------------------------------------------------
+    def feed(self, payload: dict, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
+        """Ingest one /server_info response (or one state, or one bare dump) given as builtins."""
+        src = source or self.source
+        batch = IngestBatch()
+        self.polls += 1
+        try:
+            states, startup = self._states_from_obj(payload, src, line, batch)
+        except _PayloadRejected:
+            return batch
+        self._ingest(states, startup, src, line, batch)
+        return batch
+
+    def feed_bytes(self, data: bytes, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
+        """Ingest one JSON document (bytes): typed fast path, lenient fallback on bad input."""
+        src = source or self.source
+        try:
+            top = _dec_top.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            top = None
+        if top is not None:
+            batch = IngestBatch()
+            try:
+                states = self._states_from_raw(top, data, src, line, batch)
+            except _SlowPath:
+                states = None
+            except _PayloadRejected:
+                self.polls += 1
+                return batch
+            if states is not None:
+                self.polls += 1
+                self._ingest(states, top.startup_time, src, line, batch)
+                return batch
+        try:
+            obj = loads_lenient(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            batch = IngestBatch()
+            batch.reject(make_reject(src, line, "$", f"malformed or truncated JSON: {e}", data, self.run_id))
+            return batch
+        return self.feed(obj, source=src, line=line)
+
+    # -- payload shapes -----------------------------------------------------
+    def _states_from_obj(self, payload: Any, src: str, line: int, batch: IngestBatch):
+        if not isinstance(payload, dict):
+            batch.reject(make_reject(src, line, "$", f"expected a JSON object, got {type(payload).__name__}",
+                                     payload, self.run_id))
+            raise _PayloadRejected
+        top_args = {k: payload[k] for k in _ARG_KEYS if k in payload}
+        if "internal_states" in payload:
+            sts = payload["internal_states"]
+            if not isinstance(sts, list):
+                batch.reject(make_reject(src, line, "internal_states", "expected a list", sts, self.run_id))
+                raise _PayloadRejected
+            items = [(i, f"internal_states[{i}]", s) for i, s in enumerate(sts)]
+        elif "dspark_info_record" in payload:
+            items = [(0, "", payload)]
+        elif "records" in payload:
+            items = [(0, "", {"dspark_info_record": payload})]
+        else:
+            batch.reject(make_reject(src, line, "$", "no internal_states / dspark_info_record in payload",
+                                     _clip(payload), self.run_id))
+            raise _PayloadRejected
+        states = []
+        for i, prefix, s in items:
+            if not isinstance(s, dict):
+                batch.reject(make_reject(src, line, prefix or "$", "expected an object", s, self.run_id))
+                continue
+            dump = s.get("dspark_info_record")
+            args = dict(top_args)
+            args.update({k: s[k] for k in _ARG_KEYS if k in s})
+            st = self._make_state(i, prefix, dump, args, False, src, line, batch)
+            if st is not None:
+                states.append(st)
+        return states, payload.get("startup_time")
+
+    def _states_from_raw(self, top: Any, data: bytes, src: str, line: int, batch: IngestBatch):
+        """States of a typed-decoded document; raises _SlowPath on anything irregular."""
+        top_args = {k: getattr(top, k) for k in _ARG_KEYS if getattr(top, k) is not None}
+        try:
+            if top.internal_states is not None:
+                items = []
+                for i, raw in enumerate(top.internal_states):
+                    st = _dec_state.decode(raw)
+                    args = dict(top_args)
+                    args.update({k: getattr(st, k) for k in _ARG_KEYS if getattr(st, k) is not None})
+                    items.append((i, f"internal_states[{i}]", _nr(st.dspark_info_record), args))
+            elif _nr(top.dspark_info_record) is not None:
+                items = [(0, "", top.dspark_info_record, top_args)]
+            elif _nr(top.records) is not None:
+                items = [(0, "", data, top_args)]
+            else:
+                batch.reject(make_reject(src, line, "$", "no internal_states / dspark_info_record in payload",
+                                         None, self.run_id))
+                raise _PayloadRejected
+            decoded = [(i, p, _dec_payload.decode(d) if d is not None else None, a) for i, p, d, a in items]
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise _SlowPath from None
+        states = []
+        for i, prefix, dump, args in decoded:
+            s = self._make_state(i, prefix, dump, args, True, src, line, batch)
+            if s is not None:
+                states.append(s)
+        return states
+
+    def _make_state(self, i, prefix, dump, args, is_raw, src, line, batch) -> Optional[_State]:
+        """Validate a payload header; return a _State or reject it (whole state)."""
+        pfx = (prefix + ".") if prefix else ""
+        rej = lambda f, why, raw=None: batch.reject(make_reject(src, line, pfx + f, why, raw, self.run_id))  # noqa: E731
+        if dump is None:
+            rej("dspark_info_record", "missing (DSpark info dump not enabled: set SGLANG_DSPARK_DEBUG_DUMP)")
+            return None
+        get = (lambda k: getattr(dump, k)) if is_raw else (lambda k: dump.get(k))
+        if not is_raw and not isinstance(dump, dict):
+            rej("dspark_info_record", "expected an object", dump)
+            return None
+        gamma, vndt, mode = get("gamma"), get("verify_num_draft_tokens"), get("mode")
+        comps, records, sim = get("components"), get("records"), get("simulate_acc_len")
+        if not _is_int(gamma) or gamma < 1:
+            rej("gamma", f"expected a positive int, got {gamma!r}")
+            return None
+        if not _is_int(vndt) or vndt != gamma + 1:
+            rej("verify_num_draft_tokens", f"{vndt!r} != gamma+1 ({gamma + 1})")
+            return None
+        if self.gamma is not None and gamma != self.gamma:
+            rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {self.gamma}")
+            return None
+        if mode not in schema.ARMS:
+            rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)})")
+            return None
+        if self.arm is not None and mode != self.arm:
+            rej("mode", f"mode {mode!r} != run {self.run_id!r} arm {self.arm!r}")
+            return None
+        if records is None:
+            records = []
+        if not isinstance(records, list):
+            rej("records", f"expected a list, got {type(records).__name__}")
+            return None
+        comp_list: list[str] = []
+        if comps is not None and not isinstance(comps, list):
+            rej("components", f"expected a list, got {comps!r}")
+        for k, c in enumerate(comps or []):
+            if c not in KNOWN_COMPONENTS:
+                rej(f"components[{k}]", f"unknown info-dump component {c!r} (known: {sorted(KNOWN_COMPONENTS)})")
+            else:
+                comp_list.append(c)
+        if sim is not None and not (isinstance(sim, (int, float)) and not isinstance(sim, bool) and math.isfinite(sim)):
+            rej("simulate_acc_len", f"expected a number or null, got {sim!r}")
+            sim = None
+        self.gamma = gamma
+        self.arm = mode
+        return _State(i, prefix, gamma, vndt, mode, comp_list, sim, args, records, is_raw)
+
+    # -- matching, gaps, translation ---------------------------------------
+    def _ingest(self, states: list[_State], startup: Any, src: str, line: int, batch: IngestBatch) -> None:
+        if not states:
+            return
+        if not self.run_emitted:
+            st0 = states[0]
+            args = dict(st0.args)
+            args.update(self.server_args)
+            batch.add("runs", _run_row(self.run_id, mode=st0.mode, gamma=st0.gamma, vndt=st0.vndt,
+                                       components=st0.components, simulate_acc_len=st0.simulate_acc_len,
+                                       args=args, startup_time=startup,
+                                       source="live" if self.source == "live" or self.source.startswith("http") else "file"))
+            self.run_emitted = True
+        starts = {}  # state -> index of first new record
+        restart = False
+        if startup is not None and self.startup_time is not None and startup != self.startup_time:
+            restart = True
+        if startup is not None:
+            self.startup_time = startup
+        assignment: dict[int, _Rank] = {}
+        if not restart and self.ranks:
+            assignment, restart = self._match(states)
+        if restart:
+            old = self.ranks
+            self.epoch += 1
+            self.ranks = []
+            self._step_ct.clear()
+            self._pool_prefix.clear()
+            for k, s in enumerate(states):
+                r = _Rank(slot=k)
+                self.ranks.append(r)
+                assignment[id(s)] = r
+                first = self._first_fct(s)
+                prev = old[k].watermark if k < len(old) else -1
+                batch.add("gaps", {
+                    "run_id": self.run_id, "rank": k, "epoch": self.epoch,
+                    "from_forward_ct": max(prev, 0), "to_forward_ct": first if first is not None else 0,
+                    "kind": "restart",
+                    "detail": f"server restarted (epoch {self.epoch - 1} -> {self.epoch}); "
+                              f"previous watermark forward_ct={prev}",
+                })
+        else:
+            for s in states:
+                if id(s) not in assignment:
+                    r = _Rank(slot=len(self.ranks))
+                    self.ranks.append(r)
+                    assignment[id(s)] = r
+        cols = _Columns()
+        for s in states:
+            rank = assignment[id(s)]
+            self._ingest_state(s, rank, src, line, batch, cols)
+        if cols.n_steps:
+            batch.extend("steps", cols.steps_table(self.run_id, self.epoch))
+        if cols.n_reqs:
+            batch.extend("request_steps", cols.reqs_table(self.run_id, self.epoch))
+
+    def _first_fct(self, s: _State) -> Optional[int]:
+        for j in range(len(s.records)):
+            try:
+                return s.fct(j)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+        return None
+
+    def _safe_fct(self, s: _State, j: int) -> Optional[int]:
+        try:
+            return s.fct(j)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
+    def _find_fct(self, s: _State, target: int) -> Optional[int]:
+        """Index of the record with forward_ct == target (bisect over the ring order), else None."""
+        lo, hi = 0, len(s.records)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            f = self._safe_fct(s, mid)
+            if f is None:
+                # unreadable record in the way: fall back to a scan
+                for j in range(len(s.records)):
+                    if self._safe_fct(s, j) == target:
+                        return j
+                return None
+            if f < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(s.records) and self._safe_fct(s, lo) == target:
+            return lo
+        return None
+
+    def _record_fp(self, s: _State, j: int) -> Optional[tuple]:
+        try:
+            h = s.header(j)
+            reqs, _ = self._decode_reqs(s, j, h, None, "", 0)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        return _fingerprint(h, reqs)
+
+    def _match(self, states: list[_State]) -> tuple[dict[int, _Rank], bool]:
+        """Assign each state to the rank it continues; report a restart when one cannot be."""
+        assignment: dict[int, _Rank] = {}
+        free = list(self.ranks)
+        pending = []
+        # 1) strong: the state still holds the rank's watermark record, unchanged
+        for s in states:
+            hit = None
+            for r in free:
+                if r.watermark < 0:
+                    continue
+                j = self._find_fct(s, r.watermark)
+                if j is not None and self._record_fp(s, j) == r.last_fp:
+                    hit = r
+                    break
+            if hit is not None:
+                assignment[id(s)] = hit
+                free.remove(hit)
+            else:
+                pending.append(s)
+        # 2) continuation after a clear/overflow: every record newer than the watermark; rid overlap
+        restart = False
+        for s in pending:
+            first = self._first_fct(s)
+            cands = [r for r in free if first is None or first > r.watermark]
+            if not cands:
+                restart = True  # forward_ct went backwards (or same ct, different content)
+                break
+            if len(cands) > 1 and first is not None:
+                j0 = next(j for j in range(len(s.records)) if self._safe_fct(s, j) == first)
+                try:
+                    reqs, _ = self._decode_reqs(s, j0, s.header(j0), None, "", 0)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    reqs = None
+                rids = _rids(reqs)
+                cands.sort(key=lambda r: (-len(rids & r.last_rids), r.slot))
+            assignment[id(s)] = cands[0]
+            free.remove(cands[0])
+        return assignment, restart
+
+    # -- one state --------------------------------------------------------
+    def _decode_reqs(self, s: _State, j: int, h: Any, batch: Optional[IngestBatch], src: str, line: int):
+        """Decode record j's ReqDetail list; per-element rejects on bad items. Returns (reqs, bad_idx)."""
+        raw = _nr(h.reqs) if s.is_raw else h.reqs
+        if raw is None:
+            return None, []
+        if s.is_raw:
+            try:
+                return _dec_reqs.decode(raw), []
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                pass
+            items = _dec_raw_list.decode(raw)  # the record decoded, so this is valid JSON
+            conv = _dec_req.decode
+        else:
+            if not isinstance(raw, list):
+                raise msgspec.ValidationError(f"Expected `array | null`, got `{type(raw).__name__}` - at `$.reqs`")
+            try:
+                return msgspec.convert(raw, list[ReqDetail]), []
+            except msgspec.ValidationError:
+                pass
+            items = raw
+            conv = lambda x: msgspec.convert(x, ReqDetail)  # noqa: E731
+        out: list[Optional[ReqDetail]] = []
+        bad = []
+        for k, it in enumerate(items):
+            try:
+                out.append(conv(it))
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                out.append(None)
+                bad.append(k)
+                if batch is not None:
+                    path, why = msgspec_error_path(e)
+                    field_ = join_path(f"{s.prefix + '.' if s.prefix else ''}records[{j}].reqs[{k}]", path)
+                    batch.reject(make_reject(src, line, field_, why, it, self.run_id))
+        return out, bad
+
+    def _ingest_state(self, s: _State, rank: _Rank, src: str, line: int, batch: IngestBatch,
+                      cols: "_Columns") -> None:
+        n = len(s.records)
+        if n == 0:
+            return
+        w = rank.watermark
+        pfx = (s.prefix + ".") if s.prefix else ""
+        # first index with forward_ct > watermark (ring is in forward_ct order)
+        start = 0
+        if w >= 0:
+            j = self._find_fct(s, w)
+            if j is not None:
+                start = j + 1
+            else:
+                lo, hi = 0, n
+                ok = True
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    f = self._safe_fct(s, mid)
+                    if f is None:
+                        ok = False
+                        break
+                    if f <= w:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                start = lo if ok else 0
+                first_new = self._first_fct_from(s, start)
+                if first_new is not None and first_new > w + 1 and start == 0:
+                    kind = "overflow" if n >= self.ring_capacity else "clear-loss"
+                    batch.add("gaps", {
+                        "run_id": self.run_id, "rank": rank.slot, "epoch": self.epoch,
+                        "from_forward_ct": w, "to_forward_ct": first_new, "kind": kind,
+                        "detail": (f"ring full ({n} records): records after forward_ct {w} dropped before this poll"
+                                   if kind == "overflow" else
+                                   f"ring cleared between polls: forward_ct {w + 1}..{first_new - 1} unaccounted "
+                                   "(some may be non-decode passes)"),
+                    })
+        skipped = start
+        if skipped:
+            batch.note_duplicates("steps", skipped)
+        seen_fct: set[int] = set()
+        last_good = None
+        # pass 1: headers + ReqDetail lists of the new records
+        req_all: list[ReqDetail] = []
+        req_pos: list[tuple[int, int]] = []  # (record index j, position k in its reqs list)
+        rec_meta: list[tuple[int, StepRecord, int, int]] = []  # (j, header, first, end) into req_all
+        for j in range(start, n):
+            try:
+                h = s.header(j)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                path, why = msgspec_error_path(e)
+                batch.reject(make_reject(src, line, join_path(f"{pfx}records[{j}]", path), why,
+                                         s.records[j], self.run_id))
+                continue
+            fct = h.forward_ct
+            where = f"{pfx}records[{j}]"
+            if fct < 0:
+                batch.reject(make_reject(src, line, where + ".forward_ct", f"negative ({fct})", s.records[j], self.run_id))
+                continue
+            if fct <= w:
+                batch.note_duplicates("steps", 1)
+                continue
+            if fct in seen_fct:
+                batch.reject(make_reject(src, line, where + ".forward_ct", f"duplicate record for forward_ct {fct}",
+                                         s.records[j], self.run_id))
+                continue
+            seen_fct.add(fct)
+            try:
+                reqs, _bad = self._decode_reqs(s, j, h, batch, src, line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                path, why = msgspec_error_path(e)
+                batch.reject(make_reject(src, line, join_path(where, path), why, s.records[j], self.run_id))
+                reqs = None
+            step_problem = _check_step(h, s, reqs)
+            if step_problem:
+                f_, why = step_problem
+                batch.reject(make_reject(src, line, f"{where}.{f_}", why, s.records[j], self.run_id))
+            else:
+                cols.add_step(rank.slot, h)
+            first = len(req_all)
+            if reqs:
+                if None in reqs:
+                    for k, r in enumerate(reqs):
+                        if r is not None:
+                            req_all.append(r)
+                            req_pos.append((j, k))
+                else:
+                    req_all.extend(reqs)
+                    req_pos.extend((j, k) for k in range(len(reqs)))
+            rec_meta.append((j, h, first, len(req_all)))
+            last_good = (h, reqs)
+        # pass 2: validate every ReqDetail of this state at once, then translate
+        if req_all:
+            self._add_reqs(s, rank, rec_meta, req_all, req_pos, src, line, batch, cols)
+        if last_good is not None:
+            h, reqs = last_good
+            rank.watermark = h.forward_ct
+            rank.last_fp = _fingerprint(h, reqs)
+            rank.last_rids = _rids(reqs)
+
+    def _first_fct_from(self, s: _State, start: int) -> Optional[int]:
+        for j in range(start, len(s.records)):
+            f = self._safe_fct(s, j)
+            if f is not None:
+                return f
+        return None
+
+    def _add_reqs(self, s, rank, rec_meta, req_all, req_pos, src, line, batch, cols) -> None:
+        gamma = s.gamma
+        pfx = f"{s.prefix}." if s.prefix else ""
+        modes = {(h.mode or s.mode) for _, h, _, _ in rec_meta}
+        bad = _vector_bad_mask(req_all, gamma, s.mode) if len(modes) == 1 else None
+        ct = self._step_ct
+        pool_prefix = self._pool_prefix
+        keep: list[ReqDetail] = []
+        rids: list[str] = []
+        fcts: list[int] = []
+        step_idx: list[int] = []
+        for j, h, first, end in rec_meta:
+            if first == end:
+                continue
+            mode = h.mode or s.mode
+            seen: set[str] = set()
+            for q in range(first, end):
+                r = req_all[q]
+                if bad is None or bad[q]:
+                    prob = check_req(r, gamma, mode)
+                    if prob is not None:
+                        k = req_pos[q][1]
+                        batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].{prob[0]}", prob[1],
+                                                 msgspec.to_builtins(r), self.run_id))
+                        continue
+                rid = r.rid
+                if rid is None:
+                    rid = f"pool:{r.req_pool_index}"
+                    last = pool_prefix.get(rid)
+                    if last is not None and r.prefix_len < last:
+                        ct[rid] = 0
+                    pool_prefix[rid] = r.prefix_len
+                if rid in seen:
+                    k = req_pos[q][1]
+                    batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].rid",
+                                             f"duplicate rid {rid!r} in one step", msgspec.to_builtins(r), self.run_id))
+                    continue
+                seen.add(rid)
+                i = ct.get(rid, 0)
+                ct[rid] = i + 1
+                keep.append(r)
+                rids.append(rid)
+                fcts.append(h.forward_ct)
+                step_idx.append(i)
+        if keep:
+            cols.add_reqs(rank.slot, fcts, s.mode, gamma, keep, rids, step_idx)
+
+
+def _check_step(h: StepRecord, s: _State, reqs: Optional[list]) -> Optional[tuple[str, str]]:
+    """First problem of a step header as (field, reason), or None."""
+    if h.mode and h.mode != s.mode:
+        return "mode", f"record mode {h.mode!r} != payload mode {s.mode!r}"
+    for f in _SENTINEL_FIELDS:
+        v = getattr(h, f)
+        if v < -1:
+            return f, f"negative ({v}); -1 is the only sentinel"
+    for f in ("budget", "lag_steps"):
+        v = getattr(h, f)
+        if v is not None and v < 0:
+            return f, f"negative ({v})"
+    for f in _TIME_FIELDS + ("predicted_step_ms",):
+        v = getattr(h, f)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            return f, describe_number(v) if not math.isfinite(v) else f"negative ({v})"
+    if h.predicted_theta is not None and not math.isfinite(h.predicted_theta):
+        return "predicted_theta", describe_number(h.predicted_theta)
+    if h.bs >= 0 and h.num_running_reqs >= 0 and h.bs != h.num_running_reqs:
+        return "num_running_reqs", f"{h.num_running_reqs} != bs {h.bs}"
+    if reqs is not None and h.bs >= 0 and len(reqs) != h.bs:
+        return "bs", f"bs {h.bs} != len(reqs) {len(reqs)}"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# columnar accumulation (no per-row dicts)
+# ---------------------------------------------------------------------------
+def _none_if_sentinel(v: int) -> Optional[int]:
+    return None if v == -1 else v
+
+
+class _Columns:
+    def __init__(self) -> None:
+        self.step_rank: list[int] = []
+        self.steps: list[StepRecord] = []
+        self.req_rank: list[int] = []
+        self.req_fct: list[int] = []
+        self.req_mode: list[str] = []
+        self.reqs: list[ReqDetail] = []
+        self.rids: list[str] = []
+        self.step_idx: list[int] = []
+        self.gamma = 0
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def n_reqs(self) -> int:
+        return len(self.reqs)
+
+    def add_step(self, rank: int, h: StepRecord) -> None:
+        self.step_rank.append(rank)
+        self.steps.append(h)
+
+    def add_reqs(self, rank, fcts, mode, gamma, keep, rids, step_idx) -> None:
+        m = len(keep)
+        self.req_rank.extend([rank] * m)
+        self.req_fct.extend(fcts)
+        self.req_mode.extend([mode] * m)
+        self.reqs.extend(keep)
+        self.rids.extend(rids)
+        self.step_idx.extend(step_idx)
+        self.gamma = gamma
+
+    def steps_table(self, run_id: str, epoch: int) -> pa.Table:
+        st = self.steps
+        n = len(st)
+        cols: dict[str, Any] = {
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "rank": self.step_rank,
+            "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
+            "forward_ct": [h.forward_ct for h in st],
+            "mode": [h.mode or None for h in st],
+        }
+        for f in _SENTINEL_FIELDS:
+            cols[f] = [_none_if_sentinel(getattr(h, f)) for h in st]
+        for f in ("budget", "lag_steps", "predicted_step_ms", "predicted_theta") + _TIME_FIELDS:
+            cols[f] = [getattr(h, f) for h in st]
+        return table_from_columns("steps", cols, n)
+
+    def reqs_table(self, run_id: str, epoch: int) -> pa.Table:
+        rq = self.reqs
+        n = len(rq)
+        g = self.gamma
+        vlen = np.fromiter((r.verify_len for r in rq), dtype=np.int32, count=n)
+        cd = np.fromiter((r.correct_drafts for r in rq), dtype=np.int32, count=n)
+        ct = np.fromiter((r.cap_trim for r in rq), dtype=np.int32, count=n)
+        mode = self.req_mode
+        cap = np.fromiter((m == "cap-accept" for m in mode), dtype=bool, count=n)
+        static = np.fromiter((m == "static" for m in mode), dtype=bool, count=n)
+        ceiling = np.where(cap, cd + ct, cd)
+        ceiling_mask = ~(cap | static)
+        gamma_offsets = pa.array(np.arange(0, (n + 1) * g, g, dtype=np.int32))
+        drafts = pa.ListArray.from_arrays(
+            gamma_offsets,
+            pa.array(np.fromiter(chain.from_iterable(r.draft_tokens for r in rq), dtype=np.int64, count=n * g)),
+        )
+        conf = _optional_f32_lists([r.confidence for r in rq], g)
+        surv = _optional_f32_lists([r.survival for r in rq], g)
+        # committed = drafts[:cd] + [bonus]
+        lens = cd.astype(np.int64) + 1
+        offs = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offs[1:])
+        committed_vals = np.fromiter(
+            chain.from_iterable(r.draft_tokens[: r.correct_drafts] + [r.bonus_token] for r in rq),
+            dtype=np.int64, count=int(offs[-1]),
+        )
+        committed = pa.ListArray.from_arrays(pa.array(offs.astype(np.int32)), pa.array(committed_vals))
+        cols = {
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "rank": pa.array(np.asarray(self.req_rank, dtype=np.int32)),
+            "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
+            "forward_ct": pa.array(np.asarray(self.req_fct, dtype=np.int64)),
+            "rid": pa.array(self.rids, pa.string()),
+            "req_pool_index": pa.array(np.fromiter((r.req_pool_index for r in rq), dtype=np.int64, count=n)).cast(pa.int32()),
+            "step_index": pa.array(np.asarray(self.step_idx, dtype=np.int32)),
+            "prefix_len": pa.array(np.fromiter((r.prefix_len for r in rq), dtype=np.int64, count=n)).cast(pa.int32()),
+            "verify_len": pa.array(vlen),
+            "window": pa.array(vlen - 1),
+            "correct_drafts": pa.array(cd),
+            "acc_len": pa.array(np.fromiter((r.acc_len for r in rq), dtype=np.int32, count=n)),
+            "cap_trim": pa.array(ct),
+            "bonus_token": pa.array(np.fromiter((r.bonus_token for r in rq), dtype=np.int64, count=n)),
+            "draft_tokens": drafts,
+            "confidence": conf,
+            "survival": surv,
+            "committed_tokens": committed,
+            "ceiling": pa.array(ceiling.astype(np.int32), mask=ceiling_mask),
+        }
+        return table_from_columns("request_steps", cols, n)
+
+
+def _optional_f32_lists(rows: list[Optional[list[float]]], g: int) -> pa.Array:
+    """Fixed-length (g) float lists, some NULL, as an Arrow list<float32> without per-row objects."""
+    n = len(rows)
+    present = np.fromiter((r is not None for r in rows), dtype=bool, count=n)
+    k = int(present.sum())
+    if k == 0:
+        return pa.nulls(n, schema.F32_LIST)
+    vals = np.fromiter(chain.from_iterable(r for r in rows if r is not None), dtype=np.float32, count=k * g)
+    offs = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(present.astype(np.int32) * g, out=offs[1:])
+    mask = None if k == n else pa.array(~present)
+    return pa.ListArray.from_arrays(pa.array(offs), pa.array(vals), mask=mask)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _clip(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: ("..." if isinstance(v, (list, dict)) else v) for k, v in list(obj.items())[:20]}
+    return obj
+
+
+class _PayloadRejected(Exception):
+    pass
+
+
+class _SlowPath(Exception):
+    pass

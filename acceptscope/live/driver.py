@@ -1,0 +1,361 @@
+"""Traffic driver: the same prompts, seeds and sampling to every arm, bounded.
+
+Why: the audit compares arms request by request, so each arm must see the
+identical prompt list, per-prompt seed and sampling parameters; ``prompt_index``
+pairs them in the ``requests`` table. Requests go through SGLang's native
+``/generate`` (``meta_info`` carries the spec_* keys) or the OpenAI-compatible
+``/v1/chat/completions`` with ``return_spec_tokens_details`` (``sglext``).
+
+Safety bounds: a hard cap on the number of requests and on wall time, only the
+configured base URL is ever contacted (no redirects followed), and
+``loopback_only`` refuses any non-loopback target (tests always set it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+from urllib.parse import urlparse
+
+import requests
+
+WORKLOAD_DIR = Path("/work/shared/data/workloads")
+SPEC_KEYS = (
+    "spec_verify_ct",
+    "spec_accept_rate",
+    "spec_accept_length",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_cap_length",
+    "spec_block_accept_length",
+    "spec_correct_drafts_histogram",
+    "spec_cap_lens_histogram",
+)
+
+
+class WorkloadError(ValueError):
+    """A workload file or name that cannot be read (message names file, line, field)."""
+
+
+class TargetRefused(ValueError):
+    """The base URL is not allowed (non-loopback under loopback_only, or not http)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    workload: str
+    prompt_index: int
+    text: str
+
+
+def read_turns_jsonl(path: str | Path, workload: str | None = None, limit: int | None = None) -> list[Prompt]:
+    """Prompts from a ``{"turns": [...]}`` JSONL (first turn of each line)."""
+    p = Path(path)
+    label = workload or p.stem
+    out: list[Prompt] = []
+    try:
+        fh = p.open()
+    except FileNotFoundError:
+        raise WorkloadError(f"{p}: workload file not found") from None
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise WorkloadError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
+            turns = obj.get("turns") if isinstance(obj, dict) else None
+            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+                raise WorkloadError(f"{p}:{lineno}: field 'turns' must be a non-empty list of strings")
+            out.append(Prompt(label, len(out), turns[0]))
+    if not out:
+        raise WorkloadError(f"{p}: no prompts")
+    return out
+
+
+def _resolve_name(item: str) -> str:
+    """A shared workload name (``gsm8k``) becomes its JSONL path; anything else is kept."""
+    if item.endswith(".jsonl") or Path(item).exists():
+        return item
+    candidate = WORKLOAD_DIR / f"{item}.jsonl"
+    return str(candidate) if candidate.exists() else item
+
+
+def load_prompts(spec: str, limit: int = 32) -> list[Prompt]:
+    """``limit`` prompts for ``spec``, round-robin over its comma-separated workloads.
+
+    Items are workload names of the reference engine (``math``, ``code``, ``chat``,
+    ``poetry``, ``mixed``: acceptscope.engine.workloads), names of the shared real
+    prompt sets (``gsm8k`` -> WORKLOAD_DIR/gsm8k.jsonl) or ``{"turns": [...]}`` JSONL paths.
+    """
+    parts = [_resolve_name(x.strip()) for x in spec.split(",") if x.strip()]
+    if not parts:
+        raise WorkloadError(f"workload spec {spec!r} names no workload")
+    try:
+        from acceptscope.engine.workloads import load_prompts as engine_load
+    except ImportError:
+        engine_load = None
+    if engine_load is not None:
+        try:
+            got = engine_load(",".join(parts), int(limit))
+        except (ValueError, FileNotFoundError, KeyError) as e:
+            known = sorted(p.stem for p in WORKLOAD_DIR.glob("*.jsonl")) if WORKLOAD_DIR.exists() else []
+            raise WorkloadError(f"{e} (shared prompt sets: {known})") from None
+        return [Prompt(p.workload, p.prompt_index, p.text) for p in got]
+    # fallback without the engine package: JSONL files only
+    pools = [read_turns_jsonl(p, limit=limit) for p in parts]
+    out: list[Prompt] = []
+    for i in range(max(len(p) for p in pools)):
+        out.extend(p[i] for p in pools if i < len(p))
+    return out[:limit]
+
+
+def check_target(base_url: str, loopback_only: bool) -> str:
+    """Normalise and vet the base URL; refuse non-loopback hosts when ``loopback_only``."""
+    u = urlparse(base_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise TargetRefused(f"base URL {base_url!r} must be http(s)://host:port")
+    if loopback_only:
+        try:
+            addrs = {ai[4][0] for ai in socket.getaddrinfo(u.hostname, u.port or 80)}
+        except socket.gaierror:
+            raise TargetRefused(f"cannot resolve {u.hostname!r}") from None
+        if not addrs or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+            raise TargetRefused(f"{base_url}: non-loopback target refused (loopback_only)")
+    return base_url.rstrip("/")
+
+
+@dataclass
+class DriveConfig:
+    """What to send and the hard bounds."""
+
+    base_url: str
+    run_id: str
+    api: str = "generate"  # generate | openai
+    concurrency: Sequence[int] = (1,)
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float | None = None
+    seed: int = 0
+    max_requests: int = 1000
+    max_seconds: float = 600.0
+    request_timeout_s: float = 300.0
+    loopback_only: bool = False
+    ignore_eos: bool = False
+    model: str = "default"
+    rid_prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.api not in ("generate", "openai"):
+            raise ValueError(f"api must be 'generate' or 'openai', got {self.api!r}")
+        if not self.concurrency or any(int(c) < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency levels must be >= 1, got {list(self.concurrency)}")
+        if self.max_requests < 1 or self.max_seconds <= 0:
+            raise ValueError("max_requests must be >= 1 and max_seconds > 0")
+
+
+@dataclass
+class DriveResult:
+    rows: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    sent: int = 0
+    stopped_by: str = "done"  # done | max_requests | max_seconds
+    wall_s: float = 0.0
+    per_level: dict[int, dict] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {
+            "sent": self.sent,
+            "ok": len(self.rows),
+            "errors": len(self.errors),
+            "stopped_by": self.stopped_by,
+            "wall_s": round(self.wall_s, 3),
+            "per_level": self.per_level,
+        }
+
+
+def _finish_reason(fr: Any) -> str | None:
+    if isinstance(fr, dict):
+        return fr.get("type")
+    return fr
+
+
+def request_row(cfg: DriveConfig, p: Prompt, rid: str, seed: int, meta: dict, output_ids: Any, latency: float) -> dict:
+    """One ``requests`` row from a native meta_info (or an equivalent dict)."""
+    row = {
+        "run_id": cfg.run_id,
+        "rid": rid,
+        "workload": p.workload,
+        "prompt_index": p.prompt_index,
+        "seed": seed,
+        "temperature": cfg.temperature,
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "completion_tokens": meta.get("completion_tokens"),
+        "finish_reason": _finish_reason(meta.get("finish_reason")),
+        "output_tokens": list(output_ids) if output_ids is not None else None,
+        "latency_s": latency,
+    }
+    for k in SPEC_KEYS:
+        row[k] = meta.get(k)
+    return row
+
+
+def spec_from_sglext(details: dict | None) -> dict:
+    """Map ``sglext.spec_tokens_details`` (defaults 0 / []) to meta_info semantics (absent -> None)."""
+    if not details:
+        return {}
+    out = dict(details)
+    for k in ("spec_cap_length", "spec_block_accept_length"):
+        if not out.get(k):
+            out[k] = None  # 0.0 is SGLang's default for 'not reported'
+    for k in ("spec_correct_drafts_histogram", "spec_cap_lens_histogram"):
+        if not out.get(k):
+            out[k] = None
+    return out
+
+
+class Driver:
+    """Send one prompt list at each concurrency level; return ``requests`` rows.
+
+    ``on_rows`` (optional) receives rows as they complete, for streaming into the store.
+    """
+
+    def __init__(self, cfg: DriveConfig, on_rows: Callable[[list[dict]], None] | None = None):
+        self.cfg = cfg
+        self.base_url = check_target(cfg.base_url, cfg.loopback_only)
+        self.on_rows = on_rows
+        self._local = threading.local()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "s", None)
+        if s is None:
+            s = requests.Session()
+            self._local.s = s
+        return s
+
+    def _rid(self, level: int, p: Prompt) -> str:
+        prefix = self.cfg.rid_prefix or self.cfg.run_id
+        return f"{prefix}-c{level}-{p.workload}-{p.prompt_index}"
+
+    def _sampling(self, seed: int) -> dict:
+        sp: dict[str, Any] = {"temperature": self.cfg.temperature, "max_new_tokens": self.cfg.max_new_tokens, "sampling_seed": seed}
+        if self.cfg.top_p is not None:
+            sp["top_p"] = self.cfg.top_p
+        if self.cfg.ignore_eos:
+            sp["ignore_eos"] = True
+        return sp
+
+    def send_one(self, level: int, p: Prompt) -> dict:
+        cfg = self.cfg
+        rid = self._rid(level, p)
+        seed = cfg.seed + p.prompt_index
+        t0 = time.monotonic()
+        if cfg.api == "generate":
+            body = {"text": p.text, "sampling_params": self._sampling(seed), "rid": rid, "stream": False}
+            r = self._session().post(self.base_url + "/generate", json=body, timeout=cfg.request_timeout_s, allow_redirects=False)
+            r.raise_for_status()
+            out = r.json()
+            return request_row(cfg, p, rid, seed, out.get("meta_info") or {}, out.get("output_ids"), time.monotonic() - t0)
+        body = {
+            "model": cfg.model,
+            "messages": [{"role": "user", "content": p.text}],
+            "max_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature,
+            "seed": seed,
+            "rid": rid,
+            "return_spec_tokens_details": True,
+            "return_token_ids": True,
+        }
+        if cfg.top_p is not None:
+            body["top_p"] = cfg.top_p
+        r = self._session().post(self.base_url + "/v1/chat/completions", json=body, timeout=cfg.request_timeout_s, allow_redirects=False)
+        r.raise_for_status()
+        out = r.json()
+        choice = (out.get("choices") or [{}])[0]
+        usage = out.get("usage") or {}
+        meta = {
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "finish_reason": choice.get("finish_reason"),
+        }
+        meta.update(spec_from_sglext((out.get("sglext") or {}).get("spec_tokens_details")))
+        return request_row(cfg, p, out.get("id") or rid, seed, meta, choice.get("response_token_ids"), time.monotonic() - t0)
+
+    def run(self, prompts: Iterable[Prompt]) -> DriveResult:
+        prompts = list(prompts)
+        res = DriveResult()
+        t_start = time.monotonic()
+        deadline = t_start + self.cfg.max_seconds
+        for level in self.cfg.concurrency:
+            level = int(level)
+            lt0 = time.monotonic()
+            n_ok = n_err = 0
+            toks = 0
+            pool = ThreadPoolExecutor(max_workers=level, thread_name_prefix=f"drive-c{level}")
+            try:
+                pending = set()
+                it = iter(prompts)
+                exhausted = False
+                while True:
+                    while not exhausted and len(pending) < level:
+                        if res.sent >= self.cfg.max_requests:
+                            res.stopped_by = "max_requests"
+                            exhausted = True
+                            break
+                        if time.monotonic() >= deadline or self._stop.is_set():
+                            res.stopped_by = "max_seconds" if not self._stop.is_set() else "stopped"
+                            exhausted = True
+                            break
+                        p = next(it, None)
+                        if p is None:
+                            exhausted = True
+                            break
+                        pending.add(pool.submit(self.send_one, level, p))
+                        res.sent += 1
+                    if not pending:
+                        break
+                    done, pending = wait(pending, timeout=max(0.05, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+                    if not done and time.monotonic() >= deadline:
+                        res.stopped_by = "max_seconds"
+                        for f in pending:
+                            f.cancel()
+                        res.errors.append(f"{len(pending)} request(s) still running at the time cap")
+                        break
+                    batch = []
+                    for f in done:
+                        try:
+                            row = f.result()
+                        except Exception as e:  # noqa: BLE001 - recorded, run continues
+                            n_err += 1
+                            res.errors.append(f"{type(e).__name__}: {e}")
+                            continue
+                        n_ok += 1
+                        toks += row.get("completion_tokens") or 0
+                        batch.append(row)
+                    if batch:
+                        res.rows.extend(batch)
+                        if self.on_rows:
+                            self.on_rows(batch)
+            finally:
+                # never wait past the caps for requests still in flight
+                pool.shutdown(wait=res.stopped_by == "done", cancel_futures=True)
+            wall = time.monotonic() - lt0
+            res.per_level[level] = {"ok": n_ok, "errors": n_err, "wall_s": round(wall, 3), "tokens_per_s": round(toks / wall, 2) if wall > 0 else None}
+            if res.stopped_by != "done":
+                break
+        res.wall_s = time.monotonic() - t_start
+        return res

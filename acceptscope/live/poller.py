@@ -1,0 +1,213 @@
+"""Poll a live SGLang server's ``/server_info`` info dump into the store.
+
+Why this shape: SGLang keeps DSpark decode-step records only in an in-memory
+ring per DP rank (``deque(maxlen=200_000)``), exported whole on every
+``GET /server_info`` with no cursor and no rank id (reference §2.2). So:
+
+* every poll hands the full payload to the ingest package's
+  ``ServerInfoIngestor`` (owned by the ingest helper), which keeps per-rank
+  ``forward_ct`` watermarks, dedupes, fingerprints the arrival-ordered rank
+  slots, detects overflow/restart and emits ``gaps`` and ``rejects`` rows;
+* the poller may clear the ring (``POST /set_internal_state
+  {"server_args": {"dspark_clear_info_records": true}}``) *immediately after*
+  a GET, which bounds the payload size; records appended between that GET and
+  the clear are lost: on the next poll the ingestor no longer finds its
+  watermark record and the ring starts past ``watermark + 1``, so it records a
+  ``clear-loss`` gap for that rank (a jump may also be prefill passes:
+  "possible" loss, never invented rows);
+* rows go to a bounded sink (backpressure: the poll loop waits when the
+  writer is behind), so memory stays bounded whatever the server produces;
+* a server that stops answering is counted (``down_polls``); when it answers
+  again with another ``startup_time`` the ingestor sees the restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import requests
+
+CLEAR_BODY = {"server_args": {"dspark_clear_info_records": True}}
+
+
+def _ingestor_class():
+    try:
+        from acceptscope.ingest.server_info import ServerInfoIngestor
+    except ImportError as e:  # pragma: no cover - depends on the ingest helper's module
+        raise RuntimeError(
+            "acceptscope.ingest.server_info.ServerInfoIngestor is not available; the live poller "
+            "parses /server_info through it"
+        ) from e
+    return ServerInfoIngestor
+
+
+@dataclass
+class PollStats:
+    polls: int = 0
+    errors: int = 0
+    down_polls: int = 0
+    clears: int = 0
+    clear_failures: int = 0
+    payload_bytes: int = 0
+    max_payload_bytes: int = 0
+    records_in_payload: int = 0
+    rows: dict = field(default_factory=dict)
+    gaps: dict = field(default_factory=dict)
+    rejects: int = 0
+    last_latency_s: float = 0.0
+    last_error: str | None = None
+    ranks_seen: int = 0
+    last_clear_poll: int | None = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class ServerInfoPoller:
+    """Poll loop for one server; feeds an ingestor and a sink (``sink(tables)``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        run_id: str,
+        sink: Callable[[dict[str, Any]], None],
+        *,
+        interval_s: float = 1.0,
+        clear: str = "never",  # never | every | threshold
+        clear_threshold_records: int = 50_000,
+        timeout_s: float = 60.0,
+        ingestor: Any = None,
+        max_polls: int | None = None,
+        drop_tables: tuple[str, ...] = (),
+    ):
+        if clear not in ("never", "every", "threshold"):
+            raise ValueError(f"clear must be never|every|threshold, got {clear!r}")
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + "/server_info"
+        self.run_id = run_id
+        self.sink = sink
+        self.interval_s = interval_s
+        self.clear = clear
+        self.clear_threshold_records = clear_threshold_records
+        self.timeout_s = timeout_s
+        self.max_polls = max_polls
+        self.drop_tables = frozenset(drop_tables)
+        self.ingestor = ingestor if ingestor is not None else _ingestor_class()(run_id, self.url)
+        self.stats = PollStats()
+        self.last_payload_meta: dict | None = None
+        self._session = requests.Session()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._observers: list[Callable[[Any], None]] = []
+
+    def observe(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(batch)`` after every ingested poll (session uses it for run metadata)."""
+        self._observers.append(fn)
+
+    # -- one poll -------------------------------------------------------------
+    def poll_once(self) -> Any:
+        """GET, ingest, optionally clear, hand rows to the sink. Returns the IngestBatch (or None if down)."""
+        poll_no = self.stats.polls + self.stats.down_polls + 1
+        t0 = time.monotonic()
+        try:
+            r = self._session.get(self.url, timeout=self.timeout_s, allow_redirects=False)
+            r.raise_for_status()
+            body = r.content
+            payload = r.json()
+        except (requests.RequestException, ValueError) as e:
+            self.stats.down_polls += 1
+            self.stats.last_error = f"{type(e).__name__}: {e}"
+            return None
+        self.stats.last_latency_s = time.monotonic() - t0
+        self.stats.polls += 1
+        self.stats.payload_bytes += len(body)
+        self.stats.max_payload_bytes = max(self.stats.max_payload_bytes, len(body))
+        states = payload.get("internal_states") if isinstance(payload, dict) else None
+        n_records = 0
+        if isinstance(states, list):
+            self.stats.ranks_seen = max(self.stats.ranks_seen, len(states))
+            for st in states:
+                rec = (st or {}).get("dspark_info_record") if isinstance(st, dict) else None
+                if isinstance(rec, dict) and isinstance(rec.get("records"), list):
+                    n_records = max(n_records, len(rec["records"]))
+            self.stats.records_in_payload = n_records
+            self.last_payload_meta = {k: v for k, v in payload.items() if k != "internal_states"}
+        # Clear right after the GET (before parsing) to keep the loss window short.
+        cleared = False
+        if self.clear == "every" or (self.clear == "threshold" and n_records >= self.clear_threshold_records):
+            cleared = self._clear()
+        batch = self.ingestor.feed(payload, source=self.url, line=poll_no)
+        tables = {k: v for k, v in batch.tables.items() if k not in self.drop_tables}
+        if cleared:
+            self.stats.last_clear_poll = poll_no
+        for name, rows in tables.items():
+            if rows is not None and len(rows):
+                self.stats.rows[name] = self.stats.rows.get(name, 0) + len(rows)
+        for g in tables.get("gaps") or []:
+            self.stats.gaps[g["kind"]] = self.stats.gaps.get(g["kind"], 0) + 1
+        self.stats.rejects += len(tables.get("rejects") or [])
+        self.sink(tables)
+        for fn in self._observers:
+            fn(batch)
+        return batch
+
+    def _clear(self) -> bool:
+        try:
+            r = self._session.post(self.base_url + "/set_internal_state", json=CLEAR_BODY, timeout=self.timeout_s, allow_redirects=False)
+            r.raise_for_status()
+            out = r.json()
+        except (requests.RequestException, ValueError) as e:
+            self.stats.clear_failures += 1
+            self.stats.last_error = f"clear failed: {type(e).__name__}: {e}"
+            return False
+        ok = all(bool(x.get("updated")) if isinstance(x, dict) else bool(x) for x in (out if isinstance(out, list) else [out]))
+        if ok:
+            self.stats.clears += 1
+        else:
+            self.stats.clear_failures += 1
+            self.stats.last_error = f"clear rejected by server: {out}"
+        return ok
+
+    # -- loop -------------------------------------------------------------
+    def run(self, deadline: float | None = None) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception as e:  # noqa: BLE001 - keep polling; the error is reported
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(e).__name__}: {e}"
+                if self.stats.errors > 20 and self.stats.errors > self.stats.polls:
+                    raise
+            if self.max_polls is not None and self.stats.polls >= self.max_polls:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    def start(self, deadline: float | None = None) -> "ServerInfoPoller":
+        self._thread = threading.Thread(target=self._run_safe, args=(deadline,), name="server-info-poll", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run_safe(self, deadline):
+        try:
+            self.run(deadline)
+        except Exception as e:  # noqa: BLE001
+            self.stats.last_error = f"poller stopped: {type(e).__name__}: {e}"
+
+    def stop(self, final_poll: bool = True) -> None:
+        """Stop the loop; by default take one last poll so the tail of the ring is captured."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 5)
+        if final_poll:
+            try:
+                self.poll_once()
+            except Exception as e:  # noqa: BLE001
+                self.stats.errors += 1
+                self.stats.last_error = f"final poll: {type(e).__name__}: {e}"
+        self._session.close()

@@ -1,0 +1,493 @@
+"""The self-contained HTML audit report.
+
+Why this module exists: an audit ends in one file someone can open anywhere,
+offline: the written verdict first (what is healthy, what is wrong), then the
+evidence. The file embeds plotly.js once (no CDN, no server) and every figure
+as a plotly div, so it works from an e-mail attachment or an air-gapped host.
+
+Figures come from the estimators when they can run (``app.estimates``) and
+otherwise from the raw tables (``app.figures``); each section says which.
+The verdict is rule-based (thresholds in :class:`Thresholds`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+# section ids, in page order (tests check that each is present)
+SECTIONS = ("summary", "runs", "parity", "calibration", "survival", "windows", "utilization", "tail", "cost",
+            "data-quality")
+SECTION_TITLES = {
+    "summary": "Summary",
+    "runs": "Runs",
+    "parity": "Audit parity",
+    "calibration": "Calibration (reliability per position, before and after STS)",
+    "survival": "Survival vs empirical acceptance",
+    "windows": "Window distributions per workload",
+    "utilization": "Utilization against the ceiling",
+    "tail": "Counterfactual-tail estimates against cap-accept truth",
+    "cost": "Cost-model fit",
+    "data-quality": "Data quality",
+}
+AUDIT_ARMS = ("cap-accept", "static")
+
+
+@dataclass
+class Thresholds:
+    ece: float = 0.05  # after-STS ECE above this at a position is flagged
+    utilization: float = 0.80  # compact utilization below this is flagged
+    cost_mape: float = 0.20  # mean abs. % error of predicted step time above this is flagged
+    min_bin_n: int = 30  # positions with fewer labelled samples are reported but not judged
+
+
+@dataclass
+class Finding:
+    level: str  # ok | warn | bad | info
+    area: str
+    text: str
+
+
+@dataclass
+class ReportResult:
+    path: Path | None
+    run_ids: list[str]
+    findings: list[Finding]
+    sections: list[str]
+    figures: int
+    estimators: str  # "used" or the reason they were not
+    parity: dict | None = None
+    sampling: dict | None = None
+    headline: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path) if self.path else None
+        return d
+
+
+# ---------------------------------------------------------------------------
+# run selection
+# ---------------------------------------------------------------------------
+def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None) -> list[str]:
+    """Explicit runs, else one audit group's runs, else the newest audit group, else every run."""
+    runs = reader.runs()
+    if runs.empty:
+        return []
+    if run_ids:
+        unknown = sorted(set(run_ids) - set(runs["run_id"]))
+        if unknown:
+            raise KeyError(f"unknown run id(s): {', '.join(unknown)}; known: {', '.join(runs['run_id'])}")
+        return list(run_ids)
+    if audit_group:
+        sel = runs[runs["audit_group"] == audit_group]
+        if sel.empty:
+            raise KeyError(f"no runs with audit_group {audit_group!r}")
+        return list(sel["run_id"])
+    grouped = runs.dropna(subset=["audit_group"])
+    if len(grouped):  # runs() is newest first
+        return list(runs[runs["audit_group"] == grouped["audit_group"].iloc[0]]["run_id"])
+    return list(runs["run_id"])
+
+
+def _arm_run(summary: pd.DataFrame, arm: str) -> str | None:
+    s = summary[summary["arm"] == arm]
+    return None if s.empty else str(s["run_id"].iloc[0])
+
+
+# ---------------------------------------------------------------------------
+# HTML helpers
+# ---------------------------------------------------------------------------
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, (float, np.floating)):
+        return f"{v:.{digits}f}"
+    return html.escape(str(v))
+
+
+def _table(df: pd.DataFrame, cols: Sequence[str] | None = None, digits: int = 3) -> str:
+    if df is None or df.empty:
+        return "<p class='muted'>(no rows)</p>"
+    d = df[list(cols)] if cols else df
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in d.columns)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(v, digits)}</td>" for v in row) + "</tr>"
+                   for row in d.itertuples(index=False))
+    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+
+
+class _Page:
+    def __init__(self) -> None:
+        self.parts: dict[str, list[str]] = {s: [] for s in SECTIONS}
+        self.n_fig = 0
+
+    def add(self, section: str, text: str) -> None:
+        self.parts[section].append(text)
+
+    def note(self, section: str, text: str) -> None:
+        self.add(section, f"<p class='note'>{text}</p>")
+
+    def fig(self, section: str, fig: Any, caption: str = "") -> None:
+        self.n_fig += 1
+        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{section}-{self.n_fig}",
+                          config={"displaylogo": False, "responsive": True})
+        cap = f"<figcaption>{caption}</figcaption>" if caption else ""
+        self.add(section, f"<figure class='plot' data-section='{section}'>{div}{cap}</figure>")
+
+
+# ---------------------------------------------------------------------------
+# the report
+# ---------------------------------------------------------------------------
+def build_report(
+    db: str | Path,
+    *,
+    run_ids: Sequence[str] | None = None,
+    audit_group: str | None = None,
+    parity: Any = None,
+    sampling: Any = None,
+    thresholds: Thresholds | None = None,
+    use_estimators: bool = True,
+    title: str | None = None,
+) -> tuple[str, ReportResult]:
+    """Render the report for a selection of runs; returns (html text, result)."""
+    from acceptscope import audit_sampling
+    from acceptscope.parity import ParityReport, check_parity
+    from app import estimates as est
+    from app import figures as F
+    from app.data import Reader
+
+    th = thresholds or Thresholds()
+    reader = Reader(db)
+    ids = select_runs(reader, run_ids, audit_group)
+    if not ids:
+        raise LookupError(f"{db}: the database holds no runs")
+    page = _Page()
+    findings: list[Finding] = []
+    summary = reader.run_summary(ids)
+    runs = F.runs_in(reader, ids)
+    compact = _arm_run(summary, "compact")
+    audit = _arm_run(summary, "cap-accept")
+    static = _arm_run(summary, "static")
+    truth_run = audit or static
+    headline: dict[str, Any] = {}
+
+    # -- estimators ----------------------------------------------------------
+    views: dict[str, dict[str, Any]] = {}
+    est_status = "disabled"
+    if use_estimators:
+        ok, why = est.available()
+        est_status = "used" if ok else why
+        if ok:
+            for rid in ids:
+                v, err = est.run_estimates(db, rid)
+                views[rid] = v
+                if err:
+                    est_status = err.splitlines()[0]
+                    findings.append(Finding("warn", "estimators", f"estimators failed on {rid}: {html.escape(err.splitlines()[0])}"))
+                for name, ev in v.items():
+                    if ev.error:
+                        findings.append(Finding("warn", "estimators", f"{name} on {rid}: {html.escape(ev.error)}"))
+
+    def est_figs(name: str, section: str, prefer: Sequence[str | None]) -> bool:
+        """Put estimator ``name``'s figures for the first preferred run that has them into a section."""
+        for rid in [r for r in prefer if r] + ids:
+            ev = views.get(rid, {}).get(name)
+            if ev is not None and ev.figures and not ev.error:
+                arm = dict(zip(runs["run_id"], runs["arm"])).get(rid, "")
+                for f in ev.figures:
+                    page.fig(section, f, f"estimators.{name} on {html.escape(rid)} ({arm})")
+                if ev.summary:
+                    page.add(section, _kv_table(ev.summary))
+                return True
+        return False
+
+    # -- runs ----------------------------------------------------------------
+    page.add("runs", _table(summary, ["run_id", "arm", "engine", "gamma", "requests_seen", "blocks", "mean_window",
+                                      "mean_acc_len", "ceiling_accept_len", "utilization", "in_window_accept_rate",
+                                      "mean_cap_trim", "tokens_per_s"]))
+    page.note("runs", "accept length counts the bonus token; <b>ceiling</b> = mean(uncapped correct drafts + 1), "
+                      "observed only in cap-accept and static; utilization = Σ accept length / Σ ceiling.")
+    for row in summary.itertuples(index=False):
+        if row.arm == "cap-accept" and (row.mean_cap_trim or 0) == 0 and (row.blocks or 0) > 0:
+            findings.append(Finding("warn", "scheduler", f"no trimming in {row.run_id}: cap_trim is 0 on every "
+                                    "block, so the scheduler verified whole blocks (no cost table?)"))
+
+    # -- parity --------------------------------------------------------------
+    par: ParityReport | None = parity
+    if par is None and compact and audit:
+        par = check_parity(reader, compact, audit)
+    if par is not None:
+        c = par.counts()
+        if par.ok:
+            findings.append(Finding("ok", "parity", f"audit parity holds: all {par.pairs} paired requests committed "
+                                    "identical tokens in both arms"))
+            page.note("parity", f"{par.pairs} request pairs ({html.escape(par.run_a)} vs {html.escape(par.run_b)}), "
+                                "paired by (workload, prompt_index, seed): all identical."
+                      + (f" Sampled audit: the audit arm replayed {par.pairs} of {par.requests_a} requests."
+                         if par.sampled else ""))
+        else:
+            kinds = ", ".join(f"{n} {k}" for k, n in c.items() if n)
+            findings.append(Finding("bad", "parity", f"audit parity broken: {len(par.findings)} of {par.pairs} "
+                                    f"requests diverge ({kinds}); the audit arm's ceiling may not describe production"))
+            page.note("parity", f"{par.identical} of {par.pairs} pairs identical; findings ({kinds}):")
+            page.add("parity", _table(par.table(), ["kind", "workload", "prompt_index", "seed", "position",
+                                                    "token_a", "token_b", "block_a", "block_b"]))
+        headline["parity"] = {"ok": par.ok, "pairs": par.pairs, **c}
+    else:
+        page.note("parity", "no compact + cap-accept pair in this selection: parity not checked.")
+
+    # -- calibration ---------------------------------------------------------
+    calib_run = audit or static or ids[0]
+    if not est_figs("calibration", "calibration", [calib_run]):
+        bins = F.reliability_bins(reader, [calib_run])
+        if bins.empty:
+            page.note("calibration", "no blocks with an observed ceiling: reliability needs cap-accept or static.")
+        else:
+            page.note("calibration", "computed from raw tables (estimators.calibration unavailable: "
+                      f"{html.escape(est_status)}): plug-in reliability, 15 equal-width bins, Wilson 95% bands.")
+            page.fig("calibration", F.fig_reliability(bins, calib_run), f"reliability, {html.escape(calib_run)}")
+    bins = F.reliability_bins(reader, [calib_run])
+    ece = F.ece_table(bins)
+    if len(ece):
+        wide = ece.pivot_table(index="position", columns="variant", values="ece").reset_index()
+        n = ece[ece["variant"] == "after"].set_index("position")["n"]
+        wide["n"] = wide["position"].map(n)
+        wide.columns = [f"ece_{c}_sts" if c in ("before", "after") else c for c in wide.columns]
+        page.add("calibration", "<h3>ECE table (plug-in, 15 equal-width bins)</h3>" + _table(wide))
+        after = ece[(ece["variant"] == "after") & (ece["n"] >= th.min_bin_n)]
+        bad = after[after["ece"] > th.ece]
+        if len(bad):
+            worst = bad.sort_values("ece").iloc[-1]
+            findings.append(Finding("warn", "calibration", f"ECE after STS above {th.ece:.2f} at position(s) "
+                                    f"{', '.join(str(int(k)) for k in bad['position'])} (worst {worst.ece:.3f} at "
+                                    f"k={int(worst.position)}, n={int(worst.n)})"))
+        elif len(after):
+            findings.append(Finding("ok", "calibration", f"ECE after STS ≤ {th.ece:.2f} at every position with "
+                                    f"≥{th.min_bin_n} labelled samples (max {after['ece'].max():.3f})"))
+        headline["ece_after_max"] = float(after["ece"].max()) if len(after) else None
+
+    # -- survival ------------------------------------------------------------
+    pos = reader.position_acceptance(ids)
+    if len(pos):
+        page.fig("survival", F.fig_survival(pos), "dotted: mean predicted survival Π c_j; solid: empirical "
+                 "P(ceiling ≥ k) with Wilson 95% intervals (arms with an observed ceiling)")
+    else:
+        page.note("survival", "no blocks recorded.")
+
+    # -- windows -------------------------------------------------------------
+    win = reader.window_distribution(ids)
+    if len(win):
+        page.fig("windows", F.fig_windows(win), "share of blocks per verified window")
+
+    # -- utilization ---------------------------------------------------------
+    util = reader.utilization_by_workload(ids)
+    if len(util):
+        page.fig("utilization", F.fig_utilization(util), "bars: realized accept length; ticks: observed ceiling")
+    est_figs("utilization", "utilization", [compact])
+    samp = sampling
+    if samp is None and compact and audit:
+        try:
+            samp = audit_sampling.infer_runs(reader, compact, audit)
+        except ValueError as e:
+            page.note("utilization", f"no full-traffic inference: {html.escape(str(e))}")
+    if samp is not None:
+        page.add("utilization", _sampling_html(samp))
+        u = samp.utilization_ratio
+        headline["utilization"] = asdict(u)
+        headline["ceiling"] = asdict(samp.ceiling_ratio)
+        msg = (f"compact utilization {u.estimate:.1%} of the ceiling [{u.lo:.1%}, {u.hi:.1%}] "
+               f"(ceiling {samp.ceiling_ratio.estimate:.2f} tokens/block, realized {samp.realized_accept_len:.2f}; "
+               f"{samp.n_audited}/{samp.n_requests} requests audited)")
+        findings.append(Finding("ok" if u.estimate >= th.utilization else "warn", "utilization", msg))
+
+    # -- counterfactual tail -------------------------------------------------
+    shown = est_figs("tail", "tail", [compact])
+    shown = est_figs("validation", "tail", [audit, compact]) or shown
+    if compact and truth_run:
+        pr = audit_sampling.per_request(reader, compact, truth_run)
+        tail_tbl = _tail_by_workload(pr)
+        if len(tail_tbl):
+            page.fig("tail", _fig_tail(tail_tbl), "confidence-only estimate (compact Σ survival + 1) and "
+                     "ratio-corrected estimate, with request-bootstrap 95% intervals, against cap-accept truth")
+            page.add("tail", _table(tail_tbl))
+            worst = tail_tbl.iloc[(tail_tbl["conf_only"] - tail_tbl["truth"]).abs().argmax()]
+            rel = (worst.conf_only - worst.truth) / worst.truth
+            if not shown:
+                page.note("tail", "computed from raw tables (estimators.tail unavailable: "
+                          f"{html.escape(est_status)}).")
+            findings.append(Finding("warn" if abs(rel) > 0.1 else "ok", "tail",
+                                    f"confidence-only ceiling estimate is off by {rel:+.0%} on {worst.workload} "
+                                    f"({worst.conf_only:.2f} vs truth {worst.truth:.2f})"))
+    elif not shown:
+        page.note("tail", "needs a compact run and a cap-accept (or static) run of the same workload.")
+
+    # -- cost ----------------------------------------------------------------
+    est_figs("cost", "cost", [compact])
+    est_figs("planner", "cost", [compact])
+    steps = reader.step_costs(ids)
+    if len(steps):
+        page.fig("cost", F.fig_step_costs(steps, runs), "per step; measured = device time where recorded, "
+                 "else host inter-step time")
+        page.fig("cost", F.fig_throughput(steps, runs))
+        mape = _mape(steps)
+        if mape is not None:
+            headline["cost_mape"] = mape
+            findings.append(Finding("warn" if mape > th.cost_mape else "ok", "cost",
+                                    f"step-time model error {mape:.0%} mean absolute (threshold {th.cost_mape:.0%})"))
+        else:
+            page.note("cost", "no step carries both a predicted and a measured step time.")
+
+    # -- data quality --------------------------------------------------------
+    dq = reader.data_quality(ids)
+    page.add("data-quality", _table(dq))
+    if len(dq) and (dq["rejects"].sum() or dq["gaps"].sum()):
+        findings.append(Finding("warn", "data", f"{int(dq['rejects'].sum())} rejected records and "
+                                f"{int(dq['gaps'].sum())} stream gaps in the selected runs"))
+
+    # -- summary -------------------------------------------------------------
+    order = {"bad": 0, "warn": 1, "ok": 2, "info": 3}
+    findings.sort(key=lambda f: order.get(f.level, 9))
+    page.add("summary", _summary_html(findings))
+    text = _render(page, title or f"acceptscope report: {', '.join(ids)}", ids)
+    res = ReportResult(None, ids, findings, [s for s in SECTIONS if page.parts[s]], page.n_fig, est_status,
+                       par.to_dict() if par is not None else None,
+                       samp.to_dict() if samp is not None else None, headline)
+    return text, res
+
+
+def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
+    """Render and write the report; returns the result with ``path`` set."""
+    text, res = build_report(db, **kw)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    res.path = out
+    return res
+
+
+# ---------------------------------------------------------------------------
+# pieces
+# ---------------------------------------------------------------------------
+def _kv_table(d: dict) -> str:
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_fmt(v) if not isinstance(v, (list, dict)) else html.escape(str(v))[:200]}</td></tr>"
+                   for k, v in d.items())
+    return f"<table class='kv'>{rows}</table>"
+
+
+def _sampling_html(s: Any) -> str:
+    def iv(i: Any, pct: bool = False) -> str:
+        if i is None:
+            return "–"
+        f = (lambda v: f"{v:.1%}") if pct else (lambda v: f"{v:.3f}")
+        return f"{f(i.estimate)} [{f(i.lo)}, {f(i.hi)}]"
+
+    rows = [
+        ("requests (compact) / audited", f"{s.n_requests} / {s.n_audited} ({s.fraction:.0%})"),
+        ("realized accept length (compact, all traffic)", f"{s.realized_accept_len:.3f}"),
+        ("ceiling, confidence-only (Σ survival + 1, no audit)", f"{s.confidence_only_ceiling:.3f}"),
+        ("ceiling, ratio estimator", iv(s.ceiling_ratio)),
+        ("ceiling, regression estimator", iv(s.ceiling_regression)),
+        ("ceiling, audited sample only", iv(s.ceiling_direct)),
+        ("utilization, ratio estimator", iv(s.utilization_ratio, True)),
+        ("utilization, regression estimator", iv(s.utilization_regression, True)),
+    ]
+    body = "".join(f"<tr><th>{a}</th><td>{b}</td></tr>" for a, b in rows)
+    return (f"<h3>Full-traffic ceiling and utilization ({s.level:.0%} request-bootstrap intervals, "
+            f"{s.n_boot} resamples)</h3><table class='kv'>{body}</table>")
+
+
+def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per workload: cap-accept truth vs the compact confidence-only and ratio-corrected estimates."""
+    rows = []
+    rng = np.random.default_rng(seed)
+    for wl, g in pr.dropna(subset=["y", "x"]).groupby("workload"):
+        w, x, y = (g[c].to_numpy(float) for c in ("w", "x", "y"))
+        truth = float(np.sum(w * y) / np.sum(w))
+        conf = float(np.sum(w * x) / np.sum(w))
+        idx = rng.integers(0, len(g), size=(n_boot, len(g)))
+        bx = np.array([np.sum(w[i] * x[i]) / np.sum(w[i]) for i in idx])
+        by = np.array([np.sum(w[i] * y[i]) / np.sum(w[i]) for i in idx])
+        lo, hi = np.quantile(bx, [0.025, 0.975])
+        tlo, thi = np.quantile(by, [0.025, 0.975])
+        rows.append(dict(workload=wl, requests=len(g), truth=truth, truth_lo=tlo, truth_hi=thi, conf_only=conf,
+                         conf_lo=lo, conf_hi=hi, truth_in_interval=bool(lo <= truth <= hi)))
+    return pd.DataFrame(rows)
+
+
+def _fig_tail(t: pd.DataFrame) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=t["workload"], y=t["truth"], mode="markers", name="cap-accept truth",
+                             marker=dict(color="#d62728", size=12, symbol="diamond"),
+                             error_y=dict(type="data", array=t["truth_hi"] - t["truth"],
+                                          arrayminus=t["truth"] - t["truth_lo"])))
+    fig.add_trace(go.Scatter(x=t["workload"], y=t["conf_only"], mode="markers", name="confidence-only estimate",
+                             marker=dict(color="#1f77b4", size=10),
+                             error_y=dict(type="data", array=t["conf_hi"] - t["conf_only"],
+                                          arrayminus=t["conf_only"] - t["conf_lo"])))
+    fig.update_layout(title="Ceiling accept length per workload: estimate vs truth", template="plotly_white",
+                      height=380, yaxis_title="tokens per block (uncapped, incl. bonus)")
+    return fig
+
+
+def _mape(steps: pd.DataFrame) -> float | None:
+    measured = steps["step_gpu_ms"].where(steps["step_gpu_ms"].notna(), steps["step_cpu_ms"])
+    ok = steps["predicted_step_ms"].notna() & measured.notna() & (measured > 0)
+    if not ok.any():
+        return None
+    return float(np.mean(np.abs(steps.loc[ok, "predicted_step_ms"] - measured[ok]) / measured[ok]))
+
+
+def _summary_html(findings: list[Finding]) -> str:
+    if not findings:
+        return "<p>No findings.</p>"
+    icon = {"ok": "✔", "warn": "▲", "bad": "✖", "info": "•"}
+    bad = sum(f.level == "bad" for f in findings)
+    warn = sum(f.level == "warn" for f in findings)
+    verdict = ("<p class='verdict bad'>Problems found.</p>" if bad else
+               "<p class='verdict warn'>Healthy with warnings.</p>" if warn else
+               "<p class='verdict ok'>Healthy.</p>")
+    items = "".join(f"<li class='{f.level}'><span class='icon'>{icon.get(f.level, '•')}</span> "
+                    f"<b>{html.escape(f.area)}</b>: {f.text}</li>" for f in findings)
+    return f"{verdict}<ul class='findings'>{items}</ul>"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
+header{background:#1f2937;color:#fff;padding:18px 32px}header h1{margin:0;font-size:22px}
+header p{margin:4px 0 0;color:#cbd5e1;font-size:13px}
+nav{padding:8px 32px;background:#e5e7eb;font-size:13px}nav a{margin-right:14px;color:#1f2937}
+main{padding:8px 32px 40px;max-width:1280px}section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;
+padding:8px 20px 16px;margin:18px 0}h2{font-size:18px;border-bottom:1px solid #eee;padding-bottom:6px}
+table{border-collapse:collapse;font-size:12.5px;margin:8px 0}th,td{border:1px solid #e5e7eb;padding:3px 8px;
+text-align:right}th{background:#f3f4f6}table.kv th{text-align:left}.note,.muted{color:#555;font-size:13px}
+ul.findings{list-style:none;padding-left:0}ul.findings li{padding:4px 8px;margin:3px 0;border-radius:4px}
+li.ok{background:#ecfdf5}li.warn{background:#fffbeb}li.bad{background:#fef2f2}li.info{background:#f3f4f6}
+.scroll{overflow-x:auto}.icon{display:inline-block;width:18px}.verdict{font-weight:600;font-size:16px}.verdict.ok{color:#047857}
+.verdict.warn{color:#b45309}.verdict.bad{color:#b91c1c}figure{margin:6px 0}figcaption{font-size:12px;color:#555}
+"""
+
+
+def _render(page: _Page, title: str, ids: Sequence[str]) -> str:
+    from plotly.offline import get_plotlyjs
+
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    nav = "".join(f"<a href='#{s}'>{SECTION_TITLES[s]}</a>" for s in SECTIONS)
+    body = "".join(
+        f"<section id='{s}'><h2>{SECTION_TITLES[s]}</h2>{''.join(page.parts[s]) or '<p class=muted>(nothing to show)</p>'}</section>"
+        for s in SECTIONS)
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
+        f"<header><h1>{html.escape(title)}</h1><p>generated {now} by acceptscope · runs: "
+        f"{html.escape(', '.join(ids))}</p></header><nav>{nav}</nav><main>{body}</main></body></html>\n"
+    )

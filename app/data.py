@@ -1,0 +1,205 @@
+"""Read-only queries the surfaces (dashboard, HTML report, notebook) share.
+
+Why this module exists: the dashboard reads a DuckDB file that a run may be
+writing at the same moment. DuckDB gives the file lock to one read-write
+process, so every query here opens a short ``read_only`` connection, runs, and
+closes it again; nothing holds the lock between calls. All filters are bound
+parameters; table and column names come from :mod:`acceptscope.schema`.
+
+No Streamlit import here: the report and the notebook use the same functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from acceptscope import schema
+from acceptscope.store import _connect, _process_lock  # short read-only opens, same lock as Store
+
+RS = schema.REQUEST_STEPS.name
+REQ = schema.REQUESTS.name
+STEPS = schema.STEPS.name
+RUNS = schema.RUNS.name
+
+# tables whose row counts make up the cheap change probe
+_PROBE_TABLES = (schema.RUNS, schema.STEPS, schema.REQUEST_STEPS, schema.REQUESTS, schema.STS_TABLES,
+                 schema.REJECTS, schema.GAPS)
+
+
+class Reader:
+    """Short read-only queries against one telemetry file (never keeps a connection open)."""
+
+    def __init__(self, path: str | Path, *, lock_timeout_s: float = 10.0):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"{self.path}: no such DuckDB file")
+        self.lock_timeout_s = lock_timeout_s
+
+    def df(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
+        # the per-file process lock keeps a reader thread and a writer thread of one
+        # process from opening the file with different read_only settings at once
+        with _process_lock(str(self.path.resolve())):
+            con = _connect(self.path, True, self.lock_timeout_s)
+            try:
+                return con.execute(sql, list(params or [])).df()
+            finally:
+                con.close()
+
+    # -- change probe -----------------------------------------------------
+    def data_version(self) -> tuple[int, ...]:
+        """Row counts of the tables a run grows; changes whenever a flush commits."""
+        sql = " UNION ALL ".join(f'SELECT count(*) AS n FROM "{t.name}"' for t in _PROBE_TABLES)
+        try:
+            return tuple(int(x) for x in self.df(sql)["n"])
+        except Exception:  # tables not created yet (file being initialised)
+            return (-1,)
+
+    # -- runs -------------------------------------------------------------
+    def runs(self) -> pd.DataFrame:
+        """All runs with their size, newest first."""
+        return self.df(
+            f"""
+            SELECT r.*, coalesce(q.n_requests, 0) AS n_requests, coalesce(s.n_blocks, 0) AS n_blocks
+            FROM "{RUNS}" r
+            LEFT JOIN (SELECT run_id, count(*) AS n_requests FROM "{REQ}" GROUP BY run_id) q USING (run_id)
+            LEFT JOIN (SELECT run_id, count(*) AS n_blocks FROM "{RS}" GROUP BY run_id) s USING (run_id)
+            ORDER BY r.started_at DESC NULLS LAST, r.run_id
+            """
+        )
+
+    def run_summary(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """Headline numbers per run: accept length, window, ceiling, utilization, throughput.
+
+        ``ceiling_accept_len`` = mean(ceiling + 1) over blocks where the ceiling is observed
+        (cap-accept, static); ``utilization`` = Σ acc_len / Σ (ceiling + 1) over those blocks.
+        In compact the ceiling is NULL and utilization needs an estimator.
+        """
+        return self.df(
+            f"""
+            WITH b AS (
+              SELECT run_id, count(*) AS blocks, count(DISTINCT rid) AS requests_seen,
+                     avg(acc_len) AS mean_acc_len, avg("window") AS mean_window,
+                     sum(acc_len) AS committed_tokens, sum("window") AS verified_drafts,
+                     sum(correct_drafts) AS correct_drafts,
+                     avg(ceiling + 1) AS ceiling_accept_len,
+                     sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
+                       / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization,
+                     avg(cap_trim) AS mean_cap_trim
+              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id),
+            s AS (
+              SELECT run_id, count(*) AS steps, max(wall_time_s) AS wall_s, avg(bs) AS mean_bs,
+                     sum(executed_verify_tokens) AS executed_verify_tokens
+              FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id)
+            SELECT r.run_id, r.arm, r.engine, r.gamma, r.audit_group, b.* EXCLUDE (run_id),
+                   b.correct_drafts / nullif(b.verified_drafts, 0) AS in_window_accept_rate,
+                   s.steps, s.wall_s, s.mean_bs, s.executed_verify_tokens,
+                   b.committed_tokens / nullif(s.wall_s, 0) AS tokens_per_s
+            FROM "{RUNS}" r LEFT JOIN b USING (run_id) LEFT JOIN s USING (run_id)
+            WHERE r.run_id IN (SELECT unnest(?))
+            ORDER BY r.arm, r.run_id
+            """,
+            [list(run_ids)] * 3,
+        )
+
+    # -- distributions ----------------------------------------------------
+    def window_distribution(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """Count of blocks per (run, workload, window): what the scheduler chose to verify."""
+        return self.df(
+            f"""
+            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, rs."window", count(*) AS blocks
+            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
+            WHERE rs.run_id IN (SELECT unnest(?))
+            GROUP BY ALL ORDER BY rs.run_id, workload, rs."window"
+            """,
+            [list(run_ids)],
+        )
+
+    def position_acceptance(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """Per position k (1-based): mean predicted survival vs empirical P(ceiling >= k).
+
+        The empirical side needs the uncapped ceiling, so it is NULL for compact runs;
+        the in-window side (``reached``/``accepted_in_window``) is observed in every arm.
+        """
+        return self.df(
+            f"""
+            WITH u AS (
+              SELECT run_id, unnest(generate_series(1, len(survival))) AS k, unnest(survival) AS s,
+                     ceiling, "window", correct_drafts
+              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND survival IS NOT NULL)
+            SELECT u.run_id, r.arm, k, count(*) AS n, avg(s) AS mean_survival,
+                   avg((ceiling >= k)::DOUBLE) AS empirical_survival,
+                   count(*) FILTER (WHERE "window" >= k) AS reached_in_window,
+                   avg((correct_drafts >= k)::DOUBLE) FILTER (WHERE "window" >= k) AS accepted_given_verified
+            FROM u JOIN "{RUNS}" r USING (run_id)
+            GROUP BY ALL ORDER BY u.run_id, k
+            """,
+            [list(run_ids)],
+        )
+
+    def utilization_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """Realized accept length against the observed ceiling per (run, workload)."""
+        return self.df(
+            f"""
+            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, count(*) AS blocks,
+                   avg(acc_len) AS mean_acc_len, avg(ceiling + 1) AS ceiling_accept_len,
+                   sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
+                     / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization
+            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
+            WHERE rs.run_id IN (SELECT unnest(?))
+            GROUP BY ALL ORDER BY rs.run_id, workload
+            """,
+            [list(run_ids)],
+        )
+
+    def step_costs(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """Per-step cost telemetry (what the cost model predicts vs what the step took)."""
+        return self.df(
+            f"""
+            SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
+                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s
+            FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id, rank, epoch, forward_ct
+            """,
+            [list(run_ids)],
+        )
+
+    # -- drill-down -------------------------------------------------------
+    def requests(self, run_id: str, limit: int = 5000) -> pd.DataFrame:
+        """Requests of one run with their block statistics."""
+        return self.df(
+            f"""
+            SELECT q.rid, q.workload, q.prompt_index, q.seed, q.temperature, q.completion_tokens,
+                   q.finish_reason, q.latency_s, b.blocks, b.mean_acc_len, b.mean_window, b.ceiling_accept_len
+            FROM "{REQ}" q LEFT JOIN (
+              SELECT rid, count(*) AS blocks, avg(acc_len) AS mean_acc_len, avg("window") AS mean_window,
+                     avg(ceiling + 1) AS ceiling_accept_len
+              FROM "{RS}" WHERE run_id = ? GROUP BY rid) b USING (rid)
+            WHERE q.run_id = ? ORDER BY q.workload, q.prompt_index, q.rid LIMIT ?
+            """,
+            [run_id, run_id, int(limit)],
+        )
+
+    def request_steps(self, run_id: str, rid: str) -> pd.DataFrame:
+        """Every block of one request, in order: window, confidences, accepted, ceiling."""
+        return self.df(
+            f"""
+            SELECT step_index, forward_ct, rank, prefix_len, verify_len, "window", correct_drafts, acc_len,
+                   cap_trim, ceiling, confidence, survival, confidence_logit, committed_tokens, finished
+            FROM "{RS}" WHERE run_id = ? AND rid = ? ORDER BY epoch, forward_ct
+            """,
+            [run_id, rid],
+        )
+
+    def data_quality(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """Rejected records and stream gaps per run (coverage first)."""
+        return self.df(
+            f"""
+            SELECT r.run_id,
+                   (SELECT count(*) FROM "{schema.REJECTS.name}" x WHERE x.run_id = r.run_id) AS rejects,
+                   (SELECT count(*) FROM "{schema.GAPS.name}" g WHERE g.run_id = r.run_id) AS gaps
+            FROM "{RUNS}" r WHERE r.run_id IN (SELECT unnest(?)) ORDER BY r.run_id
+            """,
+            [list(run_ids)],
+        )

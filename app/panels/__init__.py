@@ -1,0 +1,1 @@
+"""Dashboard panels: one module per panel, each exposing ``TITLE`` and ``render(ctx)``."""

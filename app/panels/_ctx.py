@@ -1,0 +1,30 @@
+"""What every panel receives: the file, the selection, and cached loaders keyed on the data version."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pandas as pd
+
+
+@dataclass
+class Ctx:
+    db: str
+    version: tuple
+    run_ids: tuple[str, ...]
+    runs: pd.DataFrame  # all runs in the file (run picker source)
+    load: Callable[..., Any]  # load(method_name, *args) -> cached Reader.<method>(*args)
+    workloads: tuple[str, ...] = ()  # workload filter (empty: all)
+
+    def q(self, method: str, *args: Any) -> Any:
+        return self.load(self.db, self.version, method, *args)
+
+    def arm_of(self, run_id: str) -> str:
+        m = self.runs.set_index("run_id")["arm"]
+        return str(m.get(run_id, "?"))
+
+    def by_workload(self, df: pd.DataFrame) -> pd.DataFrame:
+        if not self.workloads or "workload" not in df.columns:
+            return df
+        return df[df["workload"].isin(self.workloads)]

@@ -1,0 +1,21 @@
+"""Cost: predicted vs measured step time and the verify tokens each step spent."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import figures as F
+
+TITLE = "Cost"
+
+
+def render(ctx) -> None:
+    st.header(TITLE)
+    steps = ctx.q("step_costs", ctx.run_ids)
+    if steps.empty:
+        st.info("No steps in the selection.")
+        return
+    runs = ctx.runs[ctx.runs["run_id"].isin(ctx.run_ids)]
+    a, b = st.columns(2)
+    a.plotly_chart(F.fig_step_costs(steps, runs), key="cost_fig")
+    b.plotly_chart(F.fig_throughput(steps, runs), key="tput_fig")

@@ -1,0 +1,32 @@
+"""Per-request drill-down: one request's blocks (window, confidences, accepted, ceiling)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import figures as F
+
+TITLE = "Request drill-down"
+
+
+def render(ctx) -> None:
+    st.header(TITLE)
+    run = st.selectbox("run", list(ctx.run_ids), key="drill_run", format_func=lambda r: f"{ctx.arm_of(r)} · {r}")
+    reqs = ctx.by_workload(ctx.q("requests", run))
+    if reqs.empty:
+        st.info("This run has no requests yet.")
+        return
+    labels = {r.rid: f"{r.workload}#{r.prompt_index} · {r.rid}" for r in reqs.itertuples(index=False)}
+    rid = st.selectbox("request", list(labels), key="drill_rid", format_func=labels.get)
+    st.dataframe(reqs[reqs["rid"] == rid], hide_index=True)
+    steps = ctx.q("request_steps", run, rid)
+    if steps.empty:
+        st.info("No blocks recorded for this request.")
+        return
+    a, b = st.columns(2)
+    a.plotly_chart(F.fig_request(steps, rid), key="drill_fig")
+    b.plotly_chart(F.fig_confidence_heatmap(steps, rid), key="drill_heat")
+    show = steps.drop(columns=["confidence_logit"]).copy()
+    for c in ("confidence", "survival"):
+        show[c] = show[c].map(lambda v: None if v is None else [round(float(x), 3) for x in v])
+    st.dataframe(show, hide_index=True, key="drill_table")

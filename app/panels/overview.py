@@ -1,0 +1,31 @@
+"""Arm comparison: headline numbers of the selected runs side by side."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+TITLE = "Arm comparison"
+
+COLS = ["run_id", "arm", "engine", "gamma", "audit_group", "requests_seen", "blocks", "mean_window", "mean_acc_len",
+        "ceiling_accept_len", "utilization", "in_window_accept_rate", "mean_cap_trim", "steps", "wall_s",
+        "tokens_per_s"]
+
+
+def render(ctx) -> None:
+    st.header(TITLE)
+    s = ctx.q("run_summary", ctx.run_ids)
+    if s.empty:
+        st.info("The selected runs have no blocks yet.")
+        return
+    cols = st.columns(min(4, len(s)))
+    for col, row in zip(cols, s.itertuples(index=False)):
+        util = "n/a" if row.utilization != row.utilization or row.utilization is None else f"{row.utilization:.1%}"
+        col.metric(f"{row.arm} accept length", f"{(row.mean_acc_len or 0):.2f}",
+                   help=f"{row.run_id}: mean committed tokens per block (bonus included)")
+        col.caption(f"window {(row.mean_window or 0):.2f} · utilization {util} · {row.blocks or 0} blocks")
+    st.dataframe(s[[c for c in COLS if c in s.columns]], hide_index=True)
+    st.caption("ceiling = mean(uncapped correct drafts + 1), observed in cap-accept and static only; "
+               "utilization = Σ accept length / Σ ceiling.")
+    dq = ctx.q("data_quality", ctx.run_ids)
+    if len(dq) and (dq["rejects"].sum() or dq["gaps"].sum()):
+        st.warning(f"{int(dq['rejects'].sum())} rejected records, {int(dq['gaps'].sum())} stream gaps in the selection")

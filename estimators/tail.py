@@ -1,0 +1,372 @@
+"""Counterfactual tail (block-accept) estimator: what a full-gamma verify would have accepted.
+
+A request-step is *right-censored* when its whole window was accepted while drafts were
+trimmed (``correct_drafts == window < gamma``): the uncapped ceiling ``K`` is at least
+``window`` and the rest is unobserved. For every such block this module returns the
+predictive distribution of ``K`` (discrete, on ``window..gamma``), its mean, quantile
+intervals, deterministic identification bounds, and aggregates with bootstrap intervals.
+
+How each trimmed position ``k`` (draft ``d_k`` at absolute position ``prefix+k+1``) gets
+its conditional acceptance probability ``h_k`` (given ``d_<k`` accepted):
+
+* **first trimmed position** (``k = window``): the bonus row was verified, and the capped
+  bonus equals ``d_w`` exactly when ``d_w`` was accepted (greedy argmax; residual
+  resampling puts no mass on a rejected draft), so ``h_w = 1[bonus == d_w]`` is exact;
+* **greedy requests**: walk the request's later committed tokens against the trimmed
+  drafts; acceptance is deterministic given the prefix, so ``h_k = 1[realized == d_k]``
+  while the earlier trimmed drafts matched. A walk that runs off the end of the request
+  (or a stream discontinuity) is censored, with bounds;
+* **sampled requests with log-probs**: while the realized tokens follow the trimmed drafts,
+  a later step's verified row scored the same position with the same prefix; where it
+  scored the same token, ``h_k = min(1, p/q)`` (Rao-Blackwellised: the exact acceptance
+  probability; the later step's coins are independent of the counterfactual coin). SGLang
+  estimator ``pg`` entries can supply ``p`` where our telemetry lacks it;
+* **everything else** (after a divergence, after the request ended, no log-probs): a
+  :class:`~estimators.hazard.HazardModel` conditioned on the block's own confidence (the
+  scheduler cut from confidence: conditioning on it handles the informative censoring).
+
+Example::
+
+    >>> from estimators.synthetic import simulate, compact_view
+    >>> from estimators.tail import TailEstimator
+    >>> sim = simulate(n_requests=80, seed=3)
+    >>> rs = sim.tables["request_steps"]
+    >>> est = TailEstimator().fit(rs)            # hazards from cap-accept truth
+    >>> res = est.estimate(compact_view(rs))     # estimate as if compact
+    >>> g = res.blocks[res.blocks["mode"] == "greedy"]
+    >>> bool(((g.truth == g["mean"]) | ~g.resolved).all())   # greedy resolved blocks are exact
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from estimators.frame import BlockFrame
+from estimators.hazard import HazardModel
+
+LEVELS = (0.8, 0.9, 0.95)
+
+
+def _as_frame(data, gamma=None) -> BlockFrame:
+    return data if isinstance(data, BlockFrame) else BlockFrame.from_request_steps(data, gamma=gamma)
+
+
+def gather_matrix(frame: BlockFrame, gather: pd.DataFrame | None, rows: np.ndarray) -> np.ndarray:
+    """SGLang ``pg`` target log-probs as an ``(len(rows), G)`` matrix keyed by (rid, block_fct, offset)."""
+    G = frame.gamma
+    out = np.full((len(rows), G), np.nan)
+    if gather is None or len(gather) == 0:
+        return out
+    key = pd.MultiIndex.from_arrays([frame.df["run_id"].to_numpy()[rows], frame.df["rid"].to_numpy()[rows],
+                                     frame.df["forward_ct"].to_numpy()[rows]])
+    gk = pd.MultiIndex.from_arrays([gather["run_id"], gather["rid"], gather["block_fct"]])
+    pos = key.get_indexer(gk) if key.is_unique else pd.Index(key).get_indexer(gk)
+    ok = pos >= 0
+    k = gather["offset"].to_numpy()[ok] - 1
+    inside = (k >= 0) & (k < G)
+    out[pos[ok][inside], k[inside]] = gather["p_lp"].to_numpy()[ok][inside]
+    return out
+
+
+def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exact_first: bool = True,
+         gather: pd.DataFrame | None = None) -> dict:
+    """Known per-position hazards of the trimmed positions of ``rows`` (NaN: unknown).
+
+    Returns ``h`` (len(rows), G), ``walked`` (positions observed along the matched path) and
+    ``path_ok`` (earlier trimmed drafts all matched the realized tokens)."""
+    G = frame.gamma
+    k = np.arange(G)[None, :]
+    w = frame.window[rows][:, None]
+    d = frame.draft[rows]
+    lt = frame.later(rows)
+    valid = lt["valid"] & (d >= 0)
+    match = valid & (lt["realized"] == d)
+    tail = k >= w
+    step_ok = np.where(tail, match, True)
+    path_ok = np.concatenate([np.ones((len(rows), 1), bool), np.cumprod(step_ok, 1)[:, :-1].astype(bool)], 1)
+    reach = tail & path_ok & valid
+    h = np.full((len(rows), G), np.nan)
+    greedy = frame.greedy[rows][:, None]
+    # greedy: exact indicator along the matched path
+    h = np.where(greedy & reach, match.astype(float), h)
+    # first trimmed position: exact via the capped bonus (all modes)
+    if exact_first:
+        first = (k == w) & valid
+        h = np.where(first, match.astype(float), h)
+    if use_logprobs:
+        dlp = frame.draft_logprob[rows]
+        lp = np.where(lt["scored_tok"] == d, lt["scored_lp"], np.nan)
+        if gather is not None:
+            gm = gather_matrix(frame, gather, rows)
+            lp = np.where(np.isnan(lp), gm, lp)
+        a = np.minimum(1.0, np.exp(lp - dlp))
+        fill = ~greedy & tail & path_ok & np.isnan(h) & ~np.isnan(a)
+        h = np.where(fill, a, h)
+    walked = (tail & path_ok & ~np.isnan(h)).sum(1)
+    return dict(h=h, walked=walked, path_ok=path_ok)
+
+
+def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None = None) -> dict:
+    """Equal-tailed intervals of discrete distributions on 0..G (rows of ``pmf``)."""
+    F = np.cumsum(pmf, 1)
+    Fm = np.concatenate([np.zeros((pmf.shape[0], 1)), F[:, :-1]], 1)  # P(K < v)
+    G1 = pmf.shape[1]
+    out = {}
+    support = pmf > 1e-12
+    for L in levels:
+        a2 = (1 - L) / 2
+        if rule == "conservative":
+            lo = np.argmax(F >= a2 - 1e-12, axis=1)
+            hi = np.argmax(F >= 1 - a2 - 1e-12, axis=1)
+        elif rule == "nearest":
+            # lower end: excluded lower mass nearest a/2 (within the support); then the upper end
+            # making the interval's total mass nearest L (ties -> shorter)
+            cand = np.where(support, np.abs(Fm - a2), np.inf)
+            lo = np.argmin(cand, 1)
+            mass = F - Fm[np.arange(len(lo)), lo][:, None]
+            vv = np.arange(G1)[None, :]
+            cand2 = np.where((vv >= lo[:, None]) & support, np.abs(mass - L), np.inf)
+            hi = np.argmin(cand2 + 1e-9 * vv, 1)
+        if rule == "randomized":
+            # lower end: excluded lower mass nearest a/2; upper end: the shortest hi with mass >= L
+            # ("above") or the one before it ("below"), chosen with the probability that makes the
+            # expected mass exactly L (a randomized interval: discrete predictive distributions
+            # cannot hit a nominal level otherwise). Uniforms come from ``u`` (seeded per block).
+            cand = np.where(support, np.abs(Fm - a2), np.inf)
+            lo = np.argmin(cand, 1)
+            base = Fm[np.arange(len(lo)), lo][:, None]
+            mass = F - base
+            vv = np.arange(G1)[None, :]
+            above = np.argmax((mass >= L - 1e-12) & (vv >= lo[:, None]), 1)
+            m_above = mass[np.arange(len(lo)), above]
+            below = np.maximum(above - 1, lo)
+            m_below = np.where(above > lo, mass[np.arange(len(lo)), below], 0.0)
+            pi = np.where(m_above > m_below, (L - m_below) / np.maximum(m_above - m_below, 1e-12), 1.0)
+            take_below = (u >= pi) & (above > lo)
+            hi = np.where(take_below, below, above)
+        m = F[np.arange(len(hi)), hi] - Fm[np.arange(len(lo)), lo]
+        out[L] = (lo, hi, m)
+    return out
+
+
+def _block_uniforms(blocks: pd.DataFrame, seed: int) -> np.ndarray:
+    """A reproducible uniform per block from a hash of its key (same block -> same draw)."""
+    h = pd.util.hash_pandas_object(blocks[["run_id", "rid", "forward_ct"]], index=False).to_numpy()
+    h = (h ^ np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))) * np.uint64(0xBF58476D1CE4E5B9)
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+@dataclass
+class TailResult:
+    """Per-request-step predictive ceilings. ``blocks`` has one row per request-step."""
+
+    blocks: pd.DataFrame
+    pmf: np.ndarray  # (n, G+1) predictive distribution of the ceiling (accepted drafts)
+    gamma: int
+    levels: tuple
+    hazard_info: dict
+    notes: list[str] = field(default_factory=list)
+    _boot: dict | None = None
+
+    @property
+    def censored(self) -> pd.DataFrame:
+        return self.blocks[self.blocks.censored]
+
+    def summary(self) -> dict:
+        b = self.blocks
+        c = b[b.censored]
+        modes = c["mode"].value_counts().to_dict()
+        out = dict(n_request_steps=int(len(b)), n_censored=int(len(c)), censored_by_mode=modes,
+                   mean_ceiling=float(b["mean"].mean()), mean_accept_length=float(b["mean"].mean() + 1),
+                   greedy_resolved=int((c["mode"].eq("greedy") & c.resolved).sum()),
+                   hazard=self.hazard_info, notes=self.notes)
+        return out
+
+    def aggregate(self, by: list[str] | str | None = None, level: float = 0.95, n_boot: int = 400,
+                  target: str = "run", seed: int = 0, hazard_boot: int = 0) -> pd.DataFrame:
+        """Mean ceiling per group with a bootstrap interval.
+
+        ``target='run'``: the realized mean of these request-steps (imputation noise of the
+        censored blocks, plus hazard-model refits when ``hazard_boot > 0``);
+        ``target='population'``: also resamples requests (request-clustered bootstrap), for
+        the mean of the traffic these requests were drawn from.
+        """
+        b = self.blocks
+        by = [by] if isinstance(by, str) else (by or [])
+        rng = np.random.default_rng(seed)
+        keys = b[by].astype(str).agg("|".join, axis=1) if by else pd.Series("all", index=b.index)
+        gcode, gnames = pd.factorize(keys)
+        req = pd.factorize(b["run_id"].astype(str) + "\x00" + b["rid"].astype(str))[0]
+        ng = len(gnames)
+        # per (group, request) cluster sums
+        cl = pd.factorize(pd.Series(gcode).astype(str) + ":" + pd.Series(req).astype(str))[0]
+        ncl = cl.max() + 1
+        cl_group = np.zeros(ncl, np.int64)
+        cl_group[cl] = gcode
+        means = self._boot["means"] if (self._boot and hazard_boot) else b["mean"].to_numpy()[None, :]
+        vars_ = self._boot["vars"] if (self._boot and hazard_boot) else b["var"].to_numpy()[None, :]
+        cnt = np.bincount(cl, minlength=ncl).astype(float)
+        reps = np.empty((n_boot, ng))
+        for i in range(n_boot):
+            j = i % means.shape[0]
+            s = np.bincount(cl, weights=means[j], minlength=ncl)
+            v = np.bincount(cl, weights=vars_[j], minlength=ncl)
+            s = s + rng.standard_normal(ncl) * np.sqrt(np.maximum(v, 0))
+            if target == "population":
+                wts = rng.poisson(1.0, ncl).astype(float)
+            else:
+                wts = np.ones(ncl)
+            num = np.bincount(cl_group, weights=wts * s, minlength=ng)
+            den = np.bincount(cl_group, weights=wts * cnt, minlength=ng)
+            reps[i] = num / np.maximum(den, 1e-12)
+        est = np.bincount(gcode, weights=b["mean"].to_numpy(), minlength=ng) / np.bincount(gcode, minlength=ng)
+        a = (1 - level) / 2
+        lo, hi = np.quantile(reps, [a, 1 - a], axis=0)
+        out = pd.DataFrame({"group": gnames, "n": np.bincount(gcode, minlength=ng),
+                            "n_censored": np.bincount(gcode, weights=b.censored.to_numpy(float), minlength=ng).astype(int),
+                            "mean_ceiling": est, "lo": lo, "hi": hi, "level": level, "target": target})
+        if "truth" in b:
+            t = b["truth"].to_numpy(float)
+            if not np.isnan(t).any():
+                out["truth"] = np.bincount(gcode, weights=t, minlength=ng) / np.bincount(gcode, minlength=ng)
+        if by:
+            parts = out["group"].str.split("|", expand=True)
+            for i, c in enumerate(by):
+                out[c] = parts[i]
+        return out
+
+    def figure(self, by: str = "workload"):
+        """Aggregate estimated ceiling per group (with interval), against truth where known."""
+        from estimators.figures import interval_figure
+
+        col = by if by in self.blocks else None
+        agg = self.aggregate(by=[col] if col else None, n_boot=200)
+        return interval_figure(agg, x=col or "group", est="mean_ceiling", lo="lo", hi="hi",
+                               truth="truth" if "truth" in agg else None,
+                               title=f"Estimated uncapped ceiling (accepted drafts), 95% interval, by {col or 'run'}",
+                               yaxis="mean ceiling (drafts)")
+
+    def to_json(self) -> dict:
+        return dict(summary=self.summary(), aggregate=self.aggregate().to_dict("records"))
+
+
+@dataclass
+class TailEstimator:
+    """Fit hazards on truth-bearing (or observed) traffic; estimate ceilings of any run.
+
+    ``mode``: ``auto`` uses every source available per row; ``confidence`` ignores
+    log-probs (SGLang's cheap compact telemetry); ``logprob`` requires them.
+    ``interval``: ``randomized`` (default: the upper end randomized between the two
+    candidates bracketing the level so the expected mass equals it; seeded per block, so
+    reproducible), ``nearest`` (mass nearest the level) or ``conservative`` (mass >= level).
+    """
+
+    hazard: HazardModel = field(default_factory=HazardModel)
+    mode: str = "auto"
+    levels: tuple = LEVELS
+    interval: str = "randomized"
+    exact_first: bool = True
+
+    def fit(self, data, gamma: int | None = None) -> "TailEstimator":
+        frame = _as_frame(data, gamma)
+        walk_h = None
+        if not frame.has_truth.all():
+            rows = np.arange(frame.n)
+            walk_h = walk(frame, rows, use_logprobs=self.mode != "confidence", exact_first=self.exact_first)["h"]
+        self.hazard.fit(frame, walk_h)
+        self.gamma_ = frame.gamma
+        return self
+
+    def _walk(self, frame, rows, gather):
+        return walk(frame, rows, use_logprobs=self.mode != "confidence", exact_first=self.exact_first, gather=gather)
+
+    def estimate(self, data, gamma: int | None = None, gather: pd.DataFrame | None = None,
+                 hazard_boot: int = 0, seed: int = 0) -> TailResult:
+        """Predictive ceilings for every request-step of ``data`` (truth columns are never read,
+        except to copy them into ``blocks.truth`` for validation)."""
+        frame = _as_frame(data, gamma or getattr(self, "gamma_", None))
+        G = frame.gamma
+        n = frame.n
+        cens = frame.censored
+        rows = np.flatnonzero(cens)
+        wk = self._walk(frame, rows, gather)
+        Hk = wk["h"]
+        Hm = self.hazard.predict(frame, rows)
+        pmf = np.zeros((n, G + 1))
+        pmf[np.flatnonzero(~cens), frame.correct[~cens]] = 1.0
+        pm, mean_c, var_c = self._pmf(frame, rows, Hk, Hm)
+        pmf[rows] = pm
+        mean = frame.correct.astype(float)
+        var = np.zeros(n)
+        mean[rows], var[rows] = mean_c, var_c
+        k = np.arange(G)[None, :]
+        w = frame.window[rows][:, None]
+        tail = k >= w
+        known = ~np.isnan(Hk)
+        # identification bounds: leading exact accepts / first exact rejection
+        lead1 = np.cumprod(np.where(tail, known & (Hk == 1.0), True), 1).astype(bool) & tail
+        notzero = np.cumprod(np.where(tail, ~(known & (Hk == 0.0)), True), 1).astype(bool) & tail
+        b_lo = frame.window[rows] + lead1.sum(1)
+        b_hi = frame.window[rows] + notzero.sum(1)
+        resolved = b_lo == b_hi
+        df = frame.df
+        has_lp = ~np.isnan(frame.draft_logprob).all(1)
+        row_mode = np.where(~cens, "exact-in-window",
+                            np.where(frame.greedy, "greedy",
+                                     np.where(has_lp & (self.mode != "confidence"), "logprob", "confidence")))
+        blocks = pd.DataFrame({
+            "run_id": df["run_id"].to_numpy(), "rid": df["rid"].to_numpy(), "forward_ct": df["forward_ct"].to_numpy(),
+            "rank": df["rank"].to_numpy(), "epoch": df["epoch"].to_numpy(),
+            "workload": df["workload"].to_numpy() if "workload" in df else None,
+            "temperature": frame.temperature, "window": frame.window, "correct": frame.correct,
+            "acc_len": frame.correct + 1, "censored": cens, "mode": row_mode, "mean": mean, "var": var,
+        })
+        bl = frame.correct.copy()
+        bh = frame.correct.copy()
+        bl[rows], bh[rows] = b_lo, b_hi
+        blocks["bound_lo"], blocks["bound_hi"] = bl, bh
+        res_all = np.ones(n, bool)
+        res_all[rows] = resolved
+        blocks["resolved"] = res_all
+        wk_all = np.zeros(n, np.int64)
+        wk_all[rows] = wk["walked"]
+        blocks["walked"] = wk_all
+        u = _block_uniforms(blocks, seed)
+        for L, (lo, hi, m) in _quantile_intervals(pmf, self.levels, self.interval, u).items():
+            tag = int(round(L * 100))
+            blocks[f"lo{tag}"], blocks[f"hi{tag}"], blocks[f"mass{tag}"] = lo, hi, m
+        if frame.has_truth.any():
+            blocks["truth"] = np.where(frame.has_truth, frame.ceiling, np.nan)
+        res = TailResult(blocks=blocks, pmf=pmf, gamma=G, levels=tuple(self.levels),
+                         hazard_info=dict(self.hazard.info_), notes=list(frame.notes))
+        if hazard_boot and hasattr(self.hazard, "_train"):
+            rng = np.random.default_rng(seed)
+            nreq = self.hazard._train["n_req"]
+            means = np.empty((hazard_boot, n))
+            vars_ = np.empty((hazard_boot, n))
+            for i in range(hazard_boot):
+                hm = self.hazard.refit(rng.poisson(1.0, nreq).astype(float)).predict(frame, rows)
+                _, mc, vc = self._pmf(frame, rows, Hk, hm)
+                means[i], vars_[i] = mean, var
+                means[i, rows], vars_[i, rows] = mc, vc
+            res._boot = dict(means=means, vars=vars_)
+        return res
+
+    @staticmethod
+    def _pmf(frame, rows, Hk, Hm):
+        G = frame.gamma
+        k = np.arange(G)[None, :]
+        w = frame.window[rows][:, None]
+        H = np.where(np.isnan(Hk), Hm, Hk)
+        H = np.where(k >= w, H, 1.0)
+        S = np.concatenate([np.ones((len(rows), 1)), np.cumprod(H, 1)], 1)  # P(K >= m), m=0..G
+        pm = S - np.concatenate([S[:, 1:], np.zeros((len(rows), 1))], 1)
+        pm = np.maximum(pm, 0)
+        v = np.arange(G + 1)[None, :]
+        mean = (pm * v).sum(1)
+        var = np.maximum((pm * v * v).sum(1) - mean ** 2, 0)
+        return pm, mean, var

@@ -1,0 +1,203 @@
+"""The audit workflow on the real reference engine: arms, parity, sampling inference, CLI.
+
+``audit_db`` (shared with the report, dashboard and notebook tests) is ONE small
+real audit produced by the ``acceptscope audit`` command itself, built once per
+pytest session.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from acceptscope import audit_sampling, schema
+from acceptscope.cli import app
+from acceptscope.cli._common import EXIT_FAILURE, EXIT_OK
+from acceptscope.parity import check_parity, first_divergence
+from acceptscope.store import Store
+from app.data import Reader
+
+REPO = Path(__file__).resolve().parents[1]
+# small enough for 2 CPU cores, big enough for every workload of `mixed` to have several requests
+AUDIT_ARGS = ["--workload", "mixed", "--num-requests", "16", "--max-new-tokens", "24", "--with-static",
+              "--no-estimators"]
+
+
+def _engine_ready() -> str | None:
+    from acceptscope.engine import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_model_path
+
+    for label, p in (("target", DEFAULT_TARGET), ("drafter", DEFAULT_DRAFTER)):
+        if not (resolve_model_path(p) / "config.json").is_file():
+            return f"reference-engine {label} model {p} is not built (run `acceptscope train`)"
+    return None
+
+
+def build_audit_db(tmp_path_factory) -> tuple[Path, dict]:
+    """Run `acceptscope audit --json` once per session; returns (db path, its JSON summary)."""
+    why = _engine_ready()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.getbasetemp() / "surfaces-audit"
+    db, summary = base / "audit.duckdb", base / "summary.json"
+    if not summary.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        res = CliRunner().invoke(app, ["audit", "--db", str(db), "--out", str(base / "report.html"), "--json",
+                                       *AUDIT_ARGS])
+        assert res.exit_code == EXIT_OK, res.output
+        summary.write_text(res.stdout[res.stdout.index("{"):])
+    return db, json.loads(summary.read_text())
+
+
+@pytest.fixture(scope="module")
+def audit(tmp_path_factory):
+    return build_audit_db(tmp_path_factory)
+
+
+def test_audit_runs_both_arms_into_one_file(audit):
+    db, s = audit
+    assert set(s["runs"]) == {"compact", "cap-accept", "static"}
+    runs = Reader(db).runs()
+    assert set(runs["arm"]) == {"compact", "cap-accept", "static"}
+    assert runs["audit_group"].nunique() == 1 and runs["audit_group"].iloc[0] == s["audit_group"]
+    summ = Reader(db).run_summary(list(runs["run_id"])).set_index("arm")
+    # the audit arm observes the ceiling, production does not
+    assert summ.loc["cap-accept", "ceiling_accept_len"] >= summ.loc["cap-accept", "mean_acc_len"]
+    assert np.isnan(summ.loc["compact", "ceiling_accept_len"])
+    # static verifies the whole block: the ceiling is what it commits
+    assert summ.loc["static", "utilization"] == pytest.approx(1.0)
+
+
+def test_audit_parity_holds_on_reference_engine(audit):
+    db, s = audit
+    p = s["parity"]
+    assert p["ok"] and s["exit_code"] == EXIT_OK
+    assert p["pairs"] == 16 and p["identical"] == 16
+
+
+def test_full_audit_inference_equals_observed_truth(audit):
+    db, s = audit
+    inf = s["sampling"]
+    assert inf["n_audited"] == inf["n_requests"] == 16
+    r = Reader(db)
+    ids = {a: x["run_id"] for a, x in s["runs"].items()}
+    truth = r.df(f'SELECT sum(ceiling + 1) / count(*) AS c FROM "{schema.REQUEST_STEPS.name}" WHERE run_id = ?',
+                 [ids["cap-accept"]])["c"][0]
+    # full audit: ratio estimate == the block-weighted truth; weights are compact's block counts,
+    # equal to cap-accept's because both arms committed the same blocks
+    assert inf["ceiling_ratio"]["estimate"] == pytest.approx(truth, rel=1e-9)
+    assert inf["ceiling_ratio"]["lo"] == inf["ceiling_ratio"]["hi"] == inf["ceiling_ratio"]["estimate"]
+
+
+def test_sampled_inference_brackets_the_truth(audit):
+    """A 50% request sample of the real audit: the ratio interval contains the full-audit truth."""
+    db, s = audit
+    ids = {a: x["run_id"] for a, x in s["runs"].items()}
+    pr = audit_sampling.per_request(Reader(db), ids["compact"], ids["cap-accept"])
+    truth = audit_sampling.infer(pr).ceiling_ratio.estimate
+    sample = audit_sampling.sample_keys(pr[["workload", "prompt_index", "seed"]], 0.5, seed=3)
+    assert len(sample) == 8
+    masked = pr.merge(sample.assign(kept=True), how="left")
+    masked.loc[masked["kept"].isna(), "y"] = np.nan
+    inf = audit_sampling.infer(masked.drop(columns="kept"), n_boot=1000, seed=3)
+    assert inf.n_audited == 8 and inf.fraction == 0.5
+    assert inf.ceiling_ratio.lo < inf.ceiling_ratio.hi
+    assert inf.ceiling_ratio.lo <= truth <= inf.ceiling_ratio.hi
+    u = inf.utilization_ratio
+    assert 0 < u.lo <= u.estimate <= u.hi <= 1.0 + 1e-9
+
+
+def test_sampled_audit_cli(tmp_path):
+    """`--audit-fraction` replays a seeded sample in the audit arm and reports intervals."""
+    why = _engine_ready()
+    if why:
+        pytest.skip(why)
+    db = tmp_path / "sampled.duckdb"
+    res = CliRunner().invoke(app, ["audit", "--db", str(db), "--no-report", "--json", "--workload", "math,chat",
+                                   "--num-requests", "8", "--max-new-tokens", "16", "--audit-fraction", "0.5",
+                                   "--sample-seed", "7", "--no-estimators"])
+    assert res.exit_code == EXIT_OK, res.output
+    s = json.loads(res.stdout[res.stdout.index("{"):])
+    assert s["runs"]["compact"]["requests"] == 8 and s["runs"]["cap-accept"]["requests"] == 4
+    assert s["parity"]["sampled"] and s["parity"]["pairs"] == 4 and s["parity"]["ok"]
+    inf = s["sampling"]
+    assert inf["n_audited"] == 4 and inf["n_requests"] == 8
+    c = inf["ceiling_ratio"]
+    assert c["lo"] <= c["estimate"] <= c["hi"]
+    # the sampled requests are the seeded sample of the compact run's requests
+    r = Reader(db)
+    keys = audit_sampling.keys_of(r, s["runs"]["compact"]["run_id"])
+    want = audit_sampling.sample_keys(keys, 0.5, 7)
+    got = audit_sampling.keys_of(r, s["runs"]["cap-accept"]["run_id"])
+    assert sorted(map(tuple, want.values.tolist())) == sorted(map(tuple, got.values.tolist()))
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert first_divergence(None, []) is None
+
+
+def _tamper(db: Path, src_run: str, new_run: str, flip_at: int | None, window_shift: bool) -> str:
+    """Copy a real run under a new id, flipping one committed token and/or one block's window."""
+    st = Store(db)
+    runs = st.read_table(schema.RUNS.name, src_run).assign(run_id=new_run)
+    req = st.read_table(schema.REQUESTS.name, src_run).assign(run_id=new_run)
+    rs = st.read_table(schema.REQUEST_STEPS.name, src_run).assign(run_id=new_run)
+    victim = req.sort_values("completion_tokens").iloc[-1]["rid"]
+    if flip_at is not None:
+        i = req.index[req["rid"] == victim][0]
+        toks = list(req.at[i, "output_tokens"])
+        toks[flip_at] = toks[flip_at] + 1
+        req.at[i, "output_tokens"] = toks
+    if window_shift:
+        first = rs[rs["rid"] == victim].sort_values("forward_ct").index[0]
+        rs.loc[first, "window"] = rs.loc[first, "window"] + 1
+    st.append({schema.RUNS.name: runs, schema.REQUESTS.name: req, schema.REQUEST_STEPS.name: rs})
+    return victim
+
+
+def test_parity_classifies_divergences(audit, tmp_path):
+    db, s = audit
+    work = tmp_path / "tampered.duckdb"
+    shutil.copy(db, work)
+    compact = s["runs"]["compact"]["run_id"]
+    victim = _tamper(work, compact, "t-nondet", flip_at=5, window_shift=False)
+    p = check_parity(Reader(work), compact, "t-nondet")
+    assert not p.ok and len(p.findings) == 1
+    f = p.findings[0]
+    assert (f.kind, f.position, f.rid_a) == ("nondeterminism", 5, victim)
+    assert f.token_b == f.token_a + 1 and f.windows_a == f.windows_b
+
+    _tamper(work, compact, "t-sched", flip_at=5, window_shift=True)
+    f = check_parity(Reader(work), compact, "t-sched").findings[0]
+    assert f.kind == "scheduling" and f.windows_a != f.windows_b
+
+
+def test_parity_broken_exit_code(audit, tmp_path):
+    """A report over a tampered pair lists the finding; the audit result maps it to EXIT_FAILURE."""
+    from acceptscope.audit import AuditResult
+    from acceptscope.report import write_report
+
+    db, s = audit
+    work = tmp_path / "tampered.duckdb"
+    shutil.copy(db, work)
+    compact = s["runs"]["compact"]["run_id"]
+    _tamper(work, compact, "t-bad", flip_at=3, window_shift=False)
+    p = check_parity(Reader(work), compact, "t-bad")
+    assert AuditResult("g", str(work), {}, p).exit_code == EXIT_FAILURE
+    rep = write_report(work, tmp_path / "r.html", run_ids=[compact, "t-bad"], parity=p, use_estimators=False)
+    assert any(f.level == "bad" and f.area == "parity" for f in rep.findings)
+    assert "nondeterminism" in (tmp_path / "r.html").read_text()
+
+
+def test_audit_rejects_bad_arguments(tmp_path):
+    r = CliRunner().invoke(app, ["audit", "--db", str(tmp_path / "x.duckdb"), "--engine", "vllm"])
+    assert r.exit_code == 2 and "reference or sglang" in r.output
+    r = CliRunner().invoke(app, ["audit", "--db", str(tmp_path / "x.duckdb"), "--audit-fraction", "0"])
+    assert r.exit_code == 2

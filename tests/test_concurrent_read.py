@@ -1,0 +1,75 @@
+"""A writer process streams for seconds while two reader processes poll like a dashboard.
+
+Checks the store's concurrency design (writer holds the file only during a
+flush; readers open short read-only connections and retry on the lock) with
+real processes, since DuckDB's lock is per process.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from acceptscope.store import Store
+from tests import _store_helpers as H
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNKS = 80  # 400 request_steps rows each, one every 0.05 s: ~4 s of streaming
+FLUSH_INTERVAL_S = 0.5
+READERS = 2
+
+
+def _py(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._store_helpers", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def test_reader_processes_poll_while_writer_process_streams(tmp_path: Path) -> None:
+    db, log, done = tmp_path / "live.duckdb", tmp_path / "writer.log", tmp_path / "done"
+    Store(db)
+    expected = CHUNKS * H.CHUNK_ROWS
+    writer = _py("writer", str(db), str(log), str(CHUNKS), "0.05", str(FLUSH_INTERVAL_S))
+    outs = [tmp_path / f"reader{i}.json" for i in range(READERS)]
+    readers = [_py("reader", str(db), str(o), str(done), str(expected), "0.1") for o in outs]
+    t0 = time.monotonic()
+    assert writer.wait(timeout=60) == 0, writer.stderr.read().decode()
+    write_s = time.monotonic() - t0
+    done.touch()
+    for r in readers:
+        assert r.wait(timeout=60) == 0, r.stderr.read().decode()
+
+    wstats = json.loads(next(l for l in log.read_text().splitlines() if l.startswith("stats "))[6:])
+    assert wstats["rows_inserted"]["request_steps"] == expected
+    assert wstats["flushes"] >= 4
+    # flush latency stays bounded: interval + one flush + lock waits, with a margin for 2 shared cores
+    assert wstats["max_flush_latency_s"] < FLUSH_INTERVAL_S + 2.0, wstats
+
+    summary = []
+    for o in outs:
+        rep = json.loads(o.read_text())
+        assert rep["errors"] == [], rep["errors"][:3]
+        counts = [p[1] for p in rep["polls"]]
+        assert len(counts) >= 15, f"only {len(counts)} polls"
+        assert all(a <= b for a, b in zip(counts, counts[1:])), "a reader saw the count go down"
+        assert counts[-1] == expected
+        # every snapshot is a whole number of flushed chunks (never a half-committed flush)
+        assert all(c % H.CHUNK_ROWS == 0 for c in counts)
+        assert len(set(counts)) >= 3, "reader never saw the data grow"
+        poll_ms = [1000 * p[3] for p in rep["polls"]]
+        summary.append(
+            f"polls={len(counts)} distinct counts={len(set(counts))} lock retries={rep['lock']['retries']} "
+            f"waited opens={rep['lock']['waited_opens']} max wait={rep['lock']['max_wait_s']:.3f}s "
+            f"poll median={statistics.median(poll_ms):.1f}ms max={max(poll_ms):.1f}ms"
+        )
+    print(
+        f"\nconcurrent read: writer {expected} rows in {write_s:.1f}s, {wstats['flushes']} flushes, "
+        f"max flush latency {wstats['max_flush_latency_s']:.3f}s, max flush duration "
+        f"{wstats['max_flush_duration_s']:.3f}s, writer lock {wstats['lock']}"
+    )
+    for i, s in enumerate(summary):
+        print(f"  reader {i}: {s}")
