@@ -127,27 +127,31 @@ def _engine_config(cfg: AuditConfig, arm: str, group: str) -> Any:
 def _run_reference(cfg: AuditConfig, group: str, progress: Optional[Callable[[str, int, int], None]]) -> dict:
     """Run the arms on the reference engine; returns arm -> (run summary dict, run_id)."""
     from acceptscope import audit_sampling
-    from acceptscope.engine import run_engine
+    from acceptscope.engine import EngineConfig, run_engine
     from app.data import Reader
 
     out: dict = {}
+    n_total = cfg.engine_options.get("num_requests", EngineConfig.num_requests)
 
-    def prog(arm: str):
-        return None if progress is None else (lambda done, total: progress(arm, done, total))
+    def prog(arm: str, total: Optional[int]):
+        # the engine reports (requests finished now, their tokens); surfaces want (arm, advance, total)
+        return None if progress is None else (lambda n_done, _tokens: progress(arm, n_done, total))
 
-    s = run_engine(_engine_config(cfg, PRODUCTION_ARM, group), progress=prog(PRODUCTION_ARM))
+    s = run_engine(_engine_config(cfg, PRODUCTION_ARM, group), progress=prog(PRODUCTION_ARM, n_total))
     out[PRODUCTION_ARM] = s.to_dict()
+    n_audit = s.requests
     keep = None
     if cfg.audit_fraction < 1:
         keys = audit_sampling.keys_of(Reader(cfg.db), s.run_id)
         sample = audit_sampling.sample_keys(keys, cfg.audit_fraction, cfg.sample_seed)
         keep = {(w, int(i)) for w, i in zip(sample["workload"], sample["prompt_index"])}
+        n_audit = len(keep)
     with _only_requests(keep):
-        a = run_engine(_engine_config(cfg, AUDIT_ARM, group), progress=prog(AUDIT_ARM))
+        a = run_engine(_engine_config(cfg, AUDIT_ARM, group), progress=prog(AUDIT_ARM, n_audit))
     out[AUDIT_ARM] = a.to_dict()
     if cfg.with_static:
         with _only_requests(keep):
-            st = run_engine(_engine_config(cfg, "static", group), progress=prog("static"))
+            st = run_engine(_engine_config(cfg, "static", group), progress=prog("static", n_audit))
         out["static"] = st.to_dict()
     return out
 

@@ -31,6 +31,8 @@ observed truth and the intervals collapse to it.
 
 Intervals: percentile bootstrap over sampled requests (X̄ held fixed; no finite
 population correction, so intervals are slightly conservative for large f).
+Every block's ceiling is at least its committed length, so ceiling estimates and
+interval ends are truncated below at the realized mean (utilization at 1).
 """
 
 from __future__ import annotations
@@ -150,6 +152,13 @@ def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: in
 
     r, d = interval(_ratio), interval(_direct)
     g = interval(_regression) if len(s) >= MIN_REGRESSION_N else None
+
+    def clip(iv: Interval | None) -> Interval | None:  # the ceiling is never below what was committed
+        if iv is None:
+            return None
+        return Interval(max(iv.estimate, abar), max(iv.lo, abar), max(iv.hi, abar))
+
+    r, g, d = clip(r), clip(g), clip(d)
 
     def util(iv: Interval | None) -> Interval | None:  # U = abar / Y is monotone in Y: map the ends
         if iv is None or iv.lo <= 0:

@@ -333,16 +333,18 @@ def build_report(
     est_figs("planner", "cost", [compact])
     steps = reader.step_costs(ids)
     if len(steps):
-        page.fig("cost", F.fig_step_costs(steps, runs), "per step; measured = device time where recorded, "
-                 "else host inter-step time")
-        page.fig("cost", F.fig_throughput(steps, runs))
         mape = _mape(steps)
+        if mape is not None:
+            page.fig("cost", F.fig_step_costs(steps, runs), "per step; measured = device time where recorded, "
+                     "else host inter-step time")
+        page.fig("cost", F.fig_throughput(steps, runs), "verify tokens the target ran per decode step")
         if mape is not None:
             headline["cost_mape"] = mape
             findings.append(Finding("warn" if mape > th.cost_mape else "ok", "cost",
                                     f"step-time model error {mape:.0%} mean absolute (threshold {th.cost_mape:.0%})"))
         else:
-            page.note("cost", "no step carries both a predicted and a measured step time.")
+            page.note("cost", "no step carries both a predicted and a measured step time (no cost table in use?): "
+                              "the step-time model cannot be checked.")
 
     # -- data quality --------------------------------------------------------
     dq = reader.data_quality(ids)
@@ -468,7 +470,7 @@ nav{padding:8px 32px;background:#e5e7eb;font-size:13px}nav a{margin-right:14px;c
 main{padding:8px 32px 40px;max-width:1280px}section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;
 padding:8px 20px 16px;margin:18px 0}h2{font-size:18px;border-bottom:1px solid #eee;padding-bottom:6px}
 table{border-collapse:collapse;font-size:12.5px;margin:8px 0}th,td{border:1px solid #e5e7eb;padding:3px 8px;
-text-align:right}th{background:#f3f4f6}table.kv th{text-align:left}.note,.muted{color:#555;font-size:13px}
+text-align:right}th{background:#f3f4f6}td{white-space:nowrap}table.kv th{text-align:left}.note,.muted{color:#555;font-size:13px}
 ul.findings{list-style:none;padding-left:0}ul.findings li{padding:4px 8px;margin:3px 0;border-radius:4px}
 li.ok{background:#ecfdf5}li.warn{background:#fffbeb}li.bad{background:#fef2f2}li.info{background:#f3f4f6}
 .scroll{overflow-x:auto}.icon{display:inline-block;width:18px}.verdict{font-weight:600;font-size:16px}.verdict.ok{color:#047857}

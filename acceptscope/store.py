@@ -11,6 +11,9 @@ one process it refuses a second connection to the same file with a different
 * readers open short ``read_only`` connections and retry with backoff while a
   flush holds the lock (``_connect``), so a dashboard process reads committed
   snapshots while a run is being written;
+* the writer has priority: while it waits for the lock it keeps a
+  ``<db>.writer-waiting`` marker fresh, and readers hold off new connections
+  until it is in (otherwise overlapping reader locks starve it);
 * inside one process a per-file lock serialises connections, so a reader
   thread and the writer thread of the same process take turns instead of
   tripping DuckDB's "different configuration" error. Nested ``connect()``
@@ -138,32 +141,66 @@ def _is_busy(e: Exception) -> bool:
     )
 
 
+WRITER_WAITING_SUFFIX = ".writer-waiting"
+_MARKER_STALE_S = 2.0  # a marker not refreshed for this long is from a dead writer: ignore it
+
+
+def _writer_waiting(marker: Path) -> bool:
+    try:
+        return time.time() - marker.stat().st_mtime < _MARKER_STALE_S
+    except FileNotFoundError:
+        return False
+
+
 def _connect(
     path: str | Path, read_only: bool, timeout_s: float, stats: LockStats | None = None
 ) -> duckdb.DuckDBPyConnection:
-    """Open a connection, retrying with backoff while another process holds the file lock."""
+    """Open a connection, retrying with backoff while another process holds the file lock.
+
+    Writer priority: a read-write opener that finds the file busy touches
+    ``<db>.writer-waiting`` (refreshed on every retry, removed once it is in);
+    read-only openers do not start while a fresh marker exists. Without this,
+    several readers polling every 100 ms keep a shared lock held almost
+    continuously and starve the writer (measured: 1.5 s waits with 2 readers).
+    """
     start = time.monotonic()
     deadline = start + timeout_s
     delay = 0.002
     retries = 0
-    while True:
-        try:
-            con = duckdb.connect(str(path), read_only=read_only)
-        except (duckdb.IOException, duckdb.ConnectionException) as e:
-            if not _is_busy(e):
-                raise
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{path}: could not open {'read-only' if read_only else 'read-write'} within "
-                    f"{timeout_s:.1f} s because another connection holds the file: {e}"
-                ) from e
-            retries += 1
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-            continue
-        if stats is not None:
-            stats.record(retries, time.monotonic() - start)
-        return con
+    marker = Path(str(path) + WRITER_WAITING_SUFFIX)
+    marked = False
+    try:
+        while True:
+            if read_only and _writer_waiting(marker) and time.monotonic() < deadline:
+                retries += 1
+                time.sleep(0.005)
+                continue
+            try:
+                con = duckdb.connect(str(path), read_only=read_only)
+            except (duckdb.IOException, duckdb.ConnectionException) as e:
+                if not _is_busy(e):
+                    raise
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{path}: could not open {'read-only' if read_only else 'read-write'} within "
+                        f"{timeout_s:.1f} s because another connection holds the file: {e}"
+                    ) from e
+                if not read_only and isinstance(e, duckdb.IOException):
+                    marker.touch()
+                    marked = True
+                retries += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 0.02 if marked else 0.05)
+                continue
+            if stats is not None:
+                stats.record(retries, time.monotonic() - start)
+            return con
+    finally:
+        if marked:
+            try:
+                marker.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
@@ -425,19 +462,16 @@ class Store:
                     t = schema.table(name)
                     if tbl.schema != t.arrow_schema:
                         tbl = as_arrow(t, tbl)
-                    view = "_incoming"
+                    view = f"_incoming_{name}"
+                    if self.primary_keys:
+                        sql = f"INSERT OR IGNORE INTO {_q(name)} SELECT * FROM {view}"
+                    else:
+                        tbl = dedupe_batch(t, tbl)
+                        sql = _antijoin_insert_sql(t, tbl, view)
                     con.register(view, tbl)
-                    try:
-                        if self.primary_keys:
-                            sql = f"INSERT OR IGNORE INTO {_q(name)} SELECT * FROM {view}"
-                        else:
-                            tbl = dedupe_batch(t, tbl)
-                            con.register(view, tbl)
-                            sql = _antijoin_insert_sql(t, tbl, view)
-                        row = con.execute(sql).fetchone()
-                        inserted[name] = int(row[0]) if row else 0
-                    finally:
-                        con.unregister(view)
+                    row = con.execute(sql).fetchone()
+                    inserted[name] = int(row[0]) if row else 0
+                    con.unregister(view)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")

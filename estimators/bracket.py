@@ -70,17 +70,19 @@ def bracket_from_jsonl(rows: pd.DataFrame, gather: pd.DataFrame, eos: pd.DataFra
     n = len(rows)
     w = rows["w"].to_numpy(np.int64)
     cl = rows["cl"].to_numpy(np.int64)
-    has_q = rows["q_lp"].notna().to_numpy() if "q_lp" in rows else np.zeros(n, bool)
+    has_q = (np.array([isinstance(x, (list, tuple, np.ndarray)) for x in rows["q_lp"]], bool)
+             if "q_lp" in rows else np.zeros(n, bool))
     if has_q.any():
-        tlen = np.array([len(x) if x is not None and not (isinstance(x, float)) else 0 for x in rows["trimmed_tokens"]])
+        tlen = np.array([len(x) if isinstance(x, (list, tuple, np.ndarray)) else 0 for x in rows["trimmed_tokens"]])
     else:
         tlen = np.zeros(n, np.int64)
     G = np.where(has_q, w + tlen, w)
     if gamma is not None:
         G = np.where(has_q, gamma, G)
     Gm = int(max(G.max() if n else 1, 1))
-    q_rel = padded(rows["q_lp"].where(rows["q_lp"].notna(), None) if "q_lp" in rows else [None] * n, Gm)
-    tt_rel = padded(rows["trimmed_tokens"].where(rows["trimmed_tokens"].notna(), None), Gm, -1)
+    clean = lambda col: [x if isinstance(x, (list, tuple, np.ndarray)) else None for x in rows[col]] if col in rows else [None] * n
+    q_rel = padded(clean("q_lp"), Gm)
+    tt_rel = padded(clean("trimmed_tokens"), Gm, -1)
     # shift to absolute draft index k = w + i
     k = np.arange(Gm)[None, :]
     src = k - w[:, None]

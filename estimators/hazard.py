@@ -88,32 +88,43 @@ class HazardModel:
     info_: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------
-    def _long(self, frame: BlockFrame, walk: np.ndarray | None):
-        H = known_hazards(frame, walk)
+    def _long(self, frame: BlockFrame, walk: np.ndarray | None, state: np.ndarray | None):
+        G = frame.gamma
+        k = np.arange(G)[None, :]
+        st = np.zeros((frame.n, G), np.int64) if state is None else state
         if self.source == "truth" or (self.source == "auto" and frame.has_truth.any()):
-            H = np.where(frame.has_truth[:, None], H, np.nan)
+            # the population the model is used on: trimmed positions of censored blocks, reached
+            K = frame.ceiling[:, None]
+            w = frame.window[:, None]
+            ok = frame.has_truth[:, None] & frame.censored[:, None] & (k >= w) & (k <= K) & (k < G)
+            r, kk = np.nonzero(ok)
+            y = (kk < frame.ceiling[r]).astype(float)
+            wt = np.ones(r.size)
             used = "truth"
         else:
+            H = known_hazards(frame, walk)
+            reach = np.cumprod(np.where(np.isnan(H), 1.0, H), 1)
+            reach = np.concatenate([np.ones((frame.n, 1)), reach[:, :-1]], 1)
+            ok = ~np.isnan(H) & (reach > 0)
+            r, kk = np.nonzero(ok)
+            y, wt = H[r, kk], reach[r, kk]
+            st = np.zeros((frame.n, G), np.int64)  # no unobserved-state data without truth
             used = "observed"
-        # probability of reaching position k given known hazards (soft labels)
-        reach = np.cumprod(np.where(np.isnan(H), 1.0, H), 1)
-        reach = np.concatenate([np.ones((frame.n, 1)), reach[:, :-1]], 1)
-        ok = ~np.isnan(H) & (reach > 0)
-        # a position after an unknown one is still usable: its reach weight uses known parts only
-        r, k = np.nonzero(ok)
-        x = conf_feature(frame.confidence[r, k])
-        return dict(row=r, k=k, x=x, y=H[r, k], wt=reach[r, k], greedy=frame.greedy[r],
+        x = conf_feature(frame.confidence[r, kk])
+        return dict(row=r, k=kk, x=x, y=y, wt=wt, greedy=frame.greedy[r], state=st[r, kk],
                     req=frame.request[r], n_req=int(frame.request.max()) + 1), used
 
-    def fit(self, frame: BlockFrame, walk: np.ndarray | None = None, sample_weight_by_request=None) -> "HazardModel":
-        """Fit on a frame. ``walk``: known tail hazards for rows without truth (``source='observed'``)."""
+    def fit(self, frame: BlockFrame, walk: np.ndarray | None = None, state: np.ndarray | None = None,
+            sample_weight_by_request=None) -> "HazardModel":
+        """Fit on a frame. ``walk``: known tail hazards for rows without truth (``source='observed'``);
+        ``state``: the walk state of every (row, position) (0 unknown, 1 matched so far, 2 diverged)."""
         G = frame.gamma
         self.gamma_ = G
         if self.method == "confidence":
             self.fitted_ = True
             self.info_ = dict(method="confidence", source="none")
             return self
-        L, used = self._long(frame, walk)
+        L, used = self._long(frame, walk, state)
         self._train = L
         self.info_ = dict(method=self.method, source=used, n_positions=int(L["k"].size),
                           n_rows=int(np.unique(L["row"]).size))
@@ -122,15 +133,13 @@ class HazardModel:
         if self.method == "binned":
             # bin edges per (greedy, k) from the unweighted training features
             self.edges_ = {}
-            for g in (False, True):
-                for k in range(G):
-                    m = (L["greedy"] == g) & (L["k"] == k)
-                    xs = L["x"][m]
-                    if xs.size >= 2 * self.n_bins:
-                        e = np.unique(np.quantile(xs, np.linspace(0, 1, self.n_bins + 1)[1:-1]))
-                    else:
-                        e = np.array([])
-                    self.edges_[(g, k)] = e
+            for k in range(G):
+                xs = L["x"][L["k"] == k]
+                if xs.size >= 2 * self.n_bins:
+                    e = np.unique(np.quantile(xs, np.linspace(0, 1, self.n_bins + 1)[1:-1]))
+                else:
+                    e = np.array([])
+                self.edges_[k] = e
             self._table(weights=sample_weight_by_request)
         elif self.method == "logistic":
             self._fit_logistic(sample_weight_by_request)
@@ -139,45 +148,59 @@ class HazardModel:
         self.fitted_ = True
         return self
 
-    def _bin_index(self, g: np.ndarray, k: np.ndarray, x: np.ndarray) -> np.ndarray:
-        G = self.gamma_
+    def _bin_index(self, k: np.ndarray, x: np.ndarray) -> np.ndarray:
         out = np.zeros(x.shape, np.int64)
-        for gg in (False, True):
-            for kk in range(G):
-                m = (g == gg) & (k == kk)
-                if m.any():
-                    out[m] = np.searchsorted(self.edges_[(gg, kk)], x[m], side="right")
+        for kk in range(self.gamma_):
+            m = k == kk
+            if m.any():
+                out[m] = np.searchsorted(self.edges_[kk], x[m], side="right")
         return out
+
+    NSTATE = 4
+
+    def _group(self, g, st, k):
+        return (g.astype(np.int64) * self.NSTATE + st) * self.gamma_ + k
 
     def _table(self, weights=None) -> None:
         L = self._train
         G, nb = self.gamma_, self.n_bins
+        ngrp = 2 * self.NSTATE * G
         if not hasattr(self, "_cell"):
-            b = self._bin_index(L["greedy"], L["k"], L["x"])
-            self._cell = (L["greedy"].astype(np.int64) * G + L["k"]) * nb + b
-        cell = self._cell
+            self._grp = self._group(L["greedy"], L["state"], L["k"])
+            self._cell = self._grp * nb + self._bin_index(L["k"], L["x"])
+        cell, grp = self._cell, self._grp
         wt = L["wt"] if weights is None else L["wt"] * weights[L["req"]]
-        ncell = 2 * G * nb
-        n = np.bincount(cell, weights=wt, minlength=ncell)
-        a = np.bincount(cell, weights=wt * L["y"], minlength=ncell)
-        xs = np.bincount(cell, weights=wt * L["x"], minlength=ncell)
-        n2, a2 = n.reshape(2 * G, nb), a.reshape(2 * G, nb)
-        pooled = (a2.sum(1) + 0.5) / (n2.sum(1) + 1.0)
-        # fall back from greedy to sampled pooled rates if one family is empty
-        rate = (a2 + self.prior_strength * pooled[:, None]) / (n2 + self.prior_strength)
-        ctr = np.where(n > 0, xs / np.maximum(n, 1e-12), np.nan).reshape(2 * G, nb)
+        n2 = np.bincount(cell, weights=wt, minlength=ngrp * nb).reshape(ngrp, nb)
+        a2 = np.bincount(cell, weights=wt * L["y"], minlength=ngrp * nb).reshape(ngrp, nb)
+        # hierarchical shrinkage: cell -> (greedy, state, k) -> (greedy, k) -> (greedy)
+        ng, ag = n2.sum(1), a2.sum(1)
+        gk_n = ng.reshape(2, self.NSTATE, G).sum(1)
+        gk_a = ag.reshape(2, self.NSTATE, G).sum(1)
+        g_rate = (gk_a.sum(1) + 0.5) / (gk_n.sum(1) + 1.0)
+        gk_rate = (gk_a + self.prior_strength * g_rate[:, None]) / (gk_n + self.prior_strength)
+        prior = np.repeat(gk_rate[:, None, :], self.NSTATE, 1).reshape(ngrp)
+        grp_rate = (ag + self.prior_strength * prior) / (ng + self.prior_strength)
+        rate = (a2 + self.prior_strength * grp_rate[:, None]) / (n2 + self.prior_strength)
         out = np.empty_like(rate)
-        for i in range(2 * G):
+        for i in range(ngrp):
             m = n2[i] > 0
             if m.sum() >= 2:
                 iso = IsotonicRegression(increasing=True, y_min=0.0, y_max=1.0, out_of_bounds="clip")
                 iso.fit(np.arange(nb)[m], rate[i, m], sample_weight=n2[i, m] + self.prior_strength)
                 out[i] = iso.predict(np.arange(nb))
             else:
-                out[i] = pooled[i]
+                out[i] = grp_rate[i]
         self.table_ = np.clip(out, 1e-6, 1 - 1e-6)
         self.counts_ = n2
-        self.centers_ = ctr
+
+    def _design(self, k, x, st):
+        G = self.gamma_
+        X = np.zeros((k.size, 2 * G + 2 * self.NSTATE))
+        X[np.arange(k.size), k] = 1.0
+        X[np.arange(k.size), G + k] = x
+        X[np.arange(k.size), 2 * G + st] = 1.0
+        X[np.arange(k.size), 2 * G + self.NSTATE + st] = x
+        return X
 
     def _fit_logistic(self, weights=None) -> None:
         from sklearn.linear_model import LogisticRegression
@@ -191,9 +214,7 @@ class HazardModel:
             if not m.any():
                 continue
             k, x, y, w = L["k"][m], L["x"][m], L["y"][m], wt[m]
-            X = np.zeros((k.size, 2 * G))
-            X[np.arange(k.size), k] = 1.0
-            X[np.arange(k.size), G + k] = x
+            X = self._design(k, x, L["state"][m])
             Xd = np.concatenate([X, X])
             yd = np.concatenate([np.ones(k.size), np.zeros(k.size)])
             wd = np.concatenate([w * y, w * (1 - y)])
@@ -203,8 +224,8 @@ class HazardModel:
             self.coef_[g] = lr.coef_[0]
 
     # ------------------------------------------------------------------
-    def predict(self, frame: BlockFrame, rows: np.ndarray | None = None) -> np.ndarray:
-        """``(len(rows), G)`` hazards for every position of the given rows."""
+    def predict(self, frame: BlockFrame, rows: np.ndarray | None = None, state: np.ndarray | None = None) -> np.ndarray:
+        """``(len(rows), G)`` hazards for every position of the given rows (``state``: walk state)."""
         if not self.fitted_:
             raise RuntimeError("HazardModel is not fitted")
         rows = np.arange(frame.n) if rows is None else rows
@@ -215,16 +236,19 @@ class HazardModel:
         if G != self.gamma_:
             raise ValueError(f"hazard model fitted for gamma={self.gamma_}, frame has gamma={G}")
         x = conf_feature(c)
+        st = np.zeros(x.shape, np.int64) if state is None else state
+        if self.info_.get("source") == "observed":
+            st = np.zeros(x.shape, np.int64)
         g = np.broadcast_to(frame.greedy[rows][:, None], x.shape)
         k = np.broadcast_to(np.arange(G)[None, :], x.shape)
         if self.method == "binned":
-            b = self._bin_index(g.ravel(), k.ravel(), x.ravel()).reshape(x.shape)
-            return self.table_[(g.astype(np.int64) * G + k), b]
+            b = self._bin_index(k.ravel(), x.ravel()).reshape(x.shape)
+            return self.table_[self._group(g, st, k), b]
         out = np.empty(x.shape)
         for gg in (False, True):
             coef = self.coef_.get(gg, self.coef_.get(not gg))
-            z = coef[k] + coef[G + k] * x
-            out = np.where(g == gg, 1 / (1 + np.exp(-z)), out)
+            z = self._design(k.ravel(), x.ravel(), st.ravel()) @ coef
+            out = np.where(g == gg, 1 / (1 + np.exp(-z.reshape(x.shape))), out)
         return out
 
     def refit(self, request_weights: np.ndarray) -> "HazardModel":

@@ -76,8 +76,12 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
          gather: pd.DataFrame | None = None) -> dict:
     """Known per-position hazards of the trimmed positions of ``rows`` (NaN: unknown).
 
-    Returns ``h`` (len(rows), G), ``walked`` (positions observed along the matched path) and
-    ``path_ok`` (earlier trimmed drafts all matched the realized tokens)."""
+    Returns ``h`` (len(rows), G), ``walked`` (positions observed along the matched path),
+    ``path_ok`` (earlier trimmed drafts all matched the realized tokens) and ``state`` per
+    position for the hazard model: 1 matched so far but ``h`` unknown here, 3 matched and ``h``
+    known, 2 a realized token diverged from an earlier trimmed draft (informative: bad news
+    for the drafter), 0 unknown (stream ended). The state depends on what the walk could see
+    (it differs with and without log-probs), so hazards are fitted with the same walk."""
     G = frame.gamma
     k = np.arange(G)[None, :]
     w = frame.window[rows][:, None]
@@ -107,7 +111,10 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
         fill = ~greedy & tail & path_ok & np.isnan(h) & ~np.isnan(a)
         h = np.where(fill, a, h)
     walked = (tail & path_ok & ~np.isnan(h)).sum(1)
-    return dict(h=h, walked=walked, path_ok=path_ok)
+    mism = tail & valid & ~match
+    div_before = np.concatenate([np.zeros((len(rows), 1), bool), np.cumsum(mism, 1)[:, :-1] > 0], 1)
+    state = np.where(path_ok, np.where(np.isnan(h), 1, 3), np.where(div_before, 2, 0)).astype(np.int64)
+    return dict(h=h, walked=walked, path_ok=path_ok, state=state)
 
 
 def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None = None) -> dict:
@@ -187,11 +194,12 @@ class TailResult:
         return out
 
     def aggregate(self, by: list[str] | str | None = None, level: float = 0.95, n_boot: int = 400,
-                  target: str = "run", seed: int = 0, hazard_boot: int = 0) -> pd.DataFrame:
+                  target: str = "run", seed: int = 0) -> pd.DataFrame:
         """Mean ceiling per group with a bootstrap interval.
 
         ``target='run'``: the realized mean of these request-steps (imputation noise of the
-        censored blocks, plus hazard-model refits when ``hazard_boot > 0``);
+        censored blocks, plus hazard-model refits when the result was estimated with
+        ``hazard_boot > 0``);
         ``target='population'``: also resamples requests (request-clustered bootstrap), for
         the mean of the traffic these requests were drawn from.
         """
@@ -207,8 +215,8 @@ class TailResult:
         ncl = cl.max() + 1
         cl_group = np.zeros(ncl, np.int64)
         cl_group[cl] = gcode
-        means = self._boot["means"] if (self._boot and hazard_boot) else b["mean"].to_numpy()[None, :]
-        vars_ = self._boot["vars"] if (self._boot and hazard_boot) else b["var"].to_numpy()[None, :]
+        means = self._boot["means"] if self._boot else b["mean"].to_numpy()[None, :]
+        vars_ = self._boot["vars"] if self._boot else b["var"].to_numpy()[None, :]
         cnt = np.bincount(cl, minlength=ncl).astype(float)
         reps = np.empty((n_boot, ng))
         for i in range(n_boot):
@@ -273,11 +281,10 @@ class TailEstimator:
 
     def fit(self, data, gamma: int | None = None) -> "TailEstimator":
         frame = _as_frame(data, gamma)
-        walk_h = None
-        if not frame.has_truth.all():
-            rows = np.arange(frame.n)
-            walk_h = walk(frame, rows, use_logprobs=self.mode != "confidence", exact_first=self.exact_first)["h"]
-        self.hazard.fit(frame, walk_h)
+        # the walk never reads truth columns, and on a cap-accept frame it sees exactly what the
+        # compact view of the same draws would show (later steps' on-path rows are verified in both)
+        wk = walk(frame, np.arange(frame.n), use_logprobs=self.mode != "confidence", exact_first=self.exact_first)
+        self.hazard.fit(frame, wk["h"], wk["state"])
         self.gamma_ = frame.gamma
         return self
 
@@ -295,7 +302,7 @@ class TailEstimator:
         rows = np.flatnonzero(cens)
         wk = self._walk(frame, rows, gather)
         Hk = wk["h"]
-        Hm = self.hazard.predict(frame, rows)
+        Hm = self.hazard.predict(frame, rows, wk["state"])
         pmf = np.zeros((n, G + 1))
         pmf[np.flatnonzero(~cens), frame.correct[~cens]] = 1.0
         pm, mean_c, var_c = self._pmf(frame, rows, Hk, Hm)
@@ -349,7 +356,7 @@ class TailEstimator:
             means = np.empty((hazard_boot, n))
             vars_ = np.empty((hazard_boot, n))
             for i in range(hazard_boot):
-                hm = self.hazard.refit(rng.poisson(1.0, nreq).astype(float)).predict(frame, rows)
+                hm = self.hazard.refit(rng.poisson(1.0, nreq).astype(float)).predict(frame, rows, wk["state"])
                 _, mc, vc = self._pmf(frame, rows, Hk, hm)
                 means[i], vars_[i] = mean, var
                 means[i, rows], vars_[i, rows] = mc, vc

@@ -115,7 +115,7 @@ class ValidationResult:
 def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: int = 2,
              hazard_method: str = "binned", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
              jsonl: dict | None = None, by=("workload", "band"), seed: int = 0,
-             interval: str = "randomized") -> ValidationResult:
+             interval: str = "randomized", hazard_boot: int = 30) -> ValidationResult:
     """Cross-fitted validation on a truth-bearing ``request_steps`` frame (see module docstring).
 
     ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run.
@@ -129,6 +129,7 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
     fold_of = dict(zip(ureq, rng.integers(0, folds, len(ureq))))
     fold = np.array([fold_of[r] for r in reqs])
     outs = []
+    boots = []
     notes = []
     for f in range(folds):
         train = truth[fold != f]
@@ -138,8 +139,11 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         for mode, lp in (("auto", True), ("confidence", False)):
             est = TailEstimator(hazard=HazardModel(method=hazard_method), mode=mode, levels=levels, interval=interval)
             est.fit(train)
-            res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed)
+            res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed,
+                               hazard_boot=hazard_boot if mode == "auto" else 0)
             b = res.blocks
+            if res._boot is not None:
+                boots.append(res._boot)
             tb = BlockFrame.from_request_steps(test, gamma=est.gamma_)
             b["truth"] = tb.ceiling.astype(float)
             b["fold"] = f
@@ -177,11 +181,15 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         rows.append(r)
     per_mode = pd.DataFrame(rows)
     # aggregate 95% intervals per group (auto variant), against the true group mean
-    auto = blocks[blocks.variant == "auto"]
+    auto = blocks[blocks.variant == "auto"].reset_index(drop=True)
     aggs = []
     from estimators.tail import TailResult
 
     tr = TailResult(blocks=auto.reset_index(drop=True), pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
+    if boots:
+        nb = min(x["means"].shape[0] for x in boots)
+        tr._boot = dict(means=np.concatenate([x["means"][:nb] for x in boots], 1),
+                        vars=np.concatenate([x["vars"][:nb] for x in boots], 1))
     groups = [None] + [[c] for c in by if c in auto and auto[c].notna().any()]
     for grp in groups:
         a = tr.aggregate(by=grp, level=0.95, n_boot=n_boot, target="run", seed=seed)
@@ -207,6 +215,10 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         opened = m.category != "exact_in_window"
         sub = TailResult(blocks=m.rename(columns={"fct": "forward_ct"}).reset_index(drop=True), pmf=np.zeros((0, 1)),
                          gamma=0, levels=levels, hazard_info={})
+        if tr._boot is not None:
+            pos = samp.index.to_numpy()[samp.reset_index(drop=True).reset_index().merge(
+                br, left_on=["run_id", "rid", "fct"], right_on=["run_id", "rid", "fct"])["index"].to_numpy()]
+            sub._boot = dict(means=tr._boot["means"][:, pos], vars=tr._boot["vars"][:, pos])
         a = sub.aggregate(level=0.95, n_boot=n_boot, target="run", seed=seed).iloc[0]
         brows.append(dict(source=src, n_rows=len(m), n_opened=int(opened.sum()),
                           block_cover_rate_sglang=_cov(t_al[opened], m.lo[opened] - 1e-9, m.hi[opened] + 1e-9),

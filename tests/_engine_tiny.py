@@ -18,7 +18,8 @@ import torch
 from acceptscope.engine.kv import CachedTarget, pack
 
 
-def tiny_target(vocab: int = 48, hidden: int = 32, layers: int = 3, seed: int = 0, eos: int | None = None):
+def tiny_target(vocab: int = 48, hidden: int = 32, layers: int = 3, seed: int = 0, eos: int | None = None,
+                sharpen: float = 8.0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
@@ -27,7 +28,7 @@ def tiny_target(vocab: int = 48, hidden: int = 32, layers: int = 3, seed: int = 
                       max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=eos)
     m = Qwen3ForCausalLM(cfg).eval()
     with torch.no_grad():  # sharper distributions than the default init, so argmax is rarely near a tie
-        m.lm_head.weight.mul_(8.0)
+        m.lm_head.weight.mul_(sharpen)
     for p in m.parameters():
         p.requires_grad_(False)
     return m
@@ -133,3 +134,40 @@ def hf_greedy(target, prompt: list[int], n: int, eos: int | None = None) -> list
             if eos is not None and t == eos:
                 break
     return out
+
+
+def save_tiny_pair(root, gamma: int = 4, vocab: int = 320, hidden: int = 32, seed: int = 0):
+    """A random target + random DSpark drafter + trained BPE tokenizer on disk (for run_engine tests)."""
+    from pathlib import Path
+
+    from acceptscope.engine.corpus import eval_prompts
+    from acceptscope.engine.target import make_target_config
+    from acceptscope.engine.tokenizer import format_chat, special_token_ids, train_tokenizer
+    from transformers import Qwen3ForCausalLM
+
+    root = Path(root)
+    tdir, ddir = root / "target", root / "drafter"
+    texts = [format_chat([{"role": "user", "content": p}, {"role": "assistant", "content": p[::-1]}])
+             for w in ("math", "chat", "verse") for p in eval_prompts(w, 40, seed=7)]
+    tok = train_tokenizer(texts, vocab_size=vocab, out_dir=tdir)
+    ids = special_token_ids(tok)
+    V = len(tok)
+    torch.manual_seed(seed)
+    cfg = make_target_config(V, hidden_size=hidden, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=hidden // 4,
+                             intermediate_size=2 * hidden, eos_token_id=ids["eos"], pad_token_id=ids["pad"])
+    m = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(4.0)
+    m.save_pretrained(str(tdir))
+    from acceptscope.engine.drafter import DrafterConfig, DSparkDrafter
+
+    dcfg = DrafterConfig(vocab_size=V, hidden_size=hidden, num_layers=1, num_heads=2, head_dim=hidden // 2,
+                         intermediate_size=2 * hidden, target_layer_ids=[0, 1], target_hidden_size=hidden,
+                         mask_token_id=ids["mask"], gamma=gamma, markov_rank=8, eos_token_id=ids["eos"])
+    d = DSparkDrafter(dcfg)
+    d.load_shared_from_target(m)
+    with torch.no_grad():
+        torch.nn.init.normal_(d.markov_w2.weight, std=0.5)
+        torch.nn.init.normal_(d.confidence_head.weight, std=0.5)
+    d.save_pretrained(str(ddir))
+    return tdir, ddir

@@ -172,8 +172,9 @@ def child_reader(db: str, out_path: str, done_path: str, expected: int, poll_s: 
                     time.sleep(poll_s)
                     continue
                 store = Store(db, read_only=True)
-            n = store.counts("run-crash")["request_steps"]
-            probe = store.latest_forward_ct("run-crash")
+            with store.snapshot():  # one read-only connection for both queries
+                n = store.counts("run-crash")["request_steps"]
+                probe = store.latest_forward_ct("run-crash")
             polls.append([t, n, probe["forward_ct"], time.monotonic() - t])
         except Exception as e:  # noqa: BLE001 - recorded and asserted on by the test
             if store is None and "not an acceptscope store" in str(e):  # writer is creating tables

@@ -106,6 +106,9 @@ class FakeConfig:
     tp_size: int = 1
     attn_dp: bool = False
     step_cost_s_per_token: float = 0.0  # extra clock time per verify token (makes step time grow with load)
+    # replay mode: serve payloads produced by SGLang's own serialisers (fixtures/sglang/) instead of the simulation
+    replay_server_info: list | None = None  # successive /server_info bodies (the last one repeats)
+    replay_generate: list | None = None  # native /generate responses, served round-robin
 
 
 @dataclass
@@ -168,6 +171,10 @@ class FakeEngine:
         self._sts_steps = 0
         self._sts_shard = 0
         self.last_tick_tokens = 0
+        self._replay_i = 0
+        self._replay_gen = 0
+        self.est_written: list[list[str]] = [[]]  # flushed estimator lines, per incarnation
+        self.sts_written: list[list[str]] = [[]]  # shard paths written, per incarnation
         self._reset_ranks()
         if cfg.estimator_path:
             os.makedirs(os.path.dirname(os.path.abspath(cfg.estimator_path)), exist_ok=True)
@@ -194,6 +201,8 @@ class FakeEngine:
             self._est_steps = 0
             if self.cfg.estimator_path:
                 open(self.cfg.estimator_path, "w").close()
+            self.est_written.append([])
+            self.sts_written.append([])
             self._sts_rows.clear()
             self._sts_steps = 0
             self._sts_shard = 0
@@ -449,6 +458,7 @@ class FakeEngine:
             return
         with open(self.cfg.estimator_path, "a") as f:
             f.write("\n".join(self._est_lines) + "\n")
+        self.est_written[-1].extend(self._est_lines)
         self._est_lines.clear()
 
     def _maybe_flush_sts(self) -> None:
@@ -461,6 +471,7 @@ class FakeEngine:
         path = f"{self.cfg.sts_stem}.{self._sts_shard}.pt"
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         torch.save({"logits": logits, "prefix_mask": mask}, path)
+        self.sts_written[-1].append(path)
         self._sts_shard += 1
         self._sts_rows.clear()
         self._sts_steps = 0
@@ -529,6 +540,11 @@ class FakeEngine:
         }
 
     def server_info(self) -> dict:
+        if self.cfg.replay_server_info:
+            with self.lock:
+                i = min(self._replay_i, len(self.cfg.replay_server_info) - 1)
+                self._replay_i += 1
+                return json.loads(json.dumps(self.cfg.replay_server_info[i]))
         with self.lock:
             states = []
             for r in self.ranks:
@@ -716,6 +732,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: dict) -> None:
         eng = self.engine
+        if eng.cfg.replay_generate:
+            with eng.lock:
+                item = json.loads(json.dumps(eng.cfg.replay_generate[eng._replay_gen % len(eng.cfg.replay_generate)]))
+                eng._replay_gen += 1
+            if isinstance(body.get("rid"), str):
+                item["meta_info"]["id"] = body["rid"]  # the one edit: answer under the caller's rid
+            return self._json(200, item)
         sp = body.get("sampling_params") or {}
         if isinstance(sp, list):
             sp = sp[0] if sp else {}

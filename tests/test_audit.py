@@ -8,6 +8,7 @@ pytest session.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -23,14 +24,19 @@ from acceptscope.store import Store
 from app.data import Reader
 
 REPO = Path(__file__).resolve().parents[1]
+# ACCEPTSCOPE_TEST_MODELS=DIR (holding target/ and drafter/) overrides the fixture models
+_MODELS = os.environ.get("ACCEPTSCOPE_TEST_MODELS")
+MODEL_ARGS = ["--target", f"{_MODELS}/target", "--drafter", f"{_MODELS}/drafter"] if _MODELS else []
 # small enough for 2 CPU cores, big enough for every workload of `mixed` to have several requests
-AUDIT_ARGS = ["--workload", "mixed", "--num-requests", "16", "--max-new-tokens", "24", "--with-static",
+AUDIT_ARGS = ["--workload", "mixed", "--requests", "16", "--max-new-tokens", "24", "--with-static",
               "--no-estimators"]
 
 
 def _engine_ready() -> str | None:
     from acceptscope.engine import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_model_path
 
+    if _MODELS:
+        return None if Path(_MODELS, "target", "config.json").is_file() else f"{_MODELS}/target: no model"
     for label, p in (("target", DEFAULT_TARGET), ("drafter", DEFAULT_DRAFTER)):
         if not (resolve_model_path(p) / "config.json").is_file():
             return f"reference-engine {label} model {p} is not built (run `acceptscope train`)"
@@ -47,7 +53,7 @@ def build_audit_db(tmp_path_factory) -> tuple[Path, dict]:
     if not summary.exists():
         base.mkdir(parents=True, exist_ok=True)
         res = CliRunner().invoke(app, ["audit", "--db", str(db), "--out", str(base / "report.html"), "--json",
-                                       *AUDIT_ARGS])
+                                       *AUDIT_ARGS, *MODEL_ARGS])
         assert res.exit_code == EXIT_OK, res.output
         summary.write_text(res.stdout[res.stdout.index("{"):])
     return db, json.loads(summary.read_text())
@@ -118,8 +124,8 @@ def test_sampled_audit_cli(tmp_path):
         pytest.skip(why)
     db = tmp_path / "sampled.duckdb"
     res = CliRunner().invoke(app, ["audit", "--db", str(db), "--no-report", "--json", "--workload", "math,chat",
-                                   "--num-requests", "8", "--max-new-tokens", "16", "--audit-fraction", "0.5",
-                                   "--sample-seed", "7", "--no-estimators"])
+                                   "--requests", "8", "--max-new-tokens", "16", "--audit-fraction", "0.5",
+                                   "--sample-seed", "7", "--no-estimators", *MODEL_ARGS])
     assert res.exit_code == EXIT_OK, res.output
     s = json.loads(res.stdout[res.stdout.index("{"):])
     assert s["runs"]["compact"]["requests"] == 8 and s["runs"]["cap-accept"]["requests"] == 4

@@ -76,11 +76,26 @@ def test_openai_api_reads_sglext(server):
     assert len(r["output_tokens"]) == 8
 
 
-def test_spec_from_sglext_maps_defaults_to_null():
-    d = D.spec_from_sglext({"spec_verify_ct": 3, "spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
-                            "spec_correct_drafts_histogram": [], "spec_accept_length": 2.0})
-    assert d["spec_cap_length"] is None and d["spec_block_accept_length"] is None
-    assert d["spec_correct_drafts_histogram"] is None and d["spec_accept_length"] == 2.0
+def test_bad_response_becomes_a_reject(server):
+    """A malformed meta_info (here: NaN accept length) is rejected with its field, not stored."""
+    orig = server.engine.meta_info
+
+    def broken(q):
+        m = orig(q)
+        m["spec_accept_length"] = float("nan")
+        return m
+
+    server.engine.meta_info = broken
+    try:
+        got = []
+        cfg = D.DriveConfig(base_url=server.url, run_id="bad", max_new_tokens=4, loopback_only=True)
+        res = D.Driver(cfg, on_rejects=got.extend).run(D.load_prompts("mbpp", limit=2))
+    finally:
+        server.engine.meta_info = orig
+    assert res.rows == [] and len(res.rejects) == 2 == len(got)
+    r = res.rejects[0]
+    assert r["field"] == "meta_info.spec_accept_length" and r["run_id"] == "bad" and "/generate#bad-c1-mbpp-" in r["source"]
+    assert "spec_accept_length" in res.errors[0]
 
 
 def test_hard_caps(server):

@@ -27,7 +27,7 @@ Examples:
 \b
   # audit 5% of the traffic; ceiling and utilization are inferred with
   # bootstrap intervals (ratio estimator on compact's confidence):
-  acceptscope audit --audit-fraction 0.05 -n 400 --db audit.duckdb
+  acceptscope audit --audit-fraction 0.05 --requests 400 --db audit.duckdb
 \b
   # add the static (verify-all) arm; JSON summary on stdout:
   acceptscope audit -w math,chat --with-static --db a.duckdb --json
@@ -51,12 +51,18 @@ def register(app: typer.Typer) -> None:
                                              help="Fraction of requests replayed in the audit arm (seeded sample)."),
         sample_seed: int = typer.Option(0, "--sample-seed", help="Seed of the audit sample and the bootstrap."),
         audit_group: Optional[str] = typer.Option(None, "--audit-group", help="Audit group id (default: new)."),
-        num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Requests per arm."),
-        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Generated tokens per request."),
+        requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1,
+                                               help="Requests in the production arm (engine default 240)."),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
+                                                     help="Generated tokens per request (cap)."),
+        max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", min=1,
+                                                        help="Keep the last N prompt tokens."),
         temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature (0 = greedy)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (same in every arm)."),
         gamma: Optional[int] = typer.Option(None, "--gamma", help="Draft block size (default: the drafter's)."),
-        max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests", help="Batch cap."),
+        batch: Optional[int] = typer.Option(None, "--batch", "--max-running-requests", min=1,
+                                            help="Max running requests."),
+        lag_steps: Optional[int] = typer.Option(None, "--lag-steps", min=1, help="Confidence lag (decode steps)."),
         sts: Optional[str] = typer.Option(None, "--sts", help="STS calibration JSON."),
         sps: Optional[str] = typer.Option(None, "--sps", help="SPS cost table JSON ('default', 'none' or a path)."),
         target: Optional[str] = typer.Option(None, "--target", help="Target model directory."),
@@ -76,9 +82,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]--audit-fraction must be in (0, 1], got {audit_fraction}[/red]")
             raise typer.Exit(EXIT_USAGE)
         opts = {k: v for k, v in dict(
-            num_requests=num_requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-            gamma=gamma, max_running_requests=max_running_requests, sts=sts, sps=sps, target=target,
-            drafter=drafter, threads=threads).items() if v is not None}
+            num_requests=requests, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+            temperature=temperature, seed=seed, gamma=gamma, max_running_requests=batch, lag_steps=lag_steps,
+            sts=sts, sps=sps, target=target, drafter=drafter, threads=threads).items() if v is not None}
         cfg = AuditConfig(db=str(db), engine=engine, workload=workload, out=None if no_report else str(out),
                           with_static=with_static, audit_fraction=audit_fraction, sample_seed=sample_seed,
                           audit_group=audit_group, estimators=not no_estimators, engine_options=opts)
@@ -86,10 +92,10 @@ def register(app: typer.Typer) -> None:
                       console=console, transient=False) as bar:
             tasks: dict = {}
 
-            def progress(arm: str, done: int, total: int) -> None:
+            def progress(arm: str, n_done: int, total: int | None) -> None:
                 if arm not in tasks:
                     tasks[arm] = bar.add_task(arm, total=total)
-                bar.update(tasks[arm], completed=done, total=total)
+                bar.update(tasks[arm], advance=n_done, total=total)
 
             try:
                 res = run_audit(cfg, progress=progress, stage=lambda s: console.log(s))

@@ -191,6 +191,41 @@ def eval_cmd(
         emit_json(res)
 
 
+@train_app.command("pair")
+def pair_cmd(
+    out: Path = typer.Option(Path("fixtures/models"), "--out", help="Writes OUT/target, OUT/drafter, OUT/metrics.json."),
+    device: str = typer.Option("cpu", "--device"),
+    seed: int = typer.Option(0, "--seed"),
+    target_steps: int = typer.Option(2000, "--target-steps"),
+    drafter_steps: int = typer.Option(2000, "--drafter-steps"),
+    target_budget: Optional[float] = typer.Option(None, "--target-budget", help="Seconds for target training."),
+    drafter_budget: Optional[float] = typer.Option(None, "--drafter-budget", help="Seconds for drafter training."),
+    corpus_chars: int = typer.Option(4_000_000, "--corpus-chars"),
+    target_batch: int = typer.Option(64, "--target-batch"),
+    drafter_batch: int = typer.Option(32, "--drafter-batch"),
+    num_anchors: int = typer.Option(32, "--num-anchors"),
+    eval_prompts: int = typer.Option(24, "--eval-prompts"),
+    eval_new_tokens: int = typer.Option(96, "--eval-new-tokens"),
+    json_out: bool = JsonOption,
+) -> None:
+    """Train the target, then the drafter, then measure acceptance per workload (T=0 and T=1).
+
+    Example: acceptscope train pair --out fixtures/models --device cuda --target-budget 190 --drafter-budget 160
+    """
+    from acceptscope.engine.train import DrafterTrainConfig, TargetTrainConfig, train_pair
+
+    tcfg = TargetTrainConfig(steps=target_steps, device=device, seed=seed, corpus_chars=corpus_chars,
+                             batch_size=target_batch, time_budget_s=target_budget)
+    dcfg = DrafterTrainConfig(steps=drafter_steps, device=device, seed=seed, corpus_chars=corpus_chars,
+                              batch_size=drafter_batch, num_anchors=num_anchors, time_budget_s=drafter_budget)
+    prog, cb = _progress("train")
+    with prog:
+        m = train_pair(out, tcfg, dcfg, eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens, progress=cb,
+                       log=lambda s: console.print(s))
+    if json_out:
+        emit_json(m)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(train_app, name="train")
 

@@ -26,6 +26,36 @@ from acceptscope.engine.target import target_hidden_for
 __all__ = ["greedy_acceptance", "evaluate_workloads", "read_prompt_file"]
 
 
+def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> int:
+    if temperature < 1e-5:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / temperature, -1)
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _verify(drafts: list[int], q_logprobs: torch.Tensor, t_logits: torch.Tensor, temperature: float,
+            gen: torch.Generator) -> tuple[int, int]:
+    """(accepted drafts, the target's correction or bonus token)."""
+    g = len(drafts)
+    if temperature < 1e-5:
+        pred = t_logits.argmax(-1).tolist()
+        a = 0
+        while a < g and drafts[a] == pred[a]:
+            a += 1
+        return a, int(pred[a])
+    p = torch.softmax(t_logits / temperature, -1)
+    q = q_logprobs.float().exp()
+    for k, d in enumerate(drafts):
+        ratio = float(p[k, d] / q[k, d].clamp(min=1e-8))
+        u = float(torch.rand((), generator=gen, device=p.device))
+        if u >= min(1.0, ratio):
+            resid = (p[k] - q[k]).clamp(min=0)
+            if float(resid.sum()) <= 0:
+                resid = p[k]
+            return k, int(torch.multinomial(resid / resid.sum(), 1, generator=gen))
+    return g, int(torch.multinomial(p[g], 1, generator=gen))
+
+
 def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
     """First turns of a ``{"turns": [...]}`` JSONL file; errors name the file and line."""
     out: list[str] = []
@@ -56,9 +86,17 @@ def greedy_acceptance(
     max_new_tokens: int = 96,
     max_prompt_tokens: int = 384,
     device: str | torch.device = "cpu",
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Run static greedy speculative decoding on each prompt; return acceptance statistics."""
+    """Run static speculative decoding on each prompt; return acceptance statistics.
+
+    ``temperature == 0``: greedy on both sides, a draft survives iff it equals the target's argmax.
+    ``temperature > 0``: drafts are sampled from ``q`` and verified by standard rejection sampling against
+    the target's ``p`` at the same temperature (accept with ``min(1, p/q)``, residual on rejection).
+    """
     dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     g = drafter.config.gamma
     ids_l = drafter.config.target_layer_ids
     eos = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
@@ -78,7 +116,7 @@ def greedy_acceptance(
         seq = torch.tensor([p_ids], device=dev)
         out = target(seq, output_hidden_states=True)
         feats = target_hidden_for(out, ids_l)[0]
-        anchor = int(out.logits[0, -1].argmax())
+        anchor = _pick(out.logits[0, -1], temperature, gen)
         state = drafter.new_state(capacity=len(p_ids) + max_new_tokens + g + 8)
         drafter.extend_context(state, feats)
         committed = list(p_ids) + [anchor]
@@ -86,15 +124,15 @@ def greedy_acceptance(
         if anchor in eos:
             continue
         while produced < max_new_tokens:
-            prop = drafter.propose([state], torch.tensor([anchor], device=dev), torch.zeros(1, device=dev))
+            prop = drafter.propose([state], torch.tensor([anchor], device=dev),
+                                   torch.full((1,), float(temperature), device=dev), generator=gen)
             drafts = prop.tokens[0].tolist()
             cand = torch.tensor([committed + drafts], device=dev)
             vout = target(cand, output_hidden_states=True)
             s = len(committed) - 1  # anchor position
-            t_pred = vout.logits[0, s : s + g + 1].argmax(-1).tolist()  # t_pred[k] predicts position s+k+1
-            a = 0
-            while a < g and drafts[a] == t_pred[a]:
-                a += 1
+            t_logits = vout.logits[0, s : s + g + 1].float()  # row k predicts position s+k+1
+            a, fix = _verify(drafts, prop.logprobs[0], t_logits, temperature, gen)
+            t_pred = [None] * a + [fix]
             conf = torch.sigmoid(prop.confidence_logits[0]).cpu().numpy()
             for k in range(min(a + 1, g)):
                 reach[k] += 1
@@ -135,6 +173,7 @@ def evaluate_workloads(
     extra_prompt_files: dict[str, str | Path] | None = None,
     progress: Callable[[str], None] | None = None,
     seed: int = 12345,
+    temperature: float = 0.0,
 ) -> dict[str, Any]:
     """Acceptance per generated workload (math, code, chat, verse), plus any ``name=file`` prompt sets."""
     res: dict[str, Any] = {}
@@ -144,5 +183,7 @@ def evaluate_workloads(
     for name, prompts in sets.items():
         if progress:
             progress(name)
-        res[name] = greedy_acceptance(target, drafter, tokenizer, prompts, max_new_tokens, device=device)
+        res[name] = greedy_acceptance(target, drafter, tokenizer, prompts, max_new_tokens, device=device,
+                                      temperature=temperature)
+        res[name]["temperature"] = temperature
     return res

@@ -97,6 +97,14 @@ def request_seed(seed: int, rid: str) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(rid.encode("utf-8"))) % (2**63 - 1)
 
 
+def _supports_batched_extend(drafter: Any) -> bool:
+    try:
+        from acceptscope.engine.drafter import DSparkDrafter
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(drafter, DSparkDrafter) and hasattr(drafter, "context_kv") and hasattr(drafter, "context_features")
+
+
 def _bump(hist: list, i: int) -> None:
     if len(hist) <= i:
         hist.extend([0] * (i + 1 - len(hist)))
@@ -158,6 +166,7 @@ class Engine:
         self.executed_tokens = 0
         self.scheduled_tokens = 0
         self.steps_rows = 0
+        self._batched_extend = _supports_batched_extend(drafter)
 
     # ------------------------------------------------------------------ public
     def run(self, specs: Sequence[RequestSpec], progress: Optional[Callable[[int, int], None]] = None) -> list[RequestResult]:
@@ -191,6 +200,40 @@ class Engine:
             self.sink.hand_over()
         return self.results
 
+    # --------------------------------------------------------- drafter context
+    def extend_contexts(self, states: list, hiddens: list[torch.Tensor]) -> None:
+        """Append committed target hidden states to many draft states in one batched pass.
+
+        Uses the drafter's ``extend_contexts`` if it has one; for ``DSparkDrafter`` the
+        per-position context K/V are token-wise, so all requests' new rows are projected in
+        one call and scattered into their states (same result as per-request
+        ``extend_context``, which is the fallback for any other drafter).
+        """
+        if not states:
+            return
+        d = self.drafter
+        if hasattr(d, "extend_contexts"):
+            d.extend_contexts(states, hiddens)
+            return
+        if not self._batched_extend:
+            for st, h in zip(states, hiddens):
+                d.extend_context(st, h)
+            return
+        ns = [int(h.shape[0]) for h in hiddens]
+        with torch.no_grad():
+            hctx = d.context_features(torch.cat(hiddens, 0)).unsqueeze(0)
+            pos = torch.cat([torch.arange(st.length, st.length + n) for st, n in zip(states, ns)]).unsqueeze(0)
+            kvs = d.context_kv(hctx, pos)
+        off = 0
+        for st, n in zip(states, ns):
+            a = st.length
+            st._ensure(a + n)
+            for li, (k, v) in enumerate(kvs):
+                st.k[li, :, a : a + n] = k[0, :, off : off + n].to(st.k.dtype)
+                st.v[li, :, a : a + n] = v[0, :, off : off + n].to(st.v.dtype)
+            st.length = a + n
+            off += n
+
     # ---------------------------------------------------------------- prefill
     def _prefill(self, specs: list[RequestSpec], running: list[_Req]) -> list[_Req]:
         self.forward_ct += 1
@@ -209,9 +252,9 @@ class Engine:
         u = torch.stack([torch.rand(1, generator=r.gen)[0] for r in reqs])
         first = sample_tokens(logits, temps, u).tolist()
         cu = pb.cu_seqlens.tolist()
+        self.extend_contexts([r.state for r in reqs], [hidden[cu[i] : cu[i + 1]] for i in range(len(reqs))])
         finished = []
         for i, r in enumerate(reqs):
-            self.drafter.extend_context(r.state, hidden[cu[i] : cu[i + 1]])
             r.prefix_len = lens[i]
             r.anchor = int(first[i])
             r.output.append(r.anchor)
@@ -273,6 +316,7 @@ class Engine:
         fin_flags = []
         finished = []
         keep = []
+        ext_states, ext_hidden = [], []
         for i, r in enumerate(running):
             c = correct[i]
             new = d_tok_l[i][:c] + [bonus[i]]
@@ -303,11 +347,13 @@ class Engine:
                 finished.append(r)
                 fin_flags.append(True)
             else:
-                self.drafter.extend_context(r.state, vr.hidden[cu[i] : cu[i] + c + 1])
+                ext_states.append(r.state)
+                ext_hidden.append(vr.hidden[cu[i] : cu[i] + c + 1])
                 r.prefix_len += c + 1
                 r.anchor = bonus[i]
                 keep.append(r)
                 fin_flags.append(False)
+        self.extend_contexts(ext_states, ext_hidden)
         t4 = time.perf_counter()
         self.decode_steps += 1
         sched_tokens = int(B + windows.sum())

@@ -47,6 +47,9 @@ __all__ = [
     "train_drafter",
     "tokenize_docs",
     "seed_everything",
+    "train_pair",
+    "drafter_loss",
+    "drafter_config_for",
 ]
 
 ProgressFn = Callable[[int, int, dict[str, float]], None]
@@ -484,4 +487,54 @@ def train_drafter(
         "torch": torch.__version__,
     }
     Path(out_dir, "training.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# the whole pair
+
+
+def train_pair(
+    out_root: str | Path,
+    tcfg: TargetTrainConfig,
+    dcfg: DrafterTrainConfig,
+    *,
+    eval_prompts: int = 24,
+    eval_new_tokens: int = 96,
+    eval_temperatures: tuple[float, ...] = (0.0, 1.0),
+    progress: ProgressFn | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train target then drafter into ``out_root/{target,drafter}``, evaluate acceptance per workload and
+    write ``out_root/metrics.json``."""
+    from acceptscope.engine.eval_acceptance import evaluate_workloads
+
+    root = Path(out_root)
+    tdir, ddir = root / "target", root / "drafter"
+    log("training target ...")
+    tm = train_target(tcfg, tdir, progress)
+    log(f"target: {tm['parameters']:,} params, loss {tm['final_loss']:.3f}, {tm['train_s']} s, "
+        f"held-out {tm['heldout_loss_per_workload']}")
+    dcfg.target_path_hint = "../target"
+    log("training drafter ...")
+    dm = train_drafter(tdir, ddir, dcfg, progress)
+    log(f"drafter: {dm['trainable_parameters']:,} params, final {dm['final']}, {dm['train_s']} s")
+    dev = _device(dcfg.device)
+    target = load_target(tdir, device=dev)
+    drafter = DSparkDrafter.from_pretrained(ddir, target=target, device=dev)
+    tok = load_tokenizer(tdir)
+    acc: dict[str, Any] = {}
+    for temp in eval_temperatures:
+        t0 = time.time()
+        acc[f"T={temp:g}"] = evaluate_workloads(target, drafter, tok, eval_prompts, eval_new_tokens, device=dev,
+                                                temperature=temp)
+        log(f"acceptance T={temp:g} ({time.time() - t0:.0f} s): "
+            + ", ".join(f"{w}: tau={r['tau_mean']:.2f}" for w, r in acc[f"T={temp:g}"].items() if r["tau_mean"]))
+    metrics = {
+        "target": {k: v for k, v in tm.items() if k != "loss_curve_every_10"},
+        "drafter": {k: v for k, v in dm.items() if k != "history"},
+        "acceptance": acc,
+        "sizes_bytes": {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()},
+    }
+    (root / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics

@@ -1,0 +1,259 @@
+"""Ingest SGLang 0.5.23 DSpark artifacts into the acceptscope store.
+
+Parsers translate (never compute statistics) each artifact into the schema
+tables, reject the smallest invalid unit with file/line/field, and keep every
+valid sibling:
+
+=====================  ==========================================  ============================
+artifact               module                                      tables
+=====================  ==========================================  ============================
+/server_info dumps     :mod:`acceptscope.ingest.server_info`       runs, steps, request_steps, gaps
+estimator JSONL        :mod:`acceptscope.ingest.estimator_jsonl`   estimator_rows/_gather/_eos
+STS shards ``.pt``     :mod:`acceptscope.ingest.sts_shards`        sts_samples
+STS calibration JSON   :mod:`acceptscope.ingest.sts_table`         sts_tables
+SPS tables (both)      :mod:`acceptscope.ingest.sps`               sps_tables
+SPS profiler outputs   :mod:`acceptscope.ingest.sps_profile`       sps_profile_*
+client responses       :mod:`acceptscope.ingest.meta_info`         requests
+=====================  ==========================================  ============================
+
+:func:`ingest_paths` walks files and directories, sniffs each file's kind
+(:mod:`acceptscope.ingest.detect`) and writes everything to a Store.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from acceptscope.ingest import sts_shards as sts  # noqa: F401  (``from acceptscope.ingest import sts``)
+from acceptscope.ingest.batch import ArrowRows, IngestBatch
+from acceptscope.ingest.detect import detect, run_id_for
+from acceptscope.ingest.rejects import format_reject, make_reject
+
+__all__ = ["ingest_paths", "ingest_file", "IngestBatch", "ArrowRows", "detect", "format_reject", "iter_files"]
+
+# server_info first: it creates the runs row (arm, gamma) the other artifacts are checked against
+_ORDER = {
+    "server_info": 0, "responses": 1, "estimator_jsonl": 2, "sts_shard": 3, "sts_table": 4, "sps_table": 5,
+    "sps_profile_manifest": 6, "sps_profile_rounds": 7, "sps_profile_records": 8, "unknown": 9,
+}
+
+
+def iter_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Files under ``paths`` (directories recursed, hidden entries skipped), sorted, de-duplicated."""
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(
+                f for f in sorted(p.rglob("*"))
+                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            )
+        else:
+            out.append(p)
+    seen: set[Path] = set()
+    uniq = []
+    for f in out:
+        if f not in seen:
+            seen.add(f)
+            uniq.append(f)
+    return uniq
+
+
+def _split_jsonl_payloads(data: bytes) -> Optional[list[bytes]]:
+    """JSON lines of payloads, or None when ``data`` is one (possibly pretty-printed) document."""
+    import msgspec
+
+    body = data.strip()
+    nl = body.find(b"\n")
+    if nl < 0:
+        return None
+    try:
+        msgspec.json.decode(body[:nl])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return data.split(b"\n")
+
+
+def ingest_server_info_file(path: Path, ingestor, source: Optional[str] = None) -> IngestBatch:
+    """One saved /server_info response (JSON) or successive polls (JSON lines) into ``ingestor``."""
+    data = Path(path).read_bytes()
+    src = source or str(path)
+    lines = _split_jsonl_payloads(data)
+    if lines is None:
+        return ingestor.feed_bytes(data, source=src, line=1)
+    batch = IngestBatch()
+    for i, raw in enumerate(lines, start=1):
+        if raw.strip():
+            batch.merge(ingestor.feed_bytes(raw, source=src, line=i))
+    return batch
+
+
+class _Context:
+    """Per-ingest state: one ServerInfoIngestor per run, the gamma/arm of every run."""
+
+    def __init__(self, store: Any):
+        self.store = store
+        self.ingestors: dict[str, Any] = {}
+        self.gamma: dict[str, int] = {}
+        self.arm: dict[str, str] = {}
+        if store is not None:
+            try:
+                runs = store.query_df("SELECT run_id, arm, gamma FROM runs")
+                for r in runs.itertuples():
+                    self.gamma[r.run_id] = int(r.gamma)
+                    self.arm[r.run_id] = r.arm
+            except Exception:  # noqa: BLE001 - an empty or foreign store simply has no runs yet
+                pass
+
+    def server_info_ingestor(self, run_id: str):
+        from acceptscope.ingest.server_info import ServerInfoIngestor
+
+        ing = self.ingestors.get(run_id)
+        if ing is None:
+            ing = self.ingestors[run_id] = ServerInfoIngestor(
+                run_id, source="file", expected_gamma=self.gamma.get(run_id), expected_arm=self.arm.get(run_id))
+        return ing
+
+    def learn(self, run_id: str) -> None:
+        ing = self.ingestors.get(run_id)
+        if ing is not None and ing.gamma is not None:
+            self.gamma[run_id] = ing.gamma
+            if ing.arm:
+                self.arm[run_id] = ing.arm
+
+
+def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = None) -> IngestBatch:
+    """Parse one file of a known kind (no store write)."""
+    ctx = ctx or _Context(None)
+    path = Path(path)
+    gamma = ctx.gamma.get(run_id)
+    if kind == "server_info":
+        b = ingest_server_info_file(path, ctx.server_info_ingestor(run_id))
+        ctx.learn(run_id)
+        return b
+    if kind == "estimator_jsonl":
+        from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
+
+        return parse_estimator_jsonl(path.read_bytes(), source=str(path), run_id=run_id, gamma=gamma)
+    if kind == "sts_shard":
+        return sts.ingest_sts_shard(path, run_id=run_id, gamma=gamma)
+    if kind == "sts_table":
+        from acceptscope.ingest.sts_table import parse_sts_table
+
+        return parse_sts_table(path.read_bytes(), source=str(path), gamma=gamma, run_id=run_id)
+    if kind == "sps_table":
+        from acceptscope.ingest.sps import parse_sps_table
+
+        return parse_sps_table(path.read_bytes(), source=str(path), run_id=run_id)
+    if kind in ("sps_profile_records", "sps_profile_rounds", "sps_profile_manifest"):
+        from acceptscope.ingest.sps_profile import ingest_profile_file
+
+        return ingest_profile_file(path, kind, run_id=run_id)
+    if kind == "responses":
+        from acceptscope.ingest.meta_info import parse_responses
+
+        return parse_responses(path.read_bytes(), source=str(path), run_id=run_id)
+    b = IngestBatch()
+    b.reject(make_reject(str(path), 0, "$", f"unrecognised artifact (kind {kind!r}); see acceptscope.ingest.detect",
+                         None, run_id))
+    return b
+
+
+_NUM = re.compile(r"(?<![A-Za-z_])-?\d+(\.\d+)?(e-?\d+)?")
+
+
+def reason_family(reason: str) -> str:
+    """A reject reason with its numbers and quoted values blanked, for 'top reasons' tallies."""
+    r = re.sub(r"'[^']*'", "'…'", reason)
+    return _NUM.sub("N", r)
+
+
+def ingest_paths(
+    paths: Iterable[str | Path],
+    store: Any,
+    run_id: Optional[str] = None,
+    progress: bool = True,
+    *,
+    on_file: Optional[Callable[[Path, str, IngestBatch], None]] = None,
+) -> dict:
+    """Ingest files/directories into ``store``; returns a summary dict.
+
+    ``run_id``: the run of every artifact; default: each file's name up to the
+    first dot. Writes through ``store.writer()`` when the store has one, else
+    ``store.append``. ``progress``: a rich progress bar on stderr.
+    """
+    files = iter_files(paths)
+    kinds = [(f, detect(f)) for f in files]
+    skipped = [str(f) for f, k in kinds if k == "skip"]
+    todo = sorted(((f, k) for f, k in kinds if k != "skip"), key=lambda fk: (_ORDER.get(fk[1], 9), str(fk[0])))
+    ctx = _Context(store)
+    before = store.counts() if store is not None else {}
+    offered: Counter = Counter()
+    dups: Counter = Counter()
+    reasons: Counter = Counter()
+    reject_lines: list[str] = []
+    per_file = []
+    t0 = time.perf_counter()
+    writer = store.writer() if store is not None and hasattr(store, "writer") else None
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from acceptscope.cli._common import console
+
+        bar = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TextColumn("{task.description}"), console=console, transient=True)
+        bar.start()
+        task = bar.add_task("", total=len(todo))
+    try:
+        for f, kind in todo:
+            rid = run_id or run_id_for(f)
+            if bar is not None:
+                bar.update(task, description=f.name)
+            batch = ingest_file(f, kind, rid, ctx)
+            counts = batch.counts()
+            for name, n in counts.items():
+                offered[name] += n
+            for name, n in batch.duplicates.items():
+                dups[name] += n
+            for r in batch.rejects:
+                reasons[reason_family(r["reason"])] += 1
+                if len(reject_lines) < 1000:
+                    reject_lines.append(format_reject(r))
+            if store is not None and batch:
+                if writer is not None:
+                    for name, tbl in batch.arrow_tables().items():
+                        writer.append(name, tbl)
+                else:
+                    store.append(batch.arrow_tables())
+            per_file.append({"path": str(f), "kind": kind, "run_id": rid, "rows": counts,
+                             "rejects": batch.n("rejects"), "duplicates": dict(batch.duplicates)})
+            if on_file is not None:
+                on_file(f, kind, batch)
+            if bar is not None:
+                bar.advance(task)
+    finally:
+        if writer is not None:
+            writer.close()
+        if bar is not None:
+            bar.stop()
+    after = store.counts() if store is not None else {}
+    tables = {}
+    for name in sorted(set(offered) | set(dups)):
+        written = after.get(name, 0) - before.get(name, 0) if store is not None else offered[name]
+        tables[name] = {
+            "offered": offered[name],
+            "written": written,
+            "duplicates_ignored": dups[name] + max(offered[name] - written, 0),
+        }
+    return {
+        "files": per_file,
+        "skipped": skipped,
+        "tables": tables,
+        "rejects": {"count": offered["rejects"], "top_reasons": reasons.most_common(5), "messages": reject_lines},
+        "seconds": round(time.perf_counter() - t0, 3),
+    }

@@ -49,8 +49,10 @@ from typing import Any, Callable, Optional, Sequence
 import msgspec
 import numpy as np
 import pyarrow as pa
+from pyarrow.compute import is_null as pc_is_null
 
 from acceptscope import schema
+from acceptscope.ingest import server_info_arrow as fast
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
 from acceptscope.ingest.rejects import (
     describe_number,
@@ -480,6 +482,7 @@ class ServerInfoIngestor:
         self._step_ct: dict[str, int] = {}
         self._pool_prefix: dict[str, int] = {}
         self.polls = 0
+        self.use_fast = True  # vectorised Arrow path; the exact per-record path is the fallback
 
     # -- entry points -------------------------------------------------------
     def feed(self, payload: dict, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
@@ -684,10 +687,16 @@ class ServerInfoIngestor:
         for s in states:
             rank = assignment[id(s)]
             self._ingest_state(s, rank, src, line, batch, cols)
+        steps = list(cols.fast_steps)
+        reqs = list(cols.fast_reqs)
         if cols.n_steps:
-            batch.extend("steps", cols.steps_table(self.run_id, self.epoch))
+            steps.append(cols.steps_table(self.run_id, self.epoch))
         if cols.n_reqs:
-            batch.extend("request_steps", cols.reqs_table(self.run_id, self.epoch))
+            reqs.append(cols.reqs_table(self.run_id, self.epoch))
+        if steps:
+            batch.extend("steps", pa.concat_tables(steps) if len(steps) > 1 else steps[0])
+        if reqs:
+            batch.extend("request_steps", pa.concat_tables(reqs) if len(reqs) > 1 else reqs[0])
 
     def _first_fct(self, s: _State) -> Optional[int]:
         for j in range(len(s.records)):
@@ -848,6 +857,8 @@ class ServerInfoIngestor:
         skipped = start
         if skipped:
             batch.note_duplicates("steps", skipped)
+        if self.use_fast and start < n and self._fast_state(s, rank, start, src, line, batch, cols):
+            return
         seen_fct: set[int] = set()
         last_good = None
         # pass 1: headers + ReqDetail lists of the new records
@@ -907,6 +918,141 @@ class ServerInfoIngestor:
             rank.watermark = h.forward_ct
             rank.last_fp = _fingerprint(h, reqs)
             rank.last_rids = _rids(reqs)
+
+    def _record_line(self, s: _State, j: int) -> bytes:
+        item = s.records[j]
+        if s.is_raw:
+            b = bytes(item)
+            if b"\n" in b or b"\r" in b:
+                b = b.replace(b"\r", b" ").replace(b"\n", b" ")
+            return b
+        return msgspec.json.encode(item)
+
+    def _fast_state(self, s: _State, rank: _Rank, start: int, src: str, line: int, batch: IngestBatch,
+                    cols: "_Columns") -> bool:
+        """Translate records[start:] on the vectorised path; False (nothing done) to fall back."""
+        n = len(s.records)
+        try:
+            lines = [self._record_line(s, j) for j in range(start, n)]
+        except (TypeError, msgspec.EncodeError):
+            return False
+        tbl = fast.read_records(lines)
+        if tbl is None:
+            return False
+        res = fast.translate(tbl, gamma=s.gamma, mode=s.mode, watermark=rank.watermark)
+        if res is None:
+            return False
+        m = res.steps.num_rows
+        st = {name: res.steps.column(name) for name in res.steps.column_names}
+        st["run_id"] = pa.repeat(pa.scalar(self.run_id), m)
+        st["rank"] = pa.array(np.full(m, rank.slot, dtype=np.int32))
+        st["epoch"] = pa.array(np.full(m, self.epoch, dtype=np.int32))
+        cols.fast_steps.append(table_from_columns("steps", st, m))
+        pfx = f"{s.prefix}." if s.prefix else ""
+        if res.reqs is not None and res.reqs.num_rows:
+            bad = res.bad.copy()
+            for q in np.flatnonzero(bad):
+                j = start + int(res.req_record[q])
+                k = int(res.req_pos[q])
+                why = self._explain(s, j, k)
+                if why is None:
+                    bad[q] = False
+                    continue
+                batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}]" + why[0], why[1], why[2],
+                                         self.run_id))
+            dup = res.dup & ~bad
+            if dup.any():
+                rid_py = res.reqs.column("rid")
+                for q in np.flatnonzero(dup):
+                    j = start + int(res.req_record[q])
+                    k = int(res.req_pos[q])
+                    batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].rid",
+                                             f"duplicate rid {rid_py[int(q)].as_py()!r} in one step",
+                                             self._item(s, j, k), self.run_id))
+            keep = ~(bad | dup)
+            if keep.any():
+                kept_idx = np.flatnonzero(keep)
+                fcts = fast._np(tbl.column("forward_ct"))[res.req_record[kept_idx]]
+                rid_arr = res.reqs.column("rid").combine_chunks().take(pa.array(kept_idx))
+                rids, step_index = self._rids_and_steps(rid_arr, res.reqs, kept_idx)
+                cols.fast_reqs.append(fast.request_steps_table(
+                    res, keep, run_id=self.run_id, rank=rank.slot, epoch=self.epoch, fcts=fcts, rids=rids,
+                    step_index=step_index, mode=s.mode, gamma=s.gamma))
+        # watermark + fingerprint from the last record (exact decode of one record)
+        j = n - 1
+        try:
+            h = s.header(j)
+            reqs, _ = self._decode_reqs(s, j, h, None, "", 0)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            reqs = None
+            h = None
+        rank.watermark = res.last_fct
+        rank.last_fp = _fingerprint(h, reqs) if h is not None else None
+        rank.last_rids = _rids(reqs)
+        return True
+
+    def _item(self, s: _State, j: int, k: int) -> Any:
+        h = s.header(j)
+        if s.is_raw:
+            return bytes(_dec_raw_list.decode(_nr(h.reqs))[k])
+        return h.reqs[k]
+
+    def _explain(self, s: _State, j: int, k: int) -> Optional[tuple[str, str, Any]]:
+        """Why ReqDetail k of record j is invalid: (sub-path, reason, raw), or None if it is valid."""
+        try:
+            item = self._item(s, j, k)
+            r = _dec_req.decode(item) if s.is_raw else msgspec.convert(item, ReqDetail)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            path, why = msgspec_error_path(e)
+            sub = join_path("", path)
+            return ("." + sub if sub and not sub.startswith("[") else sub), why, item
+        prob = check_req(r, s.gamma, s.header(j).mode or s.mode)
+        if prob is None:
+            return None
+        return "." + prob[0], prob[1], item
+
+    def _rids_and_steps(self, rid_arr: pa.Array, reqs: pa.Table, kept_idx: np.ndarray):
+        """Fill 'pool:<idx>' for missing rids and number each rid's steps (vectorised for named rids)."""
+        n = len(rid_arr)
+        step_index = np.zeros(n, dtype=np.int64)
+        ct = self._step_ct
+        missing = np.flatnonzero(fast._np(pc_is_null(rid_arr))) if rid_arr.null_count else np.zeros(0, np.int64)
+        if len(missing):
+            pool = fast._np(reqs.column("req_pool_index").combine_chunks().take(pa.array(kept_idx[missing])))
+            prefix = fast._np(reqs.column("prefix_len").combine_chunks().take(pa.array(kept_idx[missing])))
+            filled = rid_arr.to_pylist()
+            for q, pidx, pl in zip(missing, pool, prefix):
+                rid = f"pool:{int(pidx)}"
+                last = self._pool_prefix.get(rid)
+                if last is not None and pl < last:
+                    ct[rid] = 0
+                self._pool_prefix[rid] = int(pl)
+                i = ct.get(rid, 0)
+                ct[rid] = i + 1
+                step_index[q] = i
+                filled[q] = rid
+            rid_arr = pa.array(filled, pa.string())
+        named = np.ones(n, dtype=bool)
+        named[missing] = False
+        if named.any():
+            sub = rid_arr.filter(pa.array(named)) if len(missing) else rid_arr
+            enc = sub.dictionary_encode()
+            idx = fast._np(enc.indices).astype(np.int64)
+            uniq = enc.dictionary.to_pylist()
+            base = np.fromiter((ct.get(u, 0) for u in uniq), dtype=np.int64, count=len(uniq))
+            order = np.argsort(idx, kind="stable")
+            sidx = idx[order]
+            starts = np.flatnonzero(np.r_[True, sidx[1:] != sidx[:-1]])
+            counts = np.diff(np.r_[starts, len(sidx)])
+            within = np.arange(len(sidx)) - np.repeat(starts, counts)
+            cum = np.empty(len(sidx), dtype=np.int64)
+            cum[order] = within
+            vals = base[idx] + cum
+            step_index[np.flatnonzero(named)] = vals
+            totals = np.bincount(idx, minlength=len(uniq))
+            for u, b, t in zip(uniq, base, totals):
+                ct[u] = int(b + t)
+        return rid_arr, step_index
 
     def _first_fct_from(self, s: _State, start: int) -> Optional[int]:
         for j in range(start, len(s.records)):
@@ -1006,6 +1152,8 @@ class _Columns:
         self.rids: list[str] = []
         self.step_idx: list[int] = []
         self.gamma = 0
+        self.fast_steps: list[pa.Table] = []
+        self.fast_reqs: list[pa.Table] = []
 
     @property
     def n_steps(self) -> int:

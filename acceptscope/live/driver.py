@@ -9,6 +9,8 @@ pairs them in the ``requests`` table. Requests go through SGLang's native
 Safety bounds: a hard cap on the number of requests and on wall time, only the
 configured base URL is ever contacted (no redirects followed), and
 ``loopback_only`` refuses any non-loopback target (tests always set it).
+Responses are translated by the ingest package's ``parse_responses`` (one
+validation path for live and saved responses); bad ones become ``rejects``.
 """
 
 from __future__ import annotations
@@ -27,17 +29,6 @@ from urllib.parse import urlparse
 import requests
 
 WORKLOAD_DIR = Path("/work/shared/data/workloads")
-SPEC_KEYS = (
-    "spec_verify_ct",
-    "spec_accept_rate",
-    "spec_accept_length",
-    "spec_num_correct_drafts",
-    "spec_num_proposed_drafts",
-    "spec_cap_length",
-    "spec_block_accept_length",
-    "spec_correct_drafts_histogram",
-    "spec_cap_lens_histogram",
-)
 
 
 class WorkloadError(ValueError):
@@ -167,6 +158,7 @@ class DriveConfig:
 @dataclass
 class DriveResult:
     rows: list[dict] = field(default_factory=list)
+    rejects: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     sent: int = 0
     stopped_by: str = "done"  # done | max_requests | max_seconds
@@ -184,56 +176,18 @@ class DriveResult:
         }
 
 
-def _finish_reason(fr: Any) -> str | None:
-    if isinstance(fr, dict):
-        return fr.get("type")
-    return fr
-
-
-def request_row(cfg: DriveConfig, p: Prompt, rid: str, seed: int, meta: dict, output_ids: Any, latency: float) -> dict:
-    """One ``requests`` row from a native meta_info (or an equivalent dict)."""
-    row = {
-        "run_id": cfg.run_id,
-        "rid": rid,
-        "workload": p.workload,
-        "prompt_index": p.prompt_index,
-        "seed": seed,
-        "temperature": cfg.temperature,
-        "prompt_tokens": meta.get("prompt_tokens"),
-        "completion_tokens": meta.get("completion_tokens"),
-        "finish_reason": _finish_reason(meta.get("finish_reason")),
-        "output_tokens": list(output_ids) if output_ids is not None else None,
-        "latency_s": latency,
-    }
-    for k in SPEC_KEYS:
-        row[k] = meta.get(k)
-    return row
-
-
-def spec_from_sglext(details: dict | None) -> dict:
-    """Map ``sglext.spec_tokens_details`` (defaults 0 / []) to meta_info semantics (absent -> None)."""
-    if not details:
-        return {}
-    out = dict(details)
-    for k in ("spec_cap_length", "spec_block_accept_length"):
-        if not out.get(k):
-            out[k] = None  # 0.0 is SGLang's default for 'not reported'
-    for k in ("spec_correct_drafts_histogram", "spec_cap_lens_histogram"):
-        if not out.get(k):
-            out[k] = None
-    return out
-
-
 class Driver:
     """Send one prompt list at each concurrency level; return ``requests`` rows.
 
     ``on_rows`` (optional) receives rows as they complete, for streaming into the store.
     """
 
-    def __init__(self, cfg: DriveConfig, on_rows: Callable[[list[dict]], None] | None = None):
+    def __init__(self, cfg: DriveConfig, on_rows: Callable[[list[dict]], None] | None = None,
+                 on_rejects: Callable[[list[dict]], None] | None = None):
         self.cfg = cfg
         self.base_url = check_target(cfg.base_url, cfg.loopback_only)
         self.on_rows = on_rows
+        self.on_rejects = on_rejects
         self._local = threading.local()
         self._stop = threading.Event()
 
@@ -259,41 +213,42 @@ class Driver:
             sp["ignore_eos"] = True
         return sp
 
-    def send_one(self, level: int, p: Prompt) -> dict:
+    def send_one(self, level: int, p: Prompt) -> tuple[list[dict], list[dict]]:
+        """One request; returns (requests rows, rejects rows) as translated by the ingest package."""
+        from acceptscope.ingest.meta_info import parse_responses
+
         cfg = self.cfg
         rid = self._rid(level, p)
         seed = cfg.seed + p.prompt_index
         t0 = time.monotonic()
         if cfg.api == "generate":
+            path = "/generate"
             body = {"text": p.text, "sampling_params": self._sampling(seed), "rid": rid, "stream": False}
-            r = self._session().post(self.base_url + "/generate", json=body, timeout=cfg.request_timeout_s, allow_redirects=False)
-            r.raise_for_status()
-            out = r.json()
-            return request_row(cfg, p, rid, seed, out.get("meta_info") or {}, out.get("output_ids"), time.monotonic() - t0)
-        body = {
-            "model": cfg.model,
-            "messages": [{"role": "user", "content": p.text}],
-            "max_tokens": cfg.max_new_tokens,
-            "temperature": cfg.temperature,
-            "seed": seed,
-            "rid": rid,
-            "return_spec_tokens_details": True,
-            "return_token_ids": True,
-        }
-        if cfg.top_p is not None:
-            body["top_p"] = cfg.top_p
-        r = self._session().post(self.base_url + "/v1/chat/completions", json=body, timeout=cfg.request_timeout_s, allow_redirects=False)
+        else:
+            path = "/v1/chat/completions"
+            body = {
+                "model": cfg.model,
+                "messages": [{"role": "user", "content": p.text}],
+                "max_tokens": cfg.max_new_tokens,
+                "temperature": cfg.temperature,
+                "seed": seed,
+                "rid": rid,
+                "return_spec_tokens_details": True,
+                "return_token_ids": True,
+            }
+            if cfg.top_p is not None:
+                body["top_p"] = cfg.top_p
+        r = self._session().post(self.base_url + path, json=body, timeout=cfg.request_timeout_s, allow_redirects=False)
         r.raise_for_status()
-        out = r.json()
-        choice = (out.get("choices") or [{}])[0]
-        usage = out.get("usage") or {}
-        meta = {
-            "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage.get("completion_tokens"),
-            "finish_reason": choice.get("finish_reason"),
-        }
-        meta.update(spec_from_sglext((out.get("sglext") or {}).get("spec_tokens_details")))
-        return request_row(cfg, p, out.get("id") or rid, seed, meta, choice.get("response_token_ids"), time.monotonic() - t0)
+        latency = time.monotonic() - t0
+        batch = parse_responses(r.content, source=f"{self.base_url}{path}#{rid}", run_id=cfg.run_id, workload=p.workload)
+        rows = batch.rows("requests")
+        for row in rows:
+            row.update(prompt_index=p.prompt_index, seed=seed, temperature=cfg.temperature, latency_s=latency)
+            if row.get("output_tokens") is None and cfg.api == "openai":
+                choice = ((r.json().get("choices") or [{}])[0]) or {}
+                row["output_tokens"] = choice.get("response_token_ids")
+        return rows, batch.rows("rejects")
 
     def run(self, prompts: Iterable[Prompt]) -> DriveResult:
         prompts = list(prompts)
@@ -335,21 +290,29 @@ class Driver:
                             f.cancel()
                         res.errors.append(f"{len(pending)} request(s) still running at the time cap")
                         break
-                    batch = []
+                    batch, rejects = [], []
                     for f in done:
                         try:
-                            row = f.result()
+                            rows, rej = f.result()
                         except Exception as e:  # noqa: BLE001 - recorded, run continues
                             n_err += 1
                             res.errors.append(f"{type(e).__name__}: {e}")
                             continue
-                        n_ok += 1
-                        toks += row.get("completion_tokens") or 0
-                        batch.append(row)
+                        if rej:
+                            n_err += 1
+                            rejects.extend(rej)
+                        n_ok += bool(rows)
+                        toks += sum(r.get("completion_tokens") or 0 for r in rows)
+                        batch.extend(rows)
                     if batch:
                         res.rows.extend(batch)
                         if self.on_rows:
                             self.on_rows(batch)
+                    if rejects:
+                        res.rejects.extend(rejects)
+                        res.errors.extend(f"{r['source']}:{r['line']}: {r['field']}: {r['reason']}" for r in rejects)
+                        if self.on_rejects:
+                            self.on_rejects(rejects)
             finally:
                 # never wait past the caps for requests still in flight
                 pool.shutdown(wait=res.stopped_by == "done", cancel_futures=True)

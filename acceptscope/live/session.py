@@ -90,24 +90,51 @@ def _new_run_id(arm: str) -> str:
     return f"sglang-{arm}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-def _estimator_parser(run_id: str, source: str):
-    """The ingest package's estimator-JSONL line parser (owned by the ingest helper)."""
-    from acceptscope.ingest import estimator_jsonl as ej  # type: ignore[attr-defined]
+class _EstimatorLines:
+    """Incremental adapter over the ingest package's whole-file estimator parser.
 
-    return ej.EstimatorIngestor(run_id, source)
+    ``parse_estimator_jsonl`` numbers lines from 1 within the bytes it is given;
+    new lines arrive in chunks, so each chunk is rebuilt contiguously (blank lines
+    kept as gaps) and its line numbers are shifted back to file line numbers.
+    """
+
+    def __init__(self, run_id: str, source: str, gamma: int | None):
+        self.run_id, self.source, self.gamma = run_id, source, gamma
+
+    def feed_lines(self, lines: list[tuple[int, str]]):
+        from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
+
+        first = lines[0][0]
+        buf: list[str] = []
+        nxt = first
+        for n, text in lines:
+            buf.extend([""] * (n - nxt))
+            buf.append(text)
+            nxt = n + 1
+        batch = parse_estimator_jsonl("\n".join(buf).encode(), source=self.source, run_id=self.run_id, gamma=self.gamma)
+        shift = first - 1
+        if shift:
+            for r in batch.tables.get("estimator_rows", []):
+                r["source_line"] += shift
+            for r in batch.tables.get("rejects", []):
+                if r["line"]:
+                    r["line"] += shift
+        return batch
 
 
-def _parse_sts_shard(run_id: str, path: Path, shard: int):
-    from acceptscope.ingest import sts as sts_ingest  # type: ignore[attr-defined]
+def _parse_sts_shard(run_id: str, path: Path, shard: int, gamma: int | None):
+    from acceptscope.ingest.sts_shards import load_shard, parse_sts_shard
 
-    return sts_ingest.ingest_shard(path, run_id=run_id, shard=shard)
+    return parse_sts_shard(load_shard(path), source=str(path), run_id=run_id, shard=shard, gamma=gamma)
 
 
 class _Tail:
     """Estimator JSONL + STS shard tailing into the sink, on a background thread."""
 
-    def __init__(self, run_id: str, sink: StoreSink, estimator_path: str | None, sts_stem: str | None, interval_s: float):
+    def __init__(self, run_id: str, sink: StoreSink, estimator_path: str | None, sts_stem: str | None, interval_s: float,
+                 gamma: int | None = None):
         self.run_id = run_id
+        self.gamma = gamma
         self.sink = sink
         self.interval_s = interval_s
         self.est = JsonlTailer(estimator_path) if estimator_path else None
@@ -119,8 +146,9 @@ class _Tail:
         self._thread: threading.Thread | None = None
         self._events_seen = 0
         self._sts_events_seen = 0
+        self._sts_tries: dict[tuple[int, int], int] = {}
 
-    def poll(self) -> None:
+    def poll(self, final: bool = False) -> None:
         if self.est is not None:
             lines = self.est.poll()
             for ev in self.est.events[self._events_seen:]:
@@ -135,17 +163,25 @@ class _Tail:
                 gen = self.est.generation
                 parser = self._est_parsers.get(gen)
                 if parser is None:
-                    parser = self._est_parsers[gen] = _estimator_parser(self.run_id, str(self.est.path) + (f"#gen{gen}" if gen else ""))
+                    parser = self._est_parsers[gen] = _EstimatorLines(
+                        self.run_id, str(self.est.path) + (f"#gen{gen}" if gen else ""), self.gamma)
                     self.stats["estimator_generations"] = len(self._est_parsers)
                 batch = parser.feed_lines(lines)
                 self.stats["estimator_lines"] += len(lines)
                 self.stats["estimator_rows"] += batch.n("estimator_rows")
                 self.sink.put(dict(batch.tables))
         if self.sts is not None:
-            for k, gen, path in self.sts.poll():
+            for k, gen, path in self.sts.poll(settle=not final):
                 try:
-                    batch = _parse_sts_shard(self.run_id, path, gen * STS_GENERATION_STRIDE + k)
-                except (EOFError, RuntimeError, OSError) as e:  # partially written: retry next poll
+                    batch = _parse_sts_shard(self.run_id, path, gen * STS_GENERATION_STRIDE + k, self.gamma)
+                except Exception as e:  # noqa: BLE001 - torch.load of a half-written file: retry, then reject
+                    tries = self._sts_tries[(gen, k)] = self._sts_tries.get((gen, k), 0) + 1
+                    if tries < 3:
+                        continue
+                    from acceptscope.ingest.rejects import make_reject
+
+                    self.sink.put({"rejects": [make_reject(str(path), 0, "$", f"unreadable STS shard: {e}", None, self.run_id)]})
+                    self.sts.mark_done(k)
                     self.stats["errors"].append(f"{path}: {e}")
                     continue
                 self.sts.mark_done(k)
@@ -174,7 +210,7 @@ class _Tail:
         if self._thread is not None:
             self._thread.join(timeout=30)
         try:
-            self.poll()  # pick up what was flushed last
+            self.poll(final=True)  # pick up what was flushed last
         except Exception as e:  # noqa: BLE001
             self.stats["errors"].append(f"{type(e).__name__}: {e}")
 
@@ -260,7 +296,8 @@ class LiveCapture:
             drop_tables=("runs",),
         ).start(deadline)
         if cfg.estimator_path or cfg.sts_stem:
-            self.tail = _Tail(self.run_id, self.sink, cfg.estimator_path, cfg.sts_stem, cfg.tail_interval_s).start()
+            self.tail = _Tail(self.run_id, self.sink, cfg.estimator_path, cfg.sts_stem, cfg.tail_interval_s,
+                              gamma=self.server["gamma"]).start()
         if cfg.scrape_metrics:
             self.scraper = MetricsScraper(self.base_url).start(cfg.metrics_interval_s)
         return self
@@ -270,7 +307,8 @@ class LiveCapture:
         drive.run_id = self.run_id  # rows belong to this capture's run
         drive.base_url = self.base_url
         drive.loopback_only = drive.loopback_only or self.cfg.loopback_only
-        self.drive_result = Driver(drive, on_rows=lambda rows: self.sink.put({"requests": rows})).run(prompts)
+        self.drive_result = Driver(drive, on_rows=lambda rows: self.sink.put({"requests": rows}),
+                                   on_rejects=lambda rows: self.sink.put({"rejects": rows})).run(prompts)
         return self.drive_result
 
     def wait(self) -> None:
@@ -379,6 +417,7 @@ def run_sglang_audit(
     audit_group: str | None = None,
     capture_defaults: dict | None = None,
     side_files: dict[str, dict] | None = None,
+    arm_prompts: dict[str, Sequence[Prompt]] | None = None,
 ) -> AuditResult:
     """Run compact and cap-accept on the same traffic into one DuckDB.
 
@@ -391,7 +430,8 @@ def run_sglang_audit(
     for attached arms pass ``side_files={"cap-accept": {"estimator_path": ...,
     "sts_stem": ...}}`` (paths readable from this machine). ``capture_defaults``
     are extra :class:`CaptureConfig` fields for every arm (poll interval, clear
-    policy, ...).
+    policy, ...). ``arm_prompts`` overrides the prompt list of some arms (an
+    audit sample: a subset of the same prompts, same indices and seeds).
     """
     from acceptscope.live.launcher import ServerProcess
 
@@ -406,11 +446,11 @@ def run_sglang_audit(
 
     def one(arm: str, url: str, launch: dict | None, est: str | None, sts: str | None) -> CaptureSummary:
         files = (side_files or {}).get(arm, {})
-        cfg = CaptureConfig(base_url=url, arm=arm, audit_group=group, launch=launch,
+        cfg = CaptureConfig(base_url=url, arm=arm, audit_group=group, launch=launch, run_id=f"{group}-{arm}",
                             estimator_path=est or files.get("estimator_path"),
                             sts_stem=sts or files.get("sts_stem"), **defaults)
         d = DriveConfig(**{**asdict(base_drive), "base_url": url, "run_id": ""})
-        return capture(store, cfg, prompts, d, sink=sink)
+        return capture(store, cfg, (arm_prompts or {}).get(arm, prompts), d, sink=sink)
 
     try:
         if urls is not None:

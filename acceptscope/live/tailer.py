@@ -115,8 +115,12 @@ class StsShardTailer:
                 out[int(m.group(1))] = p
         return out
 
-    def poll(self) -> list[tuple[int, int, Path]]:
-        """Shards ready to read now, as (k, generation, path)."""
+    def poll(self, settle: bool = True) -> list[tuple[int, int, Path]]:
+        """Shards ready to read now, as (k, generation, path); ready until ``mark_done``.
+
+        ``settle=False`` (the last poll, after the writer stopped) skips waiting for a
+        second look at a new shard's size.
+        """
         ready = []
         for k, p in sorted(self._list().items()):
             try:
@@ -125,17 +129,19 @@ class StsShardTailer:
                 continue
             s = self.shards.get(k)
             if s is None:
-                self.shards[k] = _ShardState(st.st_size, st.st_mtime_ns, generation=self.generation)
-                continue  # wait one poll for the size to settle
+                s = self.shards[k] = _ShardState(st.st_size, st.st_mtime_ns, generation=self.generation)
+                if settle:
+                    continue  # wait one poll for the size to settle
             if s.done and (st.st_size != s.size or st.st_mtime_ns != s.mtime_ns):
                 # a restarted process rewrites shards 0,1,2,...: the first rewrite starts a new generation
                 if any(j >= k and t.generation == self.generation for j, t in self.shards.items() if j != k) or s.generation == self.generation:
                     self.generation += 1
                 self.events.append(TailEvent("overwritten", str(p), f"shard {k} rewritten; generation {self.generation}"))
-                self.shards[k] = _ShardState(st.st_size, st.st_mtime_ns, generation=self.generation)
-                continue
+                s = self.shards[k] = _ShardState(st.st_size, st.st_mtime_ns, generation=self.generation)
+                if settle:
+                    continue
             if not s.done:
-                if st.st_size == s.size and st.st_mtime_ns == s.mtime_ns and st.st_size > 0:
+                if st.st_size > 0 and (not settle or (st.st_size == s.size and st.st_mtime_ns == s.mtime_ns)):
                     ready.append((k, s.generation, p))
                 else:
                     s.size, s.mtime_ns = st.st_size, st.st_mtime_ns

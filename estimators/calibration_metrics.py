@@ -1,0 +1,154 @@
+"""Calibration metrics of cumulative survival against a prefix label, with cluster-bootstrap CIs.
+
+Why separate: STS fitting, the dashboard's reliability panel and the validation report all
+score predictions ``p`` (cumulative survival at a position) against binary labels ``y``
+(the prefix reached past that position) with the *same* definitions:
+
+* ``ece``: SGLang/DeepSpec-comparable plug-in ECE, 15 equal-width bins,
+  ``bin = floor(p * 15)`` clamped, ``p`` clamped to ``[1e-8, 1 - 1e-8]``,
+  ``sum_b n_b |mean p_b - mean y_b| / N``;
+* ``ece_mass``: the same with 15 equal-mass bins (edges from the sample's quantiles);
+* ``ece_debiased``: Kumar et al.'s debiased L2 calibration error on equal-mass bins,
+  ``sqrt(max(0, sum_b w_b [(p_b - y_b)^2 - y_b (1 - y_b) / (n_b - 1)]))``;
+* ``brier``, ``nll``, ``auroc`` (ties count one half).
+
+Every metric is computed from weighted bin sums, so a bootstrap replicate is a reweighting
+(request-clustered Poisson weights): no re-sorting per replicate.
+
+Example::
+
+    >>> import numpy as np
+    >>> from estimators.calibration_metrics import ece
+    >>> p = np.array([0.05, 0.15, 0.95, 0.95]); y = np.array([0, 1, 1, 1])
+    >>> round(ece(p, y, 15), 4)   # bins {0}:|.05-0|, {2}:|.15-1|, {14}:|.95-1| weighted 1,1,2
+    0.25
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+EPS = 1e-8
+METRICS = ("ece", "ece_mass", "ece_debiased", "brier", "nll", "auroc")
+
+
+def _clamp(p):
+    return np.clip(np.asarray(p, np.float64), EPS, 1 - EPS)
+
+
+def width_bins(p, num_bins: int = 15) -> np.ndarray:
+    return np.clip((_clamp(p) * num_bins).astype(np.int64), 0, num_bins - 1)
+
+
+def mass_bins(p, num_bins: int = 15) -> np.ndarray:
+    p = _clamp(p)
+    edges = np.quantile(p, np.linspace(0, 1, num_bins + 1)[1:-1]) if p.size else np.array([])
+    return np.searchsorted(edges, p, side="right")
+
+
+def ece(p, y, num_bins: int = 15, w=None) -> float:
+    """Plug-in ECE with equal-width bins (SGLang ``expected_calibration_error``)."""
+    return _ece_from_bins(_clamp(p), np.asarray(y, float), width_bins(p, num_bins), num_bins, w)
+
+
+def _ece_from_bins(p, y, b, nb, w=None):
+    w = np.ones_like(p) if w is None else w
+    n = np.bincount(b, weights=w, minlength=nb)
+    sp = np.bincount(b, weights=w * p, minlength=nb)
+    sy = np.bincount(b, weights=w * y, minlength=nb)
+    tot = n.sum()
+    if tot <= 0:
+        return float("nan")
+    d = np.abs(sp - sy) / np.maximum(n, 1e-300)
+    return float((d * n).sum() / tot)
+
+
+class _Prepared:
+    """Fixed per-sample structure (bins, score ranks) so replicates only change weights."""
+
+    def __init__(self, p, y, num_bins=15):
+        self.p = _clamp(p)
+        self.y = np.asarray(y, float)
+        self.nb = num_bins
+        self.bw = width_bins(self.p, num_bins)
+        self.bm = mass_bins(self.p, num_bins)
+        self.u, self.ui = np.unique(self.p, return_inverse=True)
+
+    def metrics(self, w=None) -> dict:
+        p, y, nb = self.p, self.y, self.nb
+        w = np.ones_like(p) if w is None else w
+        W = w.sum()
+        out = {}
+        if W <= 0:
+            return {m: float("nan") for m in METRICS}
+        out["ece"] = _ece_from_bins(p, y, self.bw, nb, w)
+        out["ece_mass"] = _ece_from_bins(p, y, self.bm, nb, w)
+        n = np.bincount(self.bm, weights=w, minlength=nb)
+        sp = np.bincount(self.bm, weights=w * p, minlength=nb) / np.maximum(n, 1e-300)
+        sy = np.bincount(self.bm, weights=w * y, minlength=nb) / np.maximum(n, 1e-300)
+        ok = n > 1
+        term = (sp - sy) ** 2 - sy * (1 - sy) / np.maximum(n - 1, 1)
+        out["ece_debiased"] = float(np.sqrt(max(0.0, (n[ok] * term[ok]).sum() / W)))
+        out["brier"] = float((w * (p - y) ** 2).sum() / W)
+        out["nll"] = float(-(w * (y * np.log(p) + (1 - y) * np.log1p(-p))).sum() / W)
+        pw = np.bincount(self.ui, weights=w * y, minlength=self.u.size)
+        nw = np.bincount(self.ui, weights=w * (1 - y), minlength=self.u.size)
+        below = np.cumsum(nw) - nw
+        P, N = pw.sum(), nw.sum()
+        out["auroc"] = float((pw * (below + 0.5 * nw)).sum() / (P * N)) if P > 0 and N > 0 else float("nan")
+        return out
+
+    def reliability(self, w=None) -> pd.DataFrame:
+        """Equal-width bins: mean prediction, observed frequency, count."""
+        w = np.ones_like(self.p) if w is None else w
+        n = np.bincount(self.bw, weights=w, minlength=self.nb)
+        sp = np.bincount(self.bw, weights=w * self.p, minlength=self.nb)
+        sy = np.bincount(self.bw, weights=w * self.y, minlength=self.nb)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return pd.DataFrame({"bin": np.arange(self.nb), "lo": np.arange(self.nb) / self.nb,
+                                 "hi": (np.arange(self.nb) + 1) / self.nb, "avg_pred": sp / n,
+                                 "avg_target": sy / n, "count": n})
+
+
+def cluster_weights(groups: np.ndarray | None, n: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """``(n_boot, n)`` Poisson(1) bootstrap weights shared within each cluster (request)."""
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        return rng.poisson(1.0, (n_boot, n)).astype(float)
+    codes = pd.factorize(groups)[0]
+    return rng.poisson(1.0, (n_boot, codes.max() + 1)).astype(float)[:, codes]
+
+
+def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 200, level: float = 0.95,
+                     num_bins: int = 15, seed: int = 0, mask: np.ndarray | None = None) -> pd.DataFrame:
+    """Per-position metrics of survival ``P`` (n, G) vs labels ``Y`` with cluster-bootstrap CIs."""
+    n, G = P.shape
+    Wb = cluster_weights(groups, n, n_boot, seed) if n_boot else None
+    rows = []
+    a = (1 - level) / 2
+    for k in range(G):
+        m = np.ones(n, bool) if mask is None else mask[:, k]
+        if not m.any():
+            continue
+        prep = _Prepared(P[m, k], Y[m, k], num_bins)
+        r = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()), "target_mean": float(prep.y.mean())}
+        r.update(prep.metrics())
+        if Wb is not None:
+            reps = [prep.metrics(Wb[b, m]) for b in range(n_boot)]
+            for name in METRICS:
+                v = np.array([x[name] for x in reps])
+                v = v[np.isfinite(v)]
+                r[f"{name}_lo"], r[f"{name}_hi"] = (np.quantile(v, [a, 1 - a]) if v.size else (np.nan, np.nan))
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def reliability_table(P: np.ndarray, Y: np.ndarray, num_bins: int = 15) -> pd.DataFrame:
+    """Long reliability table over positions (equal-width bins)."""
+    out = []
+    for k in range(P.shape[1]):
+        r = _Prepared(P[:, k], Y[:, k], num_bins).reliability()
+        r.insert(0, "position", k)
+        out.append(r)
+    return pd.concat(out, ignore_index=True)

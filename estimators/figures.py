@@ -1,0 +1,121 @@
+"""Plotly figures for estimator results, shared by the dashboard, the HTML report and the notebook.
+
+Each function takes a result table (never the raw store) and returns a
+``plotly.graph_objects.Figure``; results expose them as ``result.figure()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
+
+
+def _layout(fig: go.Figure, title: str, height: int = 400) -> go.Figure:
+    fig.update_layout(title=title, height=height, template="plotly_white", margin=dict(l=55, r=20, t=60, b=45),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def interval_figure(df: pd.DataFrame, x: str, est: str, lo: str, hi: str, truth: str | None = None,
+                    title: str = "", yaxis: str = "") -> go.Figure:
+    """Point estimates with interval bars per group, with the truth as markers when known."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=df[x].astype(str), y=df[est], mode="markers", name="estimate",
+                             error_y=dict(type="data", symmetric=False, array=df[hi] - df[est], arrayminus=df[est] - df[lo]),
+                             marker=dict(size=9, color=PALETTE[0])))
+    if truth and truth in df:
+        fig.add_trace(go.Scatter(x=df[x].astype(str), y=df[truth], mode="markers", name="truth",
+                                 marker=dict(symbol="x", size=10, color=PALETTE[1])))
+    fig.update_yaxes(title=yaxis)
+    return _layout(fig, title)
+
+
+def coverage_figure(per_mode: pd.DataFrame) -> go.Figure:
+    """Empirical coverage of per-block intervals against the nominal level, per mode."""
+    fig = go.Figure()
+    levels = sorted(int(c[3:5]) for c in per_mode.columns if c.startswith("cov") and c.endswith("_unresolved"))
+    for i, r in per_mode.reset_index(drop=True).iterrows():
+        fig.add_trace(go.Scatter(x=[L / 100 for L in levels], y=[r[f"cov{L}_unresolved"] for L in levels],
+                                 mode="lines+markers", name=f"{r['mode']} (unresolved, n={r.n_blocks - r.n_resolved})",
+                                 line=dict(color=PALETTE[i % len(PALETTE)])))
+        fig.add_trace(go.Scatter(x=[L / 100 for L in levels], y=[r[f"cov{L}"] for L in levels], mode="markers",
+                                 name=f"{r['mode']} (all censored)", marker=dict(symbol="diamond-open", size=9,
+                                                                                 color=PALETTE[i % len(PALETTE)])))
+    fig.add_trace(go.Scatter(x=[0.75, 1.0], y=[0.75, 1.0], mode="lines", name="nominal", line=dict(dash="dash", color="grey")))
+    fig.update_xaxes(title="nominal level")
+    fig.update_yaxes(title="empirical coverage of the true ceiling")
+    return _layout(fig, "Per-block predictive interval coverage (cross-fitted)")
+
+
+def reliability_figure(rel: pd.DataFrame, positions=None, title: str = "Reliability") -> go.Figure:
+    """Reliability curves (observed vs predicted survival) per position, one line per method."""
+    pos = sorted(rel.position.unique()) if positions is None else list(positions)
+    ncol = min(4, len(pos))
+    nrow = int(np.ceil(len(pos) / ncol))
+    fig = make_subplots(rows=nrow, cols=ncol, subplot_titles=[f"position {p}" for p in pos],
+                        shared_xaxes=True, shared_yaxes=True)
+    methods = list(dict.fromkeys(rel.method))
+    for j, p in enumerate(pos):
+        rr, cc = j // ncol + 1, j % ncol + 1
+        for i, m in enumerate(methods):
+            d = rel[(rel.position == p) & (rel.method == m) & (rel["count"] > 0)]
+            fig.add_trace(go.Scatter(x=d.avg_pred, y=d.avg_target, mode="lines+markers", name=m,
+                                     legendgroup=m, showlegend=j == 0, line=dict(color=PALETTE[i % len(PALETTE)]),
+                                     customdata=d["count"], hovertemplate="pred %{x:.3f}<br>obs %{y:.3f}<br>n %{customdata:.0f}"),
+                          row=rr, col=cc)
+        fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line=dict(dash="dash", color="grey"), showlegend=False),
+                      row=rr, col=cc)
+    return _layout(fig, title, height=280 * nrow + 80)
+
+
+def pred_vs_measured_figure(pred: pd.DataFrame, title: str = "") -> go.Figure:
+    """Predicted vs measured step time, coloured by split."""
+    fig = go.Figure()
+    d = pred[pred.split != "dropped"]
+    for i, (s, g) in enumerate(d.groupby("split")):
+        fig.add_trace(go.Scatter(x=g.measured_ms, y=g.predicted_ms, mode="markers", name=s, opacity=0.6,
+                                 marker=dict(size=5, color=PALETTE[i])))
+    if len(d):
+        m = float(np.nanmax([d.measured_ms.max(), d.predicted_ms.max()]))
+        fig.add_trace(go.Scatter(x=[0, m], y=[0, m], mode="lines", name="y = x", line=dict(dash="dash", color="grey")))
+    fig.update_xaxes(title="measured step time (ms)")
+    fig.update_yaxes(title="predicted (ms)")
+    return _layout(fig, title)
+
+
+def budget_audit_figure(ps: pd.DataFrame) -> go.Figure:
+    """Recorded vs recomputed budgets over steps."""
+    fig = go.Figure()
+    x = ps.forward_ct
+    if "budget" in ps:
+        fig.add_trace(go.Scatter(x=x, y=ps.budget, mode="lines", name="recorded budget"))
+    fig.add_trace(go.Scatter(x=x, y=ps.recomputed_budget, mode="lines", name="recomputed budget", line=dict(dash="dot")))
+    fig.add_trace(go.Scatter(x=x, y=ps.scheduled_window_tokens, mode="lines", name="scheduled window tokens", opacity=0.6))
+    fig.update_xaxes(title="forward_ct")
+    fig.update_yaxes(title="tokens")
+    return _layout(fig, "Planner audit: budget from lagged survival")
+
+
+def windows_figure(win: pd.DataFrame, util: pd.DataFrame | None = None) -> go.Figure:
+    """Window-length distribution per workload (bars) with utilization per workload (markers)."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.65, 0.35],
+                        subplot_titles=("window length share", "utilization vs ceiling"))
+    order = list(win.groupby("workload")["window"].apply(lambda s: -np.average(s, weights=win.loc[s.index, "count"])).sort_values().index)
+    for i, w in enumerate(order):
+        d = win[win.workload == w]
+        fig.add_trace(go.Bar(x=d.window, y=d.share, name=str(w), marker_color=PALETTE[i % len(PALETTE)]), row=1, col=1)
+    if util is not None and len(util):
+        u = util.set_index("group").reindex([str(w) for w in order])
+        err = None
+        if "util_lo" in u:
+            err = dict(type="data", symmetric=False, array=u.util_hi - u.utilization, arrayminus=u.utilization - u.util_lo)
+        fig.add_trace(go.Scatter(x=u.index, y=u.utilization, mode="markers", marker=dict(size=11), error_y=err,
+                                 name="utilization", showlegend=False), row=1, col=2)
+        fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="verified drafts (window)", row=1, col=1)
+    return _layout(fig, "Windows contract from easy to hard workloads; utilization stays high")

@@ -1,0 +1,111 @@
+"""The HTML report from a real small audit: one self-contained file with every section."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from acceptscope.cli import app
+from acceptscope.report import SECTIONS, write_report
+from tests.test_audit import build_audit_db
+
+# sections that must carry at least one figure on an audit with compact + cap-accept + static
+FIGURE_SECTIONS = ("calibration", "survival", "windows", "utilization", "tail", "cost")
+
+
+class _Collect(HTMLParser):
+    """Section ids, figures per section, and every external reference (script src, link href...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[str] = []
+        self.figures: dict[str, int] = {}
+        self.external: list[str] = []
+        self.scripts = 0
+        self.plotly_divs = 0
+        self._section: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self._section = a.get("id")
+            self.sections.append(self._section)
+        if tag == "figure" and "plot" in (a.get("class") or ""):
+            self.figures[self._section] = self.figures.get(self._section, 0) + 1
+        if tag == "div" and "plotly-graph-div" in (a.get("class") or ""):
+            self.plotly_divs += 1
+        if tag == "script":
+            self.scripts += 1
+        for attr in ("src", "href"):
+            v = a.get(attr) or ""
+            if tag in ("script", "link", "img", "iframe") and v.lower().startswith(("http:", "https:", "//")):
+                self.external.append(f"{tag} {attr}={v}")
+
+
+@pytest.fixture(scope="module")
+def audit(tmp_path_factory):
+    return build_audit_db(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def report(audit, tmp_path_factory):
+    db, _ = audit
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    res = write_report(db, out)
+    return out, res
+
+
+def test_report_is_self_contained_html_with_every_section(report):
+    out, res = report
+    text = out.read_text(encoding="utf-8")
+    p = _Collect()
+    p.feed(text)
+    p.close()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    assert p.sections == list(SECTIONS)
+    for s in FIGURE_SECTIONS:
+        assert p.figures.get(s, 0) >= 1, f"section {s} has no figure"
+    assert p.plotly_divs == res.figures >= len(FIGURE_SECTIONS)
+    assert p.external == [], p.external
+    # plotly.js is inlined exactly once (no CDN), and every figure calls it
+    assert text.count("Plotly.newPlot") >= res.figures
+    head, body = text.split("</head>", 1)
+    assert head.count("* plotly.js v") == 1 and "* plotly.js v" not in body
+
+
+def test_report_summary_says_what_is_healthy_and_what_is_wrong(report, audit):
+    out, res = report
+    _, summary = audit
+    text = out.read_text(encoding="utf-8")
+    summary_html = text[text.index("id='summary'"):text.index("id='runs'")]
+    areas = {f.area for f in res.findings}
+    assert {"parity", "utilization", "tail"} <= areas
+    assert "audit parity holds" in summary_html
+    # numbers in the verdict are the measured ones
+    u = res.headline["utilization"]["estimate"]
+    assert f"{u:.1%}" in summary_html
+    assert res.parity["pairs"] == summary["parity"]["pairs"]
+    # the ECE table is there, with one row per draft position
+    gamma = summary["runs"]["cap-accept"]["gamma"]
+    calib = text[text.index("id='calibration'"):text.index("id='survival'")]
+    assert "ECE table" in calib and calib.count("<tr>") >= gamma
+
+
+def test_report_cli_json_and_errors(audit, tmp_path):
+    db, summary = audit
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(app, ["report", "--db", str(db), "--out", str(out), "--json", "--no-estimators",
+                                 "--run", summary["runs"]["compact"]["run_id"],
+                                 "--run", summary["runs"]["cap-accept"]["run_id"]])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout[r.stdout.index("{"):])
+    assert Path(d["path"]) == out and out.stat().st_size > 100_000
+    assert len(d["run_ids"]) == 2 and d["parity"]["ok"]
+    r = CliRunner().invoke(app, ["report", "--db", str(db), "--out", str(out), "--run", "nope"])
+    assert r.exit_code == 2 and "unknown run id" in r.output
+    r = CliRunner().invoke(app, ["report", "--db", str(tmp_path / "missing.duckdb")])
+    assert r.exit_code == 2

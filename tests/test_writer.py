@@ -1,0 +1,157 @@
+"""TelemetryWriter: producers, batching, flush semantics, backpressure, error surfacing, stats."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from acceptscope.store import Store
+from acceptscope.writer import TelemetryWriter, WriterError
+from tests import _store_helpers as H
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "w.duckdb")
+
+
+def test_many_producers_mixed_inputs_all_rows_once(store: Store) -> None:
+    producers, per = 4, 12
+
+    def produce(w: TelemetryWriter, p: int) -> None:
+        for k in range(per):
+            fct = (p * per + k) * 10
+            rows = H.steps(10, start_forward_ct=fct)
+            kind = k % 3
+            w.append("steps", rows if kind == 0 else pd.DataFrame(rows) if kind == 1 else pa.Table.from_pylist(rows))
+            w.append("request_steps", H.request_steps(80, start_forward_ct=fct, seed=k))
+
+    with store.writer(flush_interval_s=0.05) as w:
+        threads = [threading.Thread(target=produce, args=(w, p)) for p in range(producers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    st = w.stats()
+    n = producers * per
+    assert st["rows_offered"] == {"steps": 10 * n, "request_steps": 80 * n}
+    assert st["rows_inserted"] == st["rows_offered"]
+    assert 1 <= st["flushes"] <= 2 * n  # batched: never more flushes than appends
+    assert store.counts()["steps"] == 10 * n and store.counts()["request_steps"] == 80 * n
+    assert st["buffered_rows"] == 0
+
+
+def test_background_flush_without_explicit_flush(store: Store) -> None:
+    w = store.writer(flush_interval_s=0.1)
+    try:
+        w.append("steps", H.steps(5))
+        deadline = time.monotonic() + 10
+        while store.counts()["steps"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert store.counts()["steps"] == 5  # the flush thread committed it on its own
+        assert w.stats()["flushes"] == 1
+        assert 0.1 <= w.stats()["max_flush_latency_s"] < 10
+    finally:
+        w.close()
+
+
+def test_flush_commits_everything_appended_before(store: Store) -> None:
+    with store.writer(flush_interval_s=60) as w:  # the timer never fires during the test
+        w.append("steps", H.steps(7))
+        w.flush()
+        assert store.counts()["steps"] == 7
+        w.flush()  # nothing new: returns at once
+        w.append("steps", H.steps(3, start_forward_ct=7))
+        assert store.counts()["steps"] == 7
+    assert store.counts()["steps"] == 10  # close flushed the rest
+
+
+def test_one_flush_is_one_transaction_across_tables(store: Store) -> None:
+    with store.writer(flush_interval_s=60) as w:
+        w.append("runs", [H.run_row()])
+        w.append("steps", H.steps(4))
+        w.append("request_steps", H.request_steps(16))
+        w.flush()
+        assert w.stats()["flushes"] == 1
+    c = store.counts("run-a")
+    assert (c["runs"], c["steps"], c["request_steps"]) == (1, 4, 16)
+
+
+def test_backpressure_bounds_the_buffer(store: Store) -> None:
+    with store.writer(flush_interval_s=60, max_buffer_rows=500) as w:
+        for k in range(12):
+            w.append("request_steps", H.request_steps(200, start_forward_ct=25 * k, seed=k))
+            assert w.stats()["buffered_rows"] <= 500 + 200
+        st = w.stats()
+    assert st["flushes"] >= 3  # the bound forced flushes although the timer never fired
+    assert store.counts()["request_steps"] == 2400
+
+
+def test_backpressure_by_bytes(store: Store) -> None:
+    one = H.request_steps(100)
+    with store.writer(flush_interval_s=60, max_buffer_bytes=3 * one.nbytes) as w:
+        for k in range(10):
+            w.append("request_steps", H.request_steps(100, start_forward_ct=13 * k, seed=k))
+        assert w.stats()["max_buffered_bytes"] <= 5 * one.nbytes
+        assert w.stats()["flushes"] >= 2
+
+
+def test_flush_thread_error_surfaces_and_rows_are_kept(tmp_path: Path) -> None:
+    store = Store(tmp_path / "e.duckdb", lock_timeout_s=0.3)
+    blocker = duckdb.connect(str(store.path), read_only=True)  # the writer cannot open read-write
+    try:
+        w = store.writer(flush_interval_s=0.05)
+        w.append("steps", H.steps(6))
+        with pytest.raises(WriterError, match="TimeoutError") as exc:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                w.append("steps", H.steps(1, start_forward_ct=100))
+        assert isinstance(exc.value.__cause__, TimeoutError)
+        with pytest.raises(WriterError):
+            w.flush()
+        with pytest.raises(WriterError):
+            w.close()
+        failed = w.failed
+        assert failed["steps"].num_rows >= 6
+    finally:
+        blocker.close()
+    # the caller can retry the kept rows: nothing was lost
+    with store.writer() as w2:
+        w2.append("steps", failed["steps"])
+    assert store.counts()["steps"] == failed["steps"].num_rows
+
+
+def test_bad_input_raises_in_producer_and_writer_keeps_working(store: Store) -> None:
+    with store.writer(flush_interval_s=60) as w:
+        with pytest.raises(ValueError, match="unknown column"):
+            w.append("steps", [{"run_id": "r", "rank": 0, "epoch": 0, "forward_ct": 1, "oops": 1}])
+        with pytest.raises(KeyError):
+            w.append("nope", [])
+        assert w.append("steps", []) == 0
+        w.append("steps", H.steps(2))
+    assert store.counts()["steps"] == 2
+    with pytest.raises(WriterError, match="closed"):
+        w.append("steps", H.steps(1))
+    w.close()  # idempotent
+
+
+def test_reingest_through_writer_is_idempotent(store: Store) -> None:
+    data = H.request_steps(3000, seed=5)
+    for _ in range(2):
+        with store.writer(flush_interval_s=0.05) as w:
+            for i in range(0, 3000, 500):
+                w.append("request_steps", data.slice(i, 500))
+    assert w.stats()["rows_inserted"]["request_steps"] == 0
+    assert store.counts()["request_steps"] == 3000
+
+
+def test_invalid_settings() -> None:
+    with pytest.raises(ValueError):
+        TelemetryWriter.__init__(object.__new__(TelemetryWriter), None, flush_interval_s=0)  # type: ignore[arg-type]
