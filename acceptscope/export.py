@@ -98,30 +98,29 @@ def export_parquet(
         if missing:
             raise KeyError(f"run(s) {missing} not in {store.path}; known runs: {sorted(known)[:20]}")
     out.mkdir(parents=True, exist_ok=True)
+    # one short connection finds which (table, run) pairs have rows; only those get a connection of their own
+    with store.connect(read_only=True) as con:
+        present = {
+            t.name: {r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {_q(t.name)}").fetchall()}
+            for t in chosen
+        }
     token = uuid.uuid4().hex[:12]
     written: dict[str, int] = {t.name: 0 for t in chosen}
     for t in chosen:
         table_dir = out / t.name
         for run in runs:
-            if run is None and not t.column("run_id").nullable:
+            _remove_run_dirs(table_dir, run)
+            if run not in present[t.name]:
                 continue
             where = "run_id IS NULL" if run is None else "run_id = ?"
             order = ", ".join(_q(k) for k in t.key)
             sql = f"SELECT * FROM {_q(t.name)} WHERE {where} ORDER BY {order}"
+            rows = 0
             with store.connect(read_only=True) as con:
                 reader = fetch_arrow_reader(con, sql, None if run is None else [run])
-                try:
-                    first = reader.read_next_batch()
-                except StopIteration:
-                    first = None
-                _remove_run_dirs(table_dir, run)
-                if first is None:
-                    continue
-                rows = first.num_rows
 
-                def batches(first=first, reader=reader):
+                def batches(reader=reader):
                     nonlocal rows
-                    yield first.cast(t.arrow_schema) if first.schema != t.arrow_schema else first
                     for b in reader:
                         rows += b.num_rows
                         yield b.cast(t.arrow_schema) if b.schema != t.arrow_schema else b

@@ -70,6 +70,7 @@ class ParityReport:
     findings: list[Finding]
     sampled: bool = False  # B replayed a sample of A's requests
     requests_a: int = 0
+    unverifiable: int = 0  # pairs where an arm recorded no output tokens (neither identical nor divergent)
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,9 @@ class ParityReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_a": self.run_a, "run_b": self.run_b, "pairs": self.pairs, "identical": self.identical,
-            "ok": self.ok, "sampled": self.sampled, "requests_a": self.requests_a, "counts": self.counts(), "findings": [asdict(f) for f in self.findings],
+            "ok": self.ok, "sampled": self.sampled, "requests_a": self.requests_a,
+            "unverifiable": self.unverifiable, "counts": self.counts(),
+            "findings": [asdict(f) for f in self.findings],
         }
 
     def table(self) -> pd.DataFrame:
@@ -133,6 +136,7 @@ def check_parity(reader: Any, run_a: str, run_b: str, *, classify: bool = True,
     m = a.merge(b, on=key, how="right" if sampled else "outer", suffixes=("_a", "_b"), indicator="pairing")
     findings: list[Finding] = []
     identical = 0
+    unverifiable = 0
     to_classify: list[tuple[Finding, int, int]] = []
     for row in m.itertuples(index=False):
         r = row._asdict()
@@ -142,6 +146,9 @@ def check_parity(reader: Any, run_a: str, run_b: str, *, classify: bool = True,
             findings.append(Finding("missing", **base))
             continue
         ta, tb = r["output_tokens_a"], r["output_tokens_b"]
+        if _missing(ta) or _missing(tb):
+            unverifiable += 1  # a source that does not record output tokens (e.g. some ingests)
+            continue
         pos = first_divergence(ta, tb)
         if pos is None:
             identical += 1
@@ -156,7 +163,8 @@ def check_parity(reader: Any, run_a: str, run_b: str, *, classify: bool = True,
     if classify and to_classify:
         _classify(q, run_a, run_b, to_classify)
     pairs = int((m["pairing"] == "both").sum())
-    return ParityReport(run_a, run_b, pairs, identical, findings, sampled=bool(sampled), requests_a=len(a))
+    return ParityReport(run_a, run_b, pairs, identical, findings, sampled=bool(sampled), requests_a=len(a),
+                        unverifiable=unverifiable)
 
 
 def _classify(q: Any, run_a: str, run_b: str, items: list[tuple[Finding, int, int]]) -> None:
@@ -184,12 +192,16 @@ def _classify(q: Any, run_a: str, run_b: str, items: list[tuple[Finding, int, in
         f.kind = "nondeterminism" if f.windows_a == f.windows_b else "scheduling"
 
 
+def _missing(x: Any) -> bool:
+    return x is None or (not isinstance(x, (list, tuple, np.ndarray)) and pd.isna(x))
+
+
 def _int(x: Any) -> int | None:
-    return None if x is None or (isinstance(x, float) and np.isnan(x)) else int(x)
+    return None if x is None or pd.isna(x) else int(x)
 
 
 def _str(x: Any) -> str | None:
-    return None if x is None or (isinstance(x, float) and np.isnan(x)) else str(x)
+    return None if x is None or pd.isna(x) else str(x)
 
 
 def check_path(db: str | Path, run_a: str, run_b: str) -> ParityReport:

@@ -154,6 +154,7 @@ def build_report(
     sampling: Any = None,
     thresholds: Thresholds | None = None,
     use_estimators: bool = True,
+    n_boot: int = 200,
     title: str | None = None,
 ) -> tuple[str, ReportResult]:
     """Render the report for a selection of runs; returns (html text, result)."""
@@ -179,33 +180,49 @@ def build_report(
     headline: dict[str, Any] = {}
 
     # -- estimators ----------------------------------------------------------
+    # production-side estimates (tail, utilization, cost, planner) on compact; calibration with realized
+    # labels on the run that recorded the ceiling; validation hides that run's ceiling and compares.
     views: dict[str, dict[str, Any]] = {}
     est_status = "disabled"
+    arm_of = dict(zip(runs["run_id"], runs["arm"]))
     if use_estimators:
         ok, why = est.available()
         est_status = "used" if ok else why
-        if ok:
-            for rid in ids:
-                v, err = est.run_estimates(db, rid)
-                views[rid] = v
-                if err:
-                    est_status = err.splitlines()[0]
-                    findings.append(Finding("warn", "estimators", f"estimators failed on {rid}: {html.escape(err.splitlines()[0])}"))
-                for name, ev in v.items():
-                    if ev.error:
-                        findings.append(Finding("warn", "estimators", f"{name} on {rid}: {html.escape(ev.error)}"))
+        targets = [r for r in (compact, truth_run) if r] or ids[:1]
+        for rid in targets if ok else []:
+            v, err = est.run_estimates(db, rid, n_boot=n_boot)
+            views[rid] = v
+            if err:
+                est_status = f"failed on {arm_of.get(rid, rid)}: {err}"
+                findings.append(Finding("warn", "estimators", f"estimators failed on {html.escape(rid)}: "
+                                        f"{html.escape(err)}"))
+            for name, ev in v.items():
+                if ev.error:
+                    findings.append(Finding("warn", "estimators", f"{name} on {html.escape(rid)}: "
+                                            f"{html.escape(ev.error)}"))
+        if ok and truth_run:
+            views.setdefault(truth_run, {})["validation"] = est.run_validation(db, truth_run, n_boot=n_boot)
 
     def est_figs(name: str, section: str, prefer: Sequence[str | None]) -> bool:
-        """Put estimator ``name``'s figures for the first preferred run that has them into a section."""
-        for rid in [r for r in prefer if r] + ids:
+        """Put estimator ``name``'s figures, headline numbers and tables for the first preferred run."""
+        for rid in dict.fromkeys([r for r in prefer if r] + ids):
             ev = views.get(rid, {}).get(name)
-            if ev is not None and ev.figures and not ev.error:
-                arm = dict(zip(runs["run_id"], runs["arm"])).get(rid, "")
-                for f in ev.figures:
-                    page.fig(section, f, f"estimators.{name} on {html.escape(rid)} ({arm})")
-                if ev.summary:
-                    page.add(section, _kv_table(ev.summary))
-                return True
+            if ev is None:
+                continue
+            where = f"estimators.{name} on {html.escape(rid)} ({arm_of.get(rid, '')})"
+            if ev.skipped:
+                page.note(section, f"{where}: skipped ({html.escape(ev.skipped)})")
+                continue
+            if ev.error:
+                page.note(section, f"{where}: failed ({html.escape(ev.error)})")
+                continue
+            for f in ev.figures:
+                page.fig(section, f, where)
+            if ev.summary:
+                page.add(section, f"<details><summary>{where}: numbers</summary>{_kv_table(ev.summary)}</details>")
+            for tname, t in list(ev.tables.items())[:3]:
+                page.add(section, f"<details><summary>{where}: {html.escape(tname)}</summary>{_table(t)}</details>")
+            return bool(ev.figures or ev.summary)
         return False
 
     # -- runs ----------------------------------------------------------------
@@ -225,9 +242,14 @@ def build_report(
         par = check_parity(reader, compact, audit)
     if par is not None:
         c = par.counts()
-        if par.ok:
-            findings.append(Finding("ok", "parity", f"audit parity holds: all {par.pairs} paired requests committed "
-                                    "identical tokens in both arms"))
+        if par.unverifiable:
+            findings.append(Finding("warn", "parity", f"{par.unverifiable} of {par.pairs} request pairs have no "
+                                    "output tokens recorded: their parity cannot be checked"))
+        if par.ok and par.unverifiable == par.pairs:
+            page.note("parity", "no output tokens recorded in these runs: parity not checkable.")
+        elif par.ok:
+            findings.append(Finding("ok", "parity", f"audit parity holds: all {par.identical} paired requests "
+                                    "committed identical tokens in both arms"))
             page.note("parity", f"{par.pairs} request pairs ({html.escape(par.run_a)} vs {html.escape(par.run_b)}), "
                                 "paired by (workload, prompt_index, seed): all identical."
                       + (f" Sampled audit: the audit arm replayed {par.pairs} of {par.requests_a} requests."
@@ -309,7 +331,15 @@ def build_report(
 
     # -- counterfactual tail -------------------------------------------------
     shown = est_figs("tail", "tail", [compact])
-    shown = est_figs("validation", "tail", [audit, compact]) or shown
+    shown = est_figs("validation", "tail", [truth_run]) or shown
+    val = views.get(truth_run or "", {}).get("validation")
+    if val is not None and not val.error:
+        cover = val.summary.get("targets.aggregate95_cover_rate")
+        if cover is not None:
+            headline["tail_aggregate95_cover_rate"] = cover
+            findings.append(Finding("ok" if cover >= 0.9 else "warn", "tail",
+                                    f"counterfactual-tail 95% intervals cover the hidden cap-accept truth in "
+                                    f"{cover:.0%} of groups (validation on {html.escape(truth_run)})"))
     if compact and truth_run:
         pr = audit_sampling.per_request(reader, compact, truth_run)
         tail_tbl = _tail_by_workload(pr)
@@ -334,6 +364,14 @@ def build_report(
     steps = reader.step_costs(ids)
     if len(steps):
         mape = _mape(steps)
+        cost_ev = views.get(compact or "", {}).get("cost")
+        if cost_ev is not None and not cost_ev.error and not cost_ev.skipped:
+            rel = cost_ev.summary.get("held_out.mean_rel_err", cost_ev.summary.get("in_sample.mean_rel_err"))
+            if rel is not None:
+                headline["cost_fit_rel_err"] = rel
+                findings.append(Finding("warn" if rel > th.cost_mape else "ok", "cost",
+                                        f"fitted step-time cost model: {rel:.0%} mean relative error on held-out "
+                                        f"steps (estimators.cost)"))
         if mape is not None:
             page.fig("cost", F.fig_step_costs(steps, runs), "per step; measured = device time where recorded, "
                      "else host inter-step time")

@@ -28,7 +28,12 @@ rather than in a long ``(row, position)`` table. The queries the estimators and
 the dashboard run are (a) whole-row reads of a run (estimators walk each block
 left to right, which wants the row's arrays together) and (b) per-position
 aggregates (``UNNEST`` with ordinality, or ``list_extract``). ``bench/layout.py``
-measures both layouts side by side; its numbers are in the README.
+measures both layouts side by side (300k rows, gamma 7, DuckDB 2.0.1, 2 shared
+cores; long = scalar table + normalised position table joined on the key): LIST
+is 3.0-3.6x faster for per-position confidence/acceptance per workload, 2.4x for
+a whole run into pandas, 17x for a whole run into Arrow, 1.3-2.6x for one
+request's drill-down; the long layout's file is 20% smaller and loads about as
+fast (0.9-1.1x). LIST wins the reads that matter.
 """
 
 from __future__ import annotations

@@ -517,8 +517,13 @@ class Store:
     def read_table(
         self, name: str, run_id: str | Sequence[str] | None = None, columns: Sequence[str] | None = None
     ) -> pd.DataFrame:
-        """Read one table as a DataFrame, optionally filtered to one or more runs and some columns."""
-        return self.query_df(*self._table_sql(name, run_id, columns))
+        """Read one table as a DataFrame, optionally filtered to one or more runs and some columns.
+
+        Goes through Arrow (``read_arrow(...).to_pandas()``): list columns become
+        numpy arrays and timestamps UTC, about 2x faster than DuckDB's ``df()``
+        for ``request_steps`` (150k rows: 1.4 s vs 2.7 s, 2 shared cores).
+        """
+        return self.read_arrow(name, run_id, columns).to_pandas()
 
     def read_arrow(
         self, name: str, run_id: str | Sequence[str] | None = None, columns: Sequence[str] | None = None

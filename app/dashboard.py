@@ -58,7 +58,8 @@ def load(db: str, version: tuple, method: str, *args):
         from app.estimates import run_estimates
 
         views, why = run_estimates(db, args[0])
-        return {k: {"figures": v.figures, "summary": v.summary, "error": v.error} for k, v in views.items()}, why
+        return {k: {"figures": v.figures, "summary": v.summary, "tables": v.tables, "error": v.error,
+                    "skipped": v.skipped} for k, v in views.items()}, why
     fn = getattr(reader, method)
     return fn(*[list(a) if isinstance(a, tuple) else a for a in args])
 

@@ -2,15 +2,16 @@
 
 Why this module exists: the report, the dashboard and the notebook all show the
 estimators' own plotly figures and numbers. This module runs
-``estimators.run_all(store, run_id)`` once per run and normalises each result to
-``EstimateView(name, figure, summary, error)`` so a surface does not care how a
-particular estimator spells its accessors. An estimator that fails is shown as
-failed with its error, never as a made-up number.
+``estimators.run_all(store, run_id)`` (each result has ``to_json()`` and
+``figure()``; steps that cannot run are listed under ``skipped`` with the reason)
+and the validation harness (``estimators.validation.validate`` on a run that
+recorded the ceiling), and normalises each to ``EstimateView``: figures, a flat
+summary, small tables, and an error or skip reason. An estimator that fails is
+shown as failed with its error, never as a made-up number.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import traceback
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+
+MAX_TABLE_ROWS = 40
 
 
 @dataclass
@@ -25,89 +29,85 @@ class EstimateView:
     name: str
     figures: list = field(default_factory=list)  # plotly figures
     summary: dict = field(default_factory=dict)  # flat, JSON-able headline numbers
-    error: str | None = None
+    tables: dict = field(default_factory=dict)  # name -> small DataFrame (lists of records in to_json)
+    error: str | None = None  # failed: the exception
+    skipped: str | None = None  # not applicable to this run: the estimator's reason
     raw: Any = None
 
 
-def _figures_of(result: Any) -> list:
-    """Collect plotly figures a result offers (``figure()``, ``figures()``, ``fig``...)."""
-    import plotly.graph_objects as go
-
-    out: list = []
-    for attr in ("figures", "figure", "plot", "to_figure", "fig"):
-        obj = getattr(result, attr, None)
-        if obj is None:
-            continue
-        try:
-            val = obj() if callable(obj) and not isinstance(obj, go.Figure) else obj
-        except TypeError:
-            continue
-        if isinstance(val, go.Figure):
-            out.append(val)
-        elif isinstance(val, dict):
-            out.extend(v for v in val.values() if isinstance(v, go.Figure))
-        elif isinstance(val, (list, tuple)):
-            out.extend(v for v in val if isinstance(v, go.Figure))
-        if out:
-            break
-    return out
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (np.floating, float)):
+def _scalar(v: Any) -> Any:
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
         f = float(v)
         return None if math.isnan(f) else f
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (str, int, bool)) or v is None:
+    if isinstance(v, str) or v is None:
         return v
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)) and len(v) <= 64:
-        return [_jsonable(x) for x in v]
-    return None
+    return _NOT_SCALAR
 
 
-def _summary_of(result: Any) -> dict:
-    for attr in ("summary", "to_dict", "as_dict"):
-        obj = getattr(result, attr, None)
-        if obj is None:
-            continue
-        val = obj() if callable(obj) else obj
-        if isinstance(val, dict):
-            return {k: v for k, v in _jsonable(val).items() if v is not None}
-    if dataclasses.is_dataclass(result):
-        flat = {f.name: _jsonable(getattr(result, f.name)) for f in dataclasses.fields(result)}
-        return {k: v for k, v in flat.items() if v is not None}
-    if isinstance(result, dict):
-        return {k: v for k, v in _jsonable(result).items() if v is not None}
-    return {}
+_NOT_SCALAR = object()
+
+
+def flatten(j: dict) -> tuple[dict, dict]:
+    """Split a ``to_json()`` dict into flat scalars (``a.b`` keys, two levels) and record tables."""
+    flat: dict = {}
+    tables: dict = {}
+
+    def walk(prefix: str, obj: Any, depth: int) -> None:
+        if isinstance(obj, dict):
+            if depth > 2:
+                return
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v, depth + 1)
+        elif isinstance(obj, list):
+            if obj and all(isinstance(r, dict) for r in obj):
+                tables[prefix] = pd.DataFrame(obj).head(MAX_TABLE_ROWS)
+            elif obj and all(isinstance(x, str) for x in obj) and prefix.endswith("notes"):
+                flat[prefix] = "; ".join(obj)
+        else:
+            s = _scalar(obj)
+            if s is not _NOT_SCALAR and s is not None:
+                flat[prefix] = s
+
+    walk("", j, 0)
+    return flat, tables
+
+
+def view(name: str, result: Any) -> EstimateView:
+    """Normalise one estimator result."""
+    if isinstance(result, Exception):
+        return EstimateView(name, error=f"{type(result).__name__}: {result}")
+    v = EstimateView(name, raw=result)
+    try:
+        j = result.to_json() if hasattr(result, "to_json") else {}
+        v.summary, v.tables = flatten(j if isinstance(j, dict) else {})
+    except Exception as e:
+        v.error = f"to_json failed: {type(e).__name__}: {e}"
+    try:
+        fig = result.figure() if hasattr(result, "figure") else None
+        if fig is not None:
+            v.figures = [fig] if not isinstance(fig, (list, tuple)) else [f for f in fig if f is not None]
+    except Exception as e:
+        v.error = v.error or f"figure failed: {type(e).__name__}: {e}"
+    return v
 
 
 def available() -> tuple[bool, str]:
     """Whether ``estimators.run_all`` can be called, and why not."""
     try:
         import estimators
-    except Exception as e:  # pragma: no cover - import failure is an install problem
+    except Exception as e:  # pragma: no cover - an install problem
         return False, f"cannot import estimators: {e}"
     if not hasattr(estimators, "run_all"):
         return False, "the estimators package has no run_all() in this install"
     return True, ""
 
 
-def view(name: str, result: Any) -> EstimateView:
-    if isinstance(result, Exception):
-        return EstimateView(name, error=f"{type(result).__name__}: {result}")
-    err = getattr(result, "error", None)
-    try:
-        figs = _figures_of(result)
-    except Exception as e:
-        return EstimateView(name, summary=_summary_of(result), error=f"figure failed: {e}", raw=result)
-    return EstimateView(name, figs, _summary_of(result), err if isinstance(err, str) else None, result)
-
-
-def run_estimates(db: str | Path, run_id: str) -> tuple[dict[str, EstimateView], str | None]:
-    """Run every estimator on one run. Returns (views by name, reason if none could run)."""
+def run_estimates(db: str | Path, run_id: str, *, n_boot: int = 200) -> tuple[dict[str, EstimateView], str | None]:
+    """Every estimator on one run. Returns (views by name, reason if none could run)."""
     ok, why = available()
     if not ok:
         return {}, why
@@ -115,7 +115,31 @@ def run_estimates(db: str | Path, run_id: str) -> tuple[dict[str, EstimateView],
     from acceptscope.store import Store
 
     try:
-        results = estimators.run_all(Store(db), run_id)
+        results = estimators.run_all(Store(db), run_id, n_boot=n_boot)
     except Exception as e:
-        return {}, f"estimators.run_all failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
-    return {name: view(name, res) for name, res in (results or {}).items()}, None
+        return {}, f"estimators.run_all failed: {type(e).__name__}: {e}"
+    views: dict[str, EstimateView] = {}
+    for name, reason in (results.pop("skipped", None) or {}).items():
+        views[name] = EstimateView(name, skipped=str(reason))
+    for name, res in results.items():
+        views[name] = view(name, res)
+    return views, None
+
+
+def run_validation(db: str | Path, truth_run: str, *, n_boot: int = 100, seed: int = 0) -> EstimateView:
+    """Hide the ceiling of a cap-accept/static run, estimate as compact would, compare with the truth."""
+    try:
+        from estimators.validation import validate
+    except ImportError as e:
+        return EstimateView("validation", error=f"cannot import estimators.validation: {e}")
+    from app.data import Reader
+    from acceptscope import schema
+
+    r = Reader(db)
+    rs = r.df(f'SELECT * FROM "{schema.REQUEST_STEPS.name}" WHERE run_id = ?', [truth_run])
+    steps = r.df(f'SELECT * FROM "{schema.STEPS.name}" WHERE run_id = ?', [truth_run])
+    try:
+        return view("validation", validate(rs, steps=steps, n_boot=n_boot, seed=seed))
+    except Exception as e:
+        return EstimateView("validation", error=f"{type(e).__name__}: {e}",
+                            raw=traceback.format_exc(limit=2))

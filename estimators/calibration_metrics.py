@@ -13,7 +13,9 @@ score predictions ``p`` (cumulative survival at a position) against binary label
 * ``brier``, ``nll``, ``auroc`` (ties count one half).
 
 Every metric is computed from weighted bin sums, so a bootstrap replicate is a reweighting
-(request-clustered Poisson weights): no re-sorting per replicate.
+(request-clustered Poisson weights): no re-sorting per replicate. Intervals are *basic*
+(pivotal) bootstrap intervals, which correct the upward bias binned ECEs pick up under
+resampling (the same reason Kumar et al.'s library uses a debiased bootstrap).
 
 Example::
 
@@ -139,7 +141,15 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
             for name in METRICS:
                 v = np.array([x[name] for x in reps])
                 v = v[np.isfinite(v)]
-                r[f"{name}_lo"], r[f"{name}_hi"] = (np.quantile(v, [a, 1 - a]) if v.size else (np.nan, np.nan))
+                if not v.size:
+                    r[f"{name}_lo"] = r[f"{name}_hi"] = np.nan
+                    continue
+                q_lo, q_hi = np.quantile(v, [a, 1 - a])
+                # basic (pivotal) bootstrap: corrects the upward resampling bias of binned ECEs
+                lo, hi = 2 * r[name] - q_hi, 2 * r[name] - q_lo
+                if name.startswith("ece"):
+                    lo = max(lo, 0.0)
+                r[f"{name}_lo"], r[f"{name}_hi"] = lo, hi
         rows.append(r)
     return pd.DataFrame(rows)
 

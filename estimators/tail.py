@@ -32,8 +32,11 @@ Example::
     >>> sim = simulate(n_requests=80, seed=3)
     >>> rs = sim.tables["request_steps"]
     >>> est = TailEstimator().fit(rs)            # hazards from cap-accept truth
-    >>> res = est.estimate(compact_view(rs))     # estimate as if compact
-    >>> g = res.blocks[res.blocks["mode"] == "greedy"]
+    >>> res = est.estimate(compact_view(rs))     # estimate as if compact (ceiling hidden)
+    >>> from estimators.frame import BlockFrame
+    >>> truth = BlockFrame.from_request_steps(rs).ceiling   # same row order
+    >>> g = res.blocks.assign(truth=truth)
+    >>> g = g[g["mode"] == "greedy"]
     >>> bool(((g.truth == g["mean"]) | ~g.resolved).all())   # greedy resolved blocks are exact
     True
 """

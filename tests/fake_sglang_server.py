@@ -97,6 +97,7 @@ class FakeConfig:
     estimator_flush_every: int = 16
     enable_metrics: bool = True
     model_path: str = "fake/target"
+    tokenizer_path: str | None = None
     draft_model_path: str = "fake/draft"
     sts_path: str | None = None
     sps_path: str | None = None
@@ -516,7 +517,7 @@ class FakeEngine:
         c = self.cfg
         return {
             "model_path": c.model_path,
-            "tokenizer_path": c.model_path,
+            "tokenizer_path": c.tokenizer_path or c.model_path,
             "served_model_name": c.model_path,
             "host": "127.0.0.1",
             "port": c.port,
@@ -555,6 +556,7 @@ class FakeEngine:
                     effective_max_running_requests_per_dp=self.cfg.max_running_requests,
                     last_gen_throughput=0.0,
                     memory_usage={"weight": 1.0, "kvcache": 2.0, "token_capacity": 100000, "graph": 0.1},
+                    cuda_graph_config={"decode": {"bs": [1, 2, 4, 8, 16, 24, 32, 40, 48]}},
                 )
                 if r.history:
                     st["avg_spec_accept_length"] = sum(h[0] for h in r.history) / len(r.history)
@@ -881,6 +883,7 @@ def config_from_launch_args(argv: list[str], env: dict[str, str]) -> FakeConfig:
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--max-running-requests", type=int, default=48)
+    p.add_argument("--tokenizer-path", default=None)
     args, _unknown = p.parse_known_args(argv)
     if args.host not in ("127.0.0.1", "localhost"):
         raise SystemExit("fake SGLang server: loopback hosts only")
@@ -905,6 +908,7 @@ def config_from_launch_args(argv: list[str], env: dict[str, str]) -> FakeConfig:
         components=tuple(dump),
         port=args.port,
         model_path=args.model_path,
+        tokenizer_path=args.tokenizer_path,
         draft_model_path=args.speculative_draft_model_path,
         sts_path=args.speculative_dspark_confidence_sts_path,
         sps_path=args.speculative_dspark_sps_table_path,
@@ -916,6 +920,9 @@ def config_from_launch_args(argv: list[str], env: dict[str, str]) -> FakeConfig:
         ring_size=int(env.get("FAKE_SGLANG_RING_SIZE", "200000")),
         sts_flush_every=int(env.get("FAKE_SGLANG_STS_FLUSH_EVERY", "256")),
         shuffle_ranks=env.get("FAKE_SGLANG_SHUFFLE", "0") == "1",
+        simulate_acc_len=float(env["SGLANG_SIMULATE_ACC_LEN"]) if float(env.get("SGLANG_SIMULATE_ACC_LEN", "-1")) > 0 else None,
+        tick_s=float(env.get("FAKE_SGLANG_TICK_S", "0.002")),
+        step_cost_s_per_token=float(env.get("FAKE_SGLANG_STEP_COST_S", "0")),
     )
 
 

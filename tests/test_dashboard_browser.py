@@ -9,6 +9,7 @@ Uses Debian's /usr/bin/chromium driven by the playwright python package
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -59,12 +60,17 @@ def dashboard(tmp_path_factory):
                 pytest.fail(f"dashboard did not come up (rc={proc.poll()}):\n{log.read_text()[-3000:]}")
             time.sleep(0.3)
         yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    finally:  # the CLI execs streamlit in its own session: stop that whole process group
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def _non_loopback_ipv4() -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -56,8 +55,7 @@ def register(app: typer.Typer) -> None:
         argv = streamlit_argv(db.resolve(), port, host, headless=not open_browser)
         console.print(f"acceptscope dashboard on http://{host}:{port}  (db {db}; Ctrl-C stops)")
         env = dict(os.environ, ACCEPTSCOPE_DB=str(db.resolve()))
-        try:
-            rc = subprocess.call(argv, env=env)
-        except KeyboardInterrupt:
-            rc = 0
-        raise typer.Exit(rc)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # become the streamlit server (exec, not a child): signals sent to this pid reach the server itself
+        os.execve(argv[0], argv, env)

@@ -93,7 +93,7 @@ def drafter_cmd(
     lr: float = typer.Option(2e-3, "--lr"),
     corpus_chars: int = typer.Option(4_000_000, "--corpus-chars"),
     gamma: int = typer.Option(7, "--gamma", help="Draft tokens per block."),
-    num_layers: int = typer.Option(2, "--num-layers"),
+    num_layers: int = typer.Option(3, "--num-layers"),
     num_heads: int = typer.Option(4, "--num-heads"),
     intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size"),
     markov_rank: int = typer.Option(64, "--markov-rank", help="0 disables the Markov head."),

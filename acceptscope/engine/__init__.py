@@ -85,7 +85,7 @@ class RunSummary:
 def _set_threads(n: Optional[int]) -> None:
     import torch
 
-    n = n or os.cpu_count() or 1
+    n = n or 1  # default 1: on small shared CPUs intra-op threads oversubscribe (see README of bench/engine.py)
     torch.set_num_threads(max(1, int(n)))
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "eval_prompts",
     "stdlib_files",
     "math_problem",
+    "code_task",
     "chat_exchange",
     "verse_exchange",
     "MATH_SUFFIX",
@@ -179,6 +180,12 @@ def math_problem(rng: random.Random) -> tuple[str, str]:
 # chat
 
 
+# Chat nouns own a fixed "feeling" word used a few tokens later ("your <noun> will feel more <feeling>"):
+# a second-order dependency the drafter can only guess when the noun was drafted in the same block.
+_FEEL_RNG = random.Random(777)
+FEEL_OF = {n: ADJ[_FEEL_RNG.randrange(len(ADJ))] for n in NOUNS}
+
+
 def _sentence(rng: random.Random) -> str:
     t = rng.randrange(6)
     a, a2 = rng.choice(ADJ), rng.choice(ADJ)
@@ -194,7 +201,7 @@ def _sentence(rng: random.Random) -> str:
     elif t == 3:
         s = f"many people {adv} {v} a {a2} {n} and then {v2} it"
     elif t == 4:
-        s = f"your {n} will feel more {a} if you {v} {adv}"
+        s = f"your {n} will feel more {FEEL_OF[n]} if you {v} {adv}"
     else:
         s = f"a {a} {n} and a {a2} {n2} can {v} together"
     if rng.random() < 0.35:
@@ -230,20 +237,33 @@ def chat_exchange(rng: random.Random) -> tuple[str, str]:
 # verse
 
 
+V_ECHO = ("sorrow glory silence longing mercy fever wonder hunger patience ruin rapture solace thunder "
+          "embers vigil murmur promise absence harvest reverie lament triumph refuge delight yearning "
+          "shelter reckoning devotion fortune folly grief splendor tempest quiet courage memory midnight "
+          "dawning twilight whisper riddle anthem echo omen season journey ransom").split()
+# Each verse noun owns one "echo" word (a fixed, seeded pairing). Lines place the echo two or more tokens
+# after its noun, so a parallel drafter whose Markov head only sees the previous token can not infer it
+# from a sampled noun: verse acceptance stays low at any temperature.
+_ECHO_RNG = random.Random(4242)
+V_ECHO_OF = {n: V_ECHO[_ECHO_RNG.randrange(len(V_ECHO))] for n in V_NOUN}
+
+
 def _verse_line(rng: random.Random) -> str:
     t = rng.randrange(5)
     A, N, V, P = V_ADJ, V_NOUN, V_VERB, V_PREP
     c = rng.choice
+    n1, n2 = c(N), c(N)
+    e1, e2 = V_ECHO_OF[n1], V_ECHO_OF[n2]
     if t == 0:
-        s = f"the {c(A)} {c(N)} {c(V)} {c(P)} the {c(N)}"
+        s = f"the {c(A)} {n1} {c(V)} {c(P)} the {n2} of {e2}"
     elif t == 1:
-        s = f"{c(A)} {c(N)}, {c(A)} {c(N)}"
+        s = f"{c(A)} {n1}, {c(A)} {n2}, {e1} and {e2}"
     elif t == 2:
-        s = f"{c(P)} a {c(A)} {c(N)} the {c(N)} {c(V)}"
+        s = f"{c(P)} a {c(A)} {n1} the {e1} {c(V)}"
     elif t == 3:
-        s = f"and every {c(N)} {c(V)} like {c(A)} {c(N)}"
+        s = f"and every {n1} {c(V)} like {c(A)} {e1}"
     else:
-        s = f"o {c(N)} of {c(A)} {c(N)}"
+        s = f"o {n1} of {e1}, o {n2} of {e2}"
     return s[0].upper() + s[1:] + rng.choice([",", "", ".", ";", ""])
 
 
@@ -327,6 +347,61 @@ def _functions(src: str) -> Iterator[tuple[str, str, str]]:
         yield summary, "\n".join(stub_lines), seg
 
 
+_FN_WORDS = ("values items numbers data records scores entries prices counts weights sizes ages totals "
+              "readings samples").split()
+_VAR_X = ("x", "item", "value", "n", "v", "num", "elem")
+_ACC = ("result", "total", "acc", "out", "best", "count")
+
+
+def code_task(rng: random.Random) -> tuple[str, str]:
+    """A small, templated Python task and its canonical solution (predictable given the request)."""
+    arg, x, acc = rng.choice(_FN_WORDS), rng.choice(_VAR_X), rng.choice(_ACC)
+    k = rng.randrange(6)
+    if k == 0:
+        what, init, upd = rng.choice([("sum", "0", f"{acc} += {x}"), ("product", "1", f"{acc} *= {x}"),
+                                       ("sum of squares", "0", f"{acc} += {x} * {x}")])
+        name = f"{what.replace(' ', '_')}_of_{arg}"
+        desc = f"return the {what} of the {arg}"
+        body = f"    {acc} = {init}\n    for {x} in {arg}:\n        {upd}\n    return {acc}"
+    elif k == 1:
+        cond, expr = rng.choice([("positive", f"{x} > 0"), ("even", f"{x} % 2 == 0"), ("odd", f"{x} % 2 == 1"),
+                                 ("negative", f"{x} < 0"), ("non-zero", f"{x} != 0")])
+        name = f"{cond.replace('-', '_')}_{arg}"
+        desc = f"keep only the {cond} {arg}"
+        body = f"    return [{x} for {x} in {arg} if {expr}]"
+    elif k == 2:
+        op, cmp_ = rng.choice([("largest", ">"), ("smallest", "<")])
+        name = f"{op}_of_{arg}"
+        desc = f"find the {op} of the {arg}"
+        body = (f"    if not {arg}:\n        return None\n    {acc} = {arg}[0]\n    for {x} in {arg}[1:]:\n"
+                f"        if {x} {cmp_} {acc}:\n            {acc} = {x}\n    return {acc}")
+    elif k == 3:
+        name = f"count_{arg}"
+        desc = f"count how often each of the {arg} occurs"
+        body = (f"    {acc} = {{}}\n    for {x} in {arg}:\n        {acc}[{x}] = {acc}.get({x}, 0) + 1\n"
+                f"    return {acc}")
+    elif k == 4:
+        what, expr = rng.choice([("reverse", "text[::-1]"), ("upper-case", "text.upper()"),
+                                 ("strip", "text.strip()"), ("lower-case", "text.lower()")])
+        name = f"{what.replace('-', '_')}_text"
+        desc = f"{what} a string"
+        arg = "text"
+        body = f"    return {expr}"
+    else:
+        scale = rng.randint(2, 9)
+        name = f"scale_{arg}"
+        desc = f"multiply each of the {arg} by {scale}"
+        body = f"    return [{x} * {scale} for {x} in {arg}]"
+    doc = desc[0].upper() + desc[1:] + "."
+    code = f'def {name}({arg}):\n    """{doc}"""\n{body}\n'
+    if rng.random() < 0.5:
+        prompt = f"Write a python function to {desc}."
+    else:
+        prompt = ("Write a solution to the following problem and make sure that it passes the tests:\n"
+                  f'```python\ndef {name}({arg}):\n    """{doc}"""\n```')
+    return prompt, f"```python\n{code}```"
+
+
 def _code_docs(rng: random.Random, files: list[Path], budget: int) -> list[Doc]:
     docs: list[Doc] = []
     used = 0
@@ -399,7 +474,15 @@ def build_corpus(
         if budget <= 0:
             continue
         if w == "code":
-            docs.extend(_code_docs(random.Random(seed * 7919 + 1), stdlib_files(code_split), budget))
+            # 65% the standard library itself, 35% small templated tasks
+            docs.extend(_code_docs(random.Random(seed * 7919 + 1), stdlib_files(code_split), int(budget * 0.65)))
+            used, crng = 0, random.Random(seed * 7919 + 2)
+            while used < budget * 0.35:
+                u, a = code_task(crng)
+                d = Doc("code", format_chat([{"role": USER_ROLE, "content": u},
+                                             {"role": ASSISTANT_ROLE, "content": a}]) + PAD_TOKEN)
+                docs.append(d)
+                used += len(d.text)
             continue
         used = 0
         while used < budget:
@@ -420,22 +503,28 @@ def eval_prompts(workload: str, n: int, seed: int = 12345) -> list[str]:
         gen = {"math": math_problem, "chat": chat_exchange, "verse": verse_exchange}[workload]
         return [gen(rng)[0] for _ in range(n)]
     if workload == "code":
-        out: list[str] = []
-        files = stdlib_files("eval")
-        rng.shuffle(files)
-        for fp in files:
-            src = _read(fp)
-            for summary, stub, _full in _functions(src or ""):
-                if rng.random() < 0.5:
-                    out.append(f"Write a python function to {summary[0].lower() + summary[1:]}.")
-                else:
-                    out.append("Write a solution to the following problem and make sure that it passes the "
-                               f"tests:\n```python\n{stub}\n```")
-                if len(out) >= n:
-                    return out
-        if not out:
-            raise RuntimeError("no documented functions found in the held-out stdlib files")
-        while len(out) < n:
-            out.append(out[len(out) % max(1, len(out))])
-        return out[:n]
+        # half held-out stdlib functions, half templated tasks (generated with the evaluation seed)
+        n_tpl = n // 2
+        return [code_task(rng)[0] for _ in range(n_tpl)] + _stdlib_prompts(rng, n - n_tpl)
     raise ValueError(f"unknown workload {workload!r} (known: {WORKLOADS})")
+
+
+def _stdlib_prompts(rng: random.Random, n: int) -> list[str]:
+    """Requests built from documented functions of the held-out stdlib files."""
+    if n <= 0:
+        return []
+    out: list[str] = []
+    files = stdlib_files("eval")
+    rng.shuffle(files)
+    for fp in files:
+        for summary, stub, _full in _functions(_read(fp) or ""):
+            if rng.random() < 0.5:
+                out.append(f"Write a python function to {summary[0].lower() + summary[1:]}.")
+            else:
+                out.append("Write a solution to the following problem and make sure that it passes the "
+                           f"tests:\n```python\n{stub}\n```")
+            if len(out) >= n:
+                return out
+    if not out:
+        raise RuntimeError("no documented functions found in the held-out stdlib files")
+    return [out[i % len(out)] for i in range(n)]

@@ -114,11 +114,25 @@ def _lr_at(step: int, total: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, prog))))
 
 
-def _fit_steps(steps: int, done: int, elapsed: float, budget: float | None) -> int:
-    if budget is None or done == 0:
-        return steps
-    per = elapsed / done
-    return max(done + 1, min(steps, int(budget / per)))
+class _StepBudget:
+    """Fits the step count to a wall-clock budget from the step rate between steps 20 and 60 (the first
+    steps carry one-off costs such as CUDA start-up and kernel selection)."""
+
+    def __init__(self, steps: int, budget: float | None) -> None:
+        self.steps, self.budget = steps, budget
+        self.t0 = time.time()
+        self.t20: float | None = None
+
+    def update(self, step: int) -> int:
+        if self.budget is None:
+            return self.steps
+        if step == 20:
+            self.t20 = time.time()
+        elif step == 60 and self.t20 is not None:
+            per = (time.time() - self.t20) / 40.0
+            left = self.budget - (time.time() - self.t0)
+            self.steps = max(61, min(self.steps, 60 + int(left / per)))
+        return self.steps
 
 
 # --------------------------------------------------------------------------------------------------
@@ -199,6 +213,7 @@ def train_target(cfg: TargetTrainConfig, out_dir: str | Path, progress: Progress
     steps = cfg.steps
     losses: list[float] = []
     t_train = time.time()
+    budget = _StepBudget(steps, cfg.time_budget_s)
     step = 0
     while step < steps:
         lr = _lr_at(step, steps, cfg.lr, min(cfg.warmup, max(1, steps // 10)))
@@ -216,8 +231,7 @@ def train_target(cfg: TargetTrainConfig, out_dir: str | Path, progress: Progress
         if step % 10 == 0 or step == steps:
             lv = float(loss.item())
             losses.append(lv)
-            if step == 20 and cfg.time_budget_s:
-                steps = _fit_steps(steps, step, time.time() - t_train, cfg.time_budget_s)
+            steps = budget.update(step)
             if progress:
                 progress(step, steps, {"loss": lv, "lr": lr})
     train_s = time.time() - t_train
@@ -306,7 +320,7 @@ class DrafterTrainConfig:
     device: str = "cpu"
     corpus_chars: int = 4_000_000
     gamma: int = 7
-    num_layers: int = 2
+    num_layers: int = 3
     num_heads: int = 4
     num_kv_heads: int | None = None
     head_dim: int | None = None
@@ -448,6 +462,7 @@ def train_drafter(
     steps = cfg.steps
     hist: list[dict[str, float]] = []
     t_train = time.time()
+    budget = _StepBudget(steps, cfg.time_budget_s)
     step = 0
     while step < steps:
         lr = _lr_at(step, steps, cfg.lr, min(cfg.warmup, max(1, steps // 10)))
@@ -462,8 +477,7 @@ def train_drafter(
         step += 1
         if step % 10 == 0 or step == steps:
             hist.append({"step": step, **diag})
-            if step == 20 and cfg.time_budget_s:
-                steps = _fit_steps(steps, step, time.time() - t_train, cfg.time_budget_s)
+            steps = budget.update(step)
             if progress:
                 progress(step, steps, diag)
     train_s = time.time() - t_train

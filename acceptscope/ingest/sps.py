@@ -17,6 +17,7 @@ would describe nothing the server can load). Probes must be JSON ints.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any, Optional
@@ -73,8 +74,11 @@ def _values(obj: dict, name: str, n: int, positive: bool) -> tuple[Optional[list
 def parse_sps_table(text: bytes, *, source: str, run_id: Optional[str] = None) -> IngestBatch:
     batch = IngestBatch()
     try:
-        obj = msgspec.json.decode(text)
-    except msgspec.DecodeError as e:
+        try:
+            obj = msgspec.json.decode(text)
+        except msgspec.DecodeError:
+            obj = json.loads(text)  # NaN / Infinity tokens: parse, then reject the field
+    except (ValueError, UnicodeDecodeError) as e:
         batch.reject(make_reject(source, 0, "$", f"malformed or truncated JSON: {e}", text, run_id))
         return batch
     kind = sps_kind(text)

@@ -12,6 +12,7 @@ while the temperatures are kept.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any, Optional
@@ -31,8 +32,11 @@ def parse_sts_table(text: bytes, *, source: str, gamma: Optional[int] = None,
     batch = IngestBatch()
     rej = lambda f, why, raw=None: batch.reject(make_reject(source, 1, f, why, raw, run_id))  # noqa: E731
     try:
-        obj = msgspec.json.decode(text)
-    except msgspec.DecodeError as e:
+        try:
+            obj = msgspec.json.decode(text)
+        except msgspec.DecodeError:
+            obj = json.loads(text)  # NaN / Infinity tokens: parse, then reject the field
+    except (ValueError, UnicodeDecodeError) as e:
         batch.reject(make_reject(source, 0, "$", f"malformed or truncated JSON: {e}", text, run_id))
         return batch
     if not isinstance(obj, dict):

@@ -11,7 +11,9 @@ TITLE = "Calibration"
 
 def render(ctx) -> None:
     st.header(TITLE)
-    labelled = [r for r in ctx.run_ids if ctx.arm_of(r) in ("cap-accept", "static")]
+    # cap-accept first: its labels come from the traffic production serves
+    labelled = sorted((r for r in ctx.run_ids if ctx.arm_of(r) in ("cap-accept", "static")),
+                      key=lambda r: ctx.arm_of(r) != "cap-accept")
     if not labelled:
         st.info("Reliability needs an observed ceiling: select a cap-accept or static run.")
     else:

@@ -17,5 +17,9 @@ def render(ctx) -> None:
         return
     runs = ctx.runs[ctx.runs["run_id"].isin(ctx.run_ids)]
     a, b = st.columns(2)
-    a.plotly_chart(F.fig_step_costs(steps, runs), key="cost_fig")
+    if steps["predicted_step_ms"].notna().any():
+        a.plotly_chart(F.fig_step_costs(steps, runs), key="cost_fig")
+    else:
+        a.info("No step carries a predicted step time (no cost table in use?): the cost model cannot be checked "
+               "here; see the Estimators panel for a fitted one.")
     b.plotly_chart(F.fig_throughput(steps, runs), key="tput_fig")

@@ -11,7 +11,9 @@ TITLE = "Request drill-down"
 
 def render(ctx) -> None:
     st.header(TITLE)
-    run = st.selectbox("run", list(ctx.run_ids), key="drill_run", format_func=lambda r: f"{ctx.arm_of(r)} · {r}")
+    order = {"compact": 0, "cap-accept": 1, "static": 2}
+    runs = sorted(ctx.run_ids, key=lambda r: order.get(ctx.arm_of(r), 9))
+    run = st.selectbox("run", runs, key="drill_run", format_func=lambda r: f"{ctx.arm_of(r)} · {r}")
     reqs = ctx.by_workload(ctx.q("requests", run))
     if reqs.empty:
         st.info("This run has no requests yet.")

@@ -1,16 +1,29 @@
-"""Estimators: the estimators package's own results and figures for one run."""
+"""Estimators: the estimators package's own results and figures for one run.
+
+Estimators take seconds per run, so the panel computes them only while its
+toggle is on (off by default during live refresh, when every new flush would
+invalidate the cached result).
+"""
 
 from __future__ import annotations
 
 import streamlit as st
 
 TITLE = "Estimators"
+_ORDER = {"compact": 0, "cap-accept": 1, "static": 2}
 
 
 def render(ctx) -> None:
     st.header(TITLE)
-    run = st.selectbox("run", list(ctx.run_ids), key="est_run", format_func=lambda r: f"{ctx.arm_of(r)} · {r}")
-    views, why = ctx.q("estimates", run)
+    runs = sorted(ctx.run_ids, key=lambda r: _ORDER.get(ctx.arm_of(r), 9))
+    a, b = st.columns([3, 1])
+    run = a.selectbox("run", runs, key="est_run", format_func=lambda r: f"{ctx.arm_of(r)} · {r}")
+    on = b.toggle("compute estimators", value=not st.session_state.get("live", False), key="est_on")
+    if not on:
+        st.info("Estimators are paused (turn on 'compute estimators').")
+        return
+    with st.spinner("running estimators ..."):
+        views, why = ctx.q("estimates", run)
     if why:
         st.info(f"Estimators not shown: {why}")
         return
@@ -19,10 +32,17 @@ def render(ctx) -> None:
         return
     for name, v in views.items():
         st.subheader(name)
+        if v["skipped"]:
+            st.caption(f"skipped on this run: {v['skipped']}")
+            continue
         if v["error"]:
             st.warning(f"{name} failed: {v['error']}")
             continue
         for i, fig in enumerate(v["figures"]):
             st.plotly_chart(fig, key=f"est_{name}_{i}")
         if v["summary"]:
-            st.json(v["summary"], expanded=False)
+            with st.expander("numbers"):
+                st.json(v["summary"], expanded=True)
+        for tname, t in list(v["tables"].items())[:3]:
+            with st.expander(tname):
+                st.dataframe(t, hide_index=True)

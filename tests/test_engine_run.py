@@ -1,0 +1,213 @@
+"""End to end: run_engine / `acceptscope run` / `acceptscope profile` on a tiny random model pair on disk,
+checking the telemetry the store receives against SGLang's semantics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from acceptscope.engine import REPO_ROOT, EngineConfig, run_engine
+from acceptscope.engine import sps as sps_mod
+from acceptscope.store import Store
+from tests._engine_tiny import save_tiny_pair
+
+GAMMA = 4
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("tiny_pair")
+    td, dd = save_tiny_pair(root, gamma=GAMMA)
+    sps_path = root / "sps.json"
+    sps_mod.write_sps(sps_mod.SpsTableAdditive(0.001, [1, 64], [0.0, 0.0], [1, 256], [0.0, 0.02]), sps_path)
+    yield td, dd, sps_path
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def db(pair, tmp_path_factory):
+    td, dd, sps_path = pair
+    path = tmp_path_factory.mktemp("db") / "runs.duckdb"
+    summaries = {}
+    for arm in ("compact", "cap-accept", "static"):
+        cfg = EngineConfig(arm=arm, target=str(td), drafter=str(dd), workload="mixed", num_requests=12,
+                           max_new_tokens=14, max_running_requests=5, sps=str(sps_path), db=str(path),
+                           run_id=f"t-{arm}", threads=1, audit_group="g1")
+        summaries[arm] = run_engine(cfg)
+    return path, summaries
+
+
+def test_runs_rows_and_summary(db, pair):
+    path, summaries = db
+    st = Store(path)
+    runs = st.runs().set_index("run_id")
+    assert set(runs.index) == {"t-compact", "t-cap-accept", "t-static"}
+    r = runs.loc["t-compact"]
+    assert r.engine == "reference" and r.source == "live" and r.gamma == GAMMA and r.audit_group == "g1"
+    assert r.sps_hash == sps_mod.table_hash(pair[2]) and r.sts_hash is None
+    assert json.loads(r.config_json)["arm"] == "compact"
+    s = summaries["compact"]
+    assert s.requests == 12 and s.completion_tokens > 0 and s.tokens_per_s > 0
+    assert set(s.by_workload) == {"math", "code", "chat", "poetry"}
+    assert s.executed_verify_tokens == s.scheduled_verify_tokens
+    c = summaries["cap-accept"]
+    assert c.executed_verify_tokens >= c.scheduled_verify_tokens
+
+
+def test_greedy_outputs_identical_across_arms(db):
+    st = Store(db[0])
+    df = st.query_df("SELECT run_id, rid, output_tokens FROM requests")
+    by = {k: {r.rid: list(r.output_tokens) for r in g.itertuples()} for k, g in df.groupby("run_id")}
+    assert by["t-compact"] == by["t-cap-accept"] == by["t-static"]
+
+
+def test_request_steps_semantics(db):
+    st = Store(db[0])
+    rs = st.read_table("request_steps")
+    assert len(rs) > 0
+    for r in rs.itertuples():
+        assert r.window == r.verify_len - 1 and r.acc_len == r.correct_drafts + 1
+        assert 0 <= r.correct_drafts <= r.window <= GAMMA
+        for col in (r.draft_tokens, r.confidence, r.survival, r.confidence_logit, r.draft_logprob, r.target_logprob):
+            assert len(col) == GAMMA
+        assert np.allclose(np.cumprod(r.confidence), r.survival, atol=1e-5)
+        tl = [x for x in r.target_logprob]
+        if r.run_id == "t-compact":
+            assert r.ceiling is None or np.isnan(r.ceiling)
+            assert r.cap_trim in (0, 1)
+            scored = min(r.window + 1, GAMMA)
+            assert all(x is not None and not np.isnan(x) for x in tl[:scored])
+            assert all(x is None or np.isnan(x) for x in tl[scored:])
+        else:
+            assert r.ceiling == r.correct_drafts + r.cap_trim
+            assert all(x is not None and not np.isnan(x) for x in tl)
+        if r.run_id == "t-static":
+            assert r.window == GAMMA and r.cap_trim == 0
+        committed = list(r.committed_tokens)
+        assert 1 <= len(committed) <= r.acc_len
+        assert committed[: r.correct_drafts] == list(r.draft_tokens)[: min(r.correct_drafts, len(committed))]
+
+
+def test_steps_and_requests_consistent(db):
+    st = Store(db[0])
+    steps = st.read_table("steps")
+    rs = st.read_table("request_steps")
+    req = st.read_table("requests")
+    for run_id, g in steps.groupby("run_id"):
+        assert g.forward_ct.is_unique
+        sub = rs[rs.run_id == run_id]
+        per_step = sub.groupby("forward_ct").verify_len.sum()
+        gg = g.set_index("forward_ct")
+        assert (gg.bs == sub.groupby("forward_ct").size()).all()
+        if run_id == "t-static":
+            assert gg.budget.isna().all() and gg.lag_steps.isna().all()
+            assert (gg.num_verify_tokens == gg.bs * (GAMMA + 1)).all()
+        else:
+            assert (gg.num_verify_tokens == per_step).all()
+            warm = gg.budget.notna()
+            assert warm.sum() > 0 and (gg.lag_steps == 2).all()
+            assert (gg[warm].predicted_step_ms > 0).all() and (gg[warm].predicted_theta > 0).all()
+            # SGLang invariant: sum(verify_len - 1) <= budget
+            assert ((per_step - gg.bs)[warm] <= gg.budget[warm]).all()
+        if run_id == "t-compact":
+            assert (gg.executed_verify_tokens == per_step).all()
+        else:
+            assert (gg.executed_verify_tokens == gg.bs * (GAMMA + 1)).all()
+        assert (g.draft_gpu_ms > 0).all() and (g.target_verify_gpu_ms > 0).all()
+    for r in req.itertuples():
+        sub = rs[(rs.run_id == r.run_id) & (rs.rid == r.rid)].sort_values("step_index")
+        assert list(sub.step_index) == list(range(len(sub)))
+        assert r.completion_tokens == len(r.output_tokens) == 1 + sum(len(c) for c in sub.committed_tokens)
+        assert sub.finished.iloc[-1] and not sub.finished.iloc[:-1].any()
+        assert r.spec_verify_ct == len(sub)
+        assert r.spec_accept_length == pytest.approx(r.completion_tokens / r.spec_verify_ct)
+        assert r.spec_num_proposed_drafts == len(sub) * GAMMA
+        assert r.spec_num_correct_drafts == sub.correct_drafts.sum()
+        assert sum(r.spec_correct_drafts_histogram) == len(sub)
+        if r.run_id == "t-cap-accept":
+            assert r.spec_block_accept_length == pytest.approx((sub.acc_len + sub.cap_trim).sum() / len(sub))
+        else:
+            assert r.spec_block_accept_length is None or np.isnan(r.spec_block_accept_length)
+
+
+def test_no_per_position_leaves_lists_null_and_cli_runs(pair, tmp_path):
+    td, dd, sps_path = pair
+    path = tmp_path / "cli.duckdb"
+    from acceptscope.cli import app
+
+    res = CliRunner().invoke(app, [
+        "run", "--engine", "reference", "--arm", "cap-accept", "--workload", "math,chat", "--db", str(path),
+        "--requests", "4", "--max-new-tokens", "6", "--target", str(td), "--drafter", str(dd), "--sps", str(sps_path),
+        "--no-per-position", "--run-id", "np", "--threads", "1", "--json",
+    ])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["run_id"] == "np" and summary["requests"] == 4
+    rs = Store(path).read_table("request_steps", "np")
+    assert len(rs) > 0
+    for col in ("draft_tokens", "confidence", "survival", "confidence_logit", "draft_logprob", "target_logprob",
+                "committed_tokens"):
+        assert rs[col].isna().all(), col
+    assert rs.correct_drafts.notna().all() and rs.ceiling.notna().all()
+    bad = CliRunner().invoke(app, ["run", "--arm", "nope", "--db", str(path), "--target", str(td), "--drafter", str(dd)])
+    assert bad.exit_code == 2
+
+
+def test_profile_cli_writes_both_sglang_formats(pair, tmp_path):
+    td, dd, _ = pair
+    from acceptscope.cli import app
+
+    out = tmp_path / "sps.json"
+    res = CliRunner().invoke(app, ["profile", "--engine", "reference", "--out", str(out), "--target", str(td),
+                                   "--drafter", str(dd), "--batch-sizes", "1,2,4", "--fracs", "0,0.5,1",
+                                   "--steps", "2", "--context-len", "8", "--threads", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    add = sps_mod.load_sps(out)
+    one = sps_mod.load_sps(tmp_path / "sps.1d.json")
+    assert isinstance(add, sps_mod.SpsTableAdditive) and add.bs_probes == [1, 2, 4]
+    assert isinstance(one, sps_mod.SpsTable1D) and one.sample_batch_tokens == [5, 10, 20]
+    assert "bias_seconds" not in (tmp_path / "sps.1d.json").read_text()
+
+
+def test_shipped_default_sps_table_loads():
+    from acceptscope.engine import DEFAULT_SPS
+
+    if not DEFAULT_SPS.exists():
+        pytest.skip("no shipped SPS table yet")
+    t = sps_mod.load_sps(DEFAULT_SPS)
+    assert t.step_seconds(8, 8) > 0
+    assert DEFAULT_SPS.stat().st_size < 4096
+
+
+@pytest.mark.skipif(not (REPO_ROOT / "fixtures/models/target/config.json").exists()
+                    or not (REPO_ROOT / "fixtures/models/drafter/config.json").exists(),
+                    reason="fixture model pair not built")
+def test_fixture_pair_greedy_matches_target_argmax():
+    from acceptscope.engine import load_models
+    from acceptscope.engine.runner import Engine, RequestSpec
+    from acceptscope.engine.tokenizer import format_chat, load_tokenizer
+    from acceptscope.engine.workloads import load_prompts
+    from tests._engine_tiny import hf_greedy
+
+    torch.set_num_threads(1)
+    tpath, _, model, dr = load_models("fixtures/models/target", "fixtures/models/drafter")
+    tok = load_tokenizer(tpath)
+    prompts = load_prompts("mixed", 4)
+    ids = [tok.encode(format_chat([{"role": "user", "content": p.text}], add_generation_prompt=True),
+                      add_special_tokens=False)[-96:] for p in prompts]
+    eos = model.config.eos_token_id
+    specs = [RequestSpec(rid=f"f{i}", prompt_ids=x, max_new_tokens=24) for i, x in enumerate(ids)]
+    ref = [hf_greedy(model, x, 24, eos=eos) for x in ids]
+    for mode in ("compact", "cap-accept"):
+        eng = Engine(model, dr, mode=mode, max_running_requests=4, max_seq_len=160, eos_token_id=eos,
+                     sps=sps_mod.load_sps(REPO_ROOT / "acceptscope/engine/data/sps_reference.json")
+                     if (REPO_ROOT / "acceptscope/engine/data/sps_reference.json").exists() else None)
+        res = {r.rid: r.output_tokens for r in eng.run(specs)}
+        assert [res[f"f{i}"] for i in range(len(ids))] == ref
+        assert sum(r.correct_drafts for r in eng.results) > 0

@@ -1,0 +1,143 @@
+"""STS: metric definitions, SGLang's grid fit semantics, smooth fits, held-out comparison, JSON export."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from estimators.calibration import (StsCalibrator, calibration_data, check_sglang_sts, compare, fit_grid, fit_smooth,
+                                    sglang_grid, survival)
+from estimators.calibration_metrics import _Prepared, ece, position_metrics
+from estimators.synthetic import simulate
+
+SGLANG_PY = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
+
+
+def test_ece_hand_computation():
+    p = np.array([0.01, 0.02, 0.5, 0.52, 0.99, 1.0])
+    y = np.array([0, 1, 1, 0, 1, 1])
+    # bins: 0 -> {.01,.02} mean .015 vs .5; 7 -> {.5,.52} mean .51 vs .5; 14 -> {.99, 1-1e-8} vs 1
+    want = (2 * abs(0.015 - 0.5) + 2 * abs(0.51 - 0.5) + 2 * abs((0.99 + 1 - 1e-8) / 2 - 1)) / 6
+    assert math.isclose(ece(p, y), want, rel_tol=1e-9)
+    m = _Prepared(p, y).metrics()
+    assert math.isclose(m["brier"], np.mean((np.clip(p, 1e-8, 1 - 1e-8) - y) ** 2))
+    # AUROC by pairs: positives {.02,.5,.99,1}, negatives {.01,.52}
+    pos, neg = [0.02, 0.5, 0.99, 1.0], [0.01, 0.52]
+    auc = np.mean([[1.0 if a > b else 0.5 if a == b else 0.0 for b in neg] for a in pos])
+    assert math.isclose(m["auroc"], auc)
+
+
+def test_debiased_ece_near_zero_when_calibrated():
+    rng = np.random.default_rng(0)
+    p = rng.random(40000)
+    y = (rng.random(40000) < p).astype(float)
+    m = _Prepared(p, y).metrics()
+    assert m["ece_debiased"] < 0.01 and m["ece"] < 0.02
+    yb = (rng.random(40000) < p ** 2).astype(float)
+    assert _Prepared(p, yb).metrics()["ece_debiased"] > 0.1
+
+
+def _grid_fit_reference(z, y, nb=15):
+    """Scalar loop transcription of the published procedure (identity ECE before, strict '<' over the grid)."""
+    grid = sglang_grid()
+    n, G = z.shape
+    sig = lambda x: 1 / (1 + np.exp(-x))
+
+    def e(p, t):
+        p = np.clip(p, 1e-8, 1 - 1e-8)
+        tot = 0.0
+        for b in range(nb):
+            m = np.clip((p * nb).astype(int), 0, nb - 1) == b
+            if m.any():
+                tot += m.sum() * abs(p[m].mean() - t[m].mean())
+        return tot / len(p)
+
+    prev, T = np.ones(n), []
+    for k in range(G):
+        best_t, best = grid[0], e(prev * sig(z[:, k] / grid[0]), y[:, k])
+        for t in grid[1:]:
+            v = e(prev * sig(z[:, k] / t), y[:, k])
+            if v < best:
+                best, best_t = v, t
+        T.append(best_t)
+        prev = prev * sig(z[:, k] / best_t)
+    return T
+
+
+def test_grid_fit_matches_loop_reference():
+    d = calibration_data(simulate(n_requests=80, seed=41).tables["request_steps"])
+    r = fit_grid(d.z, d.y)
+    assert np.allclose(r["temperatures"], _grid_fit_reference(d.z, d.y))
+    assert len(r["ece_before"]) == d.z.shape[1]
+
+
+def test_smooth_fit_beats_grid_on_its_own_loss_and_held_out():
+    d = calibration_data(simulate(n_requests=300, seed=42).tables["request_steps"])
+    tr, te = d.split(seed=1)
+    g = StsCalibrator("sequential-ece").fit(tr.z, tr.y)
+    s = StsCalibrator("smooth-nll").fit(tr.z, tr.y)
+    nll = lambda T, dd: -np.mean(dd.y * np.log(np.clip(survival(dd.z, T), 1e-12, 1)) +
+                                 (1 - dd.y) * np.log(np.clip(1 - survival(dd.z, T), 1e-12, 1)))
+    assert nll(s.temperatures_, tr) <= nll(g.temperatures_, tr) + 1e-9
+    res = compare(tr, te, n_boot=20)
+    summ = res.summary().set_index("method")
+    assert summ.loc["smooth-nll", "ece"] < summ.loc["identity", "ece"]
+    assert res.label == "realized"
+    m = res.metrics
+    assert {"ece_lo", "ece_hi", "auroc_lo"} <= set(m.columns)
+    inside = (m.ece_lo <= m.ece + 1e-9) & (m.ece <= m.ece_hi + 1e-9)
+    assert inside.mean() > 0.9 and (m.ece_hi > m.ece_lo).all()
+    fig = res.figure(positions=[0, 1])
+    assert len(fig.data) > 0
+
+
+def test_joint_fit_and_greedy_label():
+    sim = simulate(n_requests=60, seed=43)
+    g = calibration_data(None, "greedy", sts_samples=sim.tables["sts_samples"])
+    assert g.label == "greedy" and g.groups is None
+    j = fit_smooth(g.z, g.y, loss="brier", sequential=False)
+    assert len(j["temperatures"]) == g.z.shape[1] and all(t > 0 for t in j["temperatures"])
+    with pytest.raises(ValueError, match="sts_samples"):
+        calibration_data(None, "greedy", sts_samples=None)
+
+
+def test_sts_json_loads_with_sglang_rules(tmp_path):
+    d = calibration_data(simulate(n_requests=50, seed=44).tables["request_steps"])
+    cal = StsCalibrator("smooth-brier").fit(d.z, d.y)
+    text = cal.to_sglang_json(dataset="x", label="realized", extra={"ci": [0.1, 0.2]})
+    T = check_sglang_sts(text, gamma=d.z.shape[1])
+    assert T == cal.temperatures_
+    doc = json.loads(text)
+    assert doc["acceptscope"]["label"] == "realized" and doc["acceptscope"]["method"] == "smooth-brier"
+    with pytest.raises(ValueError, match="refit"):
+        check_sglang_sts(text, gamma=d.z.shape[1] + 1)
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not SGLANG_PY.exists(), reason=".venv-sglang not present")
+def test_grid_fit_and_json_match_sglang(tmp_path):
+    d = calibration_data(simulate(n_requests=60, seed=45).tables["request_steps"])
+    np.save(tmp_path / "z.npy", d.z)
+    np.save(tmp_path / "y.npy", d.y)
+    p = tmp_path / "sts.json"
+    p.write_text(StsCalibrator("smooth-nll").fit(d.z, d.y).to_sglang_json(dataset="t", extra={"x": [1.0]}))
+    code = ("import numpy as np, torch, json; from sglang.benchmark.dspark_sts_fit import fit_sts_temperatures, default_temperature_grid;"
+            "from sglang.srt.speculative.dspark_components.dspark_sts import load_sts_calibration_from_path as load;"
+            f"z=torch.tensor(np.load({str(tmp_path / 'z.npy')!r})); y=torch.tensor(np.load({str(tmp_path / 'y.npy')!r}));"
+            f"print(len(load({str(p)!r}).temperatures));"
+            "print(json.dumps(fit_sts_temperatures(logits=z, prefix_mask=y, grid=default_temperature_grid())))")
+    r = subprocess.run([str(SGLANG_PY), "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert int(lines[-2]) == d.z.shape[1]  # our JSON (with extra keys) loads in SGLang
+    theirs = json.loads(lines[-1])
+    ours = fit_grid(d.z, d.y)
+    assert np.allclose(ours["temperatures"], theirs["temperatures"])
+    assert np.allclose(ours["ece_after"], theirs["ece_after"], atol=1e-9)
+    assert np.allclose(ours["ece_before"], theirs["ece_before"], atol=1e-9)

@@ -1,0 +1,101 @@
+"""Additive SPS cost fit (recovery, monotonicity, SGLang format) and the planner audit (budget rule, lag)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from estimators.cost import CostModel, SpsTable, check_sglang_additive
+from estimators.frame import BlockFrame
+from estimators.planner import audit, budget_rule, lagged_survival
+from estimators.synthetic import simulate
+
+
+def _steps(n=1500, seed=0, null_frac=0.3):
+    rng = np.random.default_rng(seed)
+    bs = rng.integers(1, 65, n)
+    tok = bs + rng.integers(0, 7, n) * bs // 2 + rng.integers(0, 8, n)
+    alpha = lambda N: 0.03 * N + 0.5 * np.sqrt(N)          # ms, monotone
+    theta = lambda B: 0.04 * B + 0.03 * np.maximum(B - 200, 0)  # ms, monotone with a kink
+    ms = 6.0 + alpha(bs) + theta(tok)
+    y = ms * np.exp(0.01 * rng.standard_normal(n))
+    y[rng.random(n) < null_frac] = np.nan
+    return pd.DataFrame(dict(bs=bs, num_verify_tokens=tok, step_cpu_ms=y)), (alpha, theta)
+
+
+def test_cost_fit_recovers_known_components():
+    steps, (alpha, theta) = _steps()
+    m = CostModel(n_bs_probes=12, n_m_probes=40).fit(steps)
+    r = m.result_
+    assert r.n_dropped_null == int(steps.step_cpu_ms.isna().sum()) and r.n_used + r.n_dropped_null == len(steps)
+    t = m.table_
+    assert t.bias_seconds > 0
+    assert all(b >= a - 1e-15 for a, b in zip(t.alpha_seconds, t.alpha_seconds[1:]))
+    assert all(b >= a - 1e-15 for a, b in zip(t.theta_seconds, t.theta_seconds[1:]))
+    # the noise-free step-time surface is recovered within 3% over the (N, B) the data cover
+    N, B = steps.bs.to_numpy(), steps.num_verify_tokens.to_numpy()
+    truth = 6.0 + alpha(N) + theta(B)
+    pred = t.step_seconds(N, B) * 1e3
+    assert np.max(np.abs(pred - truth) / truth) < 0.03
+    assert r.held_out["median_rel_err"] < 0.02
+    check_sglang_additive(t.to_json())
+    back = SpsTable.from_json(t.to_json())
+    assert np.allclose(back.step_seconds(N, B), t.step_seconds(N, B))
+
+
+def test_cost_fit_errors_and_sglang_rules():
+    steps, _ = _steps(n=10, null_frac=0.9)
+    with pytest.raises(ValueError, match="needs >= 4 steps"):
+        CostModel().fit(steps.assign(step_cpu_ms=np.nan))
+    bad = json.dumps({"bias_seconds": 0.0, "bs_probes": [1, 2], "alpha_seconds": [0, 1], "m_probes": [1, 2], "theta_seconds": [0, 1]})
+    with pytest.raises(ValueError, match="bias_seconds"):
+        check_sglang_additive(bad)
+    bad2 = bad.replace('"bias_seconds": 0.0', '"bias_seconds": 0.1').replace('"m_probes": [1, 2]', '"m_probes": [2, 1]')
+    with pytest.raises(ValueError, match="increasing"):
+        check_sglang_additive(bad2)
+
+
+def test_budget_rule_hand_cases():
+    t = SpsTable("additive", 1.0, [1, 2], [0.0, 0.0], [1, 3], [0.0, 0.2])
+    # theta(M): (1)/1, (1.9)/1.1, (2.4)/1.2 -> argmax 2
+    assert budget_rule(np.array([[0.9, 0.5]]), t)["budget"] == 2
+    # a 0.1-survival second draft is not worth 10% more step time: (1.9)/1.1 > (2.0)/1.2
+    b = budget_rule(np.array([[0.9, 0.1]]), t)
+    assert b["budget"] == 1 and math.isclose(b["predicted_theta"], 1.9 / 1.1)
+    # candidates below survival_eps are ignored; 1-D tables use the floor SPS lookup
+    d = SpsTable("diagonal", sample_batch_tokens=[1, 2, 3], sample_steps_per_sec=[10.0, 5.0, 4.0], max_batch_tokens=3)
+    assert budget_rule(np.array([[1e-7, 1e-7]]), d)["budget"] == 0
+    # theta: 10, 1.99*5 = 9.95, 2.97*4 = 11.88: the global argmax (no early stop, as SGLang) takes 2
+    assert budget_rule(np.array([[0.99, 0.98]]), d)["budget"] == 2
+
+
+def test_lagged_survival_rebuild():
+    rows = []
+    conf = {("a", 1): [0.5, 0.5], ("a", 2): [0.8, 0.5], ("a", 3): [0.9, 0.9], ("b", 3): [0.7, 0.7]}
+    for (rid, f), c in conf.items():
+        rows.append(dict(run_id="r", rank=0, epoch=0, forward_ct=f, rid=rid, prefix_len=10 * f, window=2, correct_drafts=0,
+                         draft_tokens=[1, 2], committed_tokens=[3], bonus_token=3, confidence=c, temperature=0.0))
+    df = pd.DataFrame(rows)
+    steps = pd.DataFrame(dict(run_id="r", rank=0, epoch=0, forward_ct=[1, 2, 3], lag_steps=2))
+    bf = BlockFrame.from_request_steps(df, gamma=2)
+    S, fresh = lagged_survival(bf, steps)
+    out = {(bf.df.rid[i], bf.df.forward_ct[i]): (S[i].tolist(), fresh[i]) for i in range(bf.n)}
+    assert out[("a", 3)] == ([0.5, 0.25], False)  # survival of 'a' two decode steps back (fct 1)
+    assert out[("a", 1)][1] and out[("a", 2)][1] and out[("b", 3)][1]  # fresh -> ones
+    assert out[("b", 3)][0] == [1.0, 1.0]
+
+
+def test_audit_reproduces_recorded_budgets():
+    sim = simulate(n_requests=150, seed=51)
+    a = audit(sim.tables["request_steps"], sim.tables["steps"], SpsTable.from_json(json.dumps(sim.sps_table)))
+    s = a.summary
+    assert s["budget_exact_match_rate"] > 0.97
+    assert s["accepted_drafts_lost_source"] == "ceiling" and s["accepted_drafts_lost"] >= 0
+    rs = sim.tables["request_steps"]
+    assert s["verify_tokens_saved"] == float((7 - rs.window).sum())
+    assert s["accepted_drafts_lost"] == float((rs.ceiling - rs.correct_drafts).sum())
+    assert a.figure() is not None

@@ -1,0 +1,106 @@
+"""``acceptscope ingest`` over the committed SGLang fixtures: detection, store write, idempotency, --strict."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from acceptscope.cli import app
+from acceptscope.ingest import ingest_paths
+from acceptscope.ingest.detect import detect, run_id_for
+from acceptscope.store import Store
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+runner = CliRunner()
+
+
+def test_detect_rules():
+    kinds = {p.name: detect(p) for p in FIX.iterdir()}
+    assert kinds == {
+        "capacc.estimator.jsonl": "estimator_jsonl",
+        "capacc.generate.json": "responses",
+        "capacc.openai.jsonl": "responses",
+        "capacc.polls.jsonl": "server_info",
+        "capacc.server_info.json": "server_info",
+        "capacc.sts.0.pt": "sts_shard",
+        "capacc.sts.1.pt": "sts_shard",
+        "capacc.sts_calibration.json": "sts_table",
+        "compact.server_info.json": "server_info",
+        "spsadd.sps_table.json": "sps_table",
+        "spsprof.json": "sps_table",
+        "spsprof.json.manifest.json": "sps_profile_manifest",
+        "spsprof.records.jsonl": "sps_profile_records",
+        "spsprof.rounds.jsonl": "sps_profile_rounds",
+        "drive.py": "skip",
+        "make_fixtures.py": "skip",
+        **({"README.md": "skip"} if (FIX / "README.md").exists() else {}),
+    }
+    assert run_id_for("capacc.sts.0.pt") == "capacc"
+
+
+def test_cli_ingest_fixtures_then_idempotent(tmp_path):
+    db = tmp_path / "x.duckdb"
+    res = runner.invoke(app, ["ingest", str(FIX), "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    t = s["tables"]
+    assert s["rejects"]["count"] == 0
+    store = Store(db)
+    counts = store.counts()
+    for name in ("runs", "steps", "request_steps", "estimator_rows", "estimator_gather", "estimator_eos",
+                 "sts_samples", "sts_tables", "sps_tables", "sps_profile_records", "sps_profile_rounds",
+                 "sps_profile_manifests", "requests"):
+        assert counts[name] > 0, name
+        assert t[name]["written"] == counts[name]
+    assert t["steps"]["duplicates_ignored"] > 0  # the three capacc polls overlap
+    runs = store.runs().set_index("run_id")
+    assert runs.loc["capacc", "arm"] == "cap-accept" and runs.loc["compact", "arm"] == "compact"
+    assert set(runs["gamma"]) == {4}
+    rs = store.query_df("SELECT rank, min(rid) a, max(rid) b FROM request_steps WHERE run_id='capacc' GROUP BY rank")
+    for r in rs.itertuples():  # rank slots stay with their DP rank although arrival order flips
+        assert r.a.split("-")[0] == r.b.split("-")[0] == f"rank{r.rank}"
+    res2 = runner.invoke(app, ["ingest", str(FIX), "--db", str(db), "--json"])
+    s2 = json.loads(res2.stdout)
+    assert all(v["written"] == 0 for v in s2["tables"].values())
+    assert store.counts() == counts
+
+
+def test_cli_human_output_and_strict(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    shutil.copy(FIX / "compact.server_info.json", d)
+    p = json.loads((FIX / "capacc.server_info.json").read_text())
+    p["internal_states"][0]["dspark_info_record"]["records"][12]["reqs"][3]["confidence"][2] = float("nan")
+    (d / "dump.json").write_text(json.dumps(p))
+    (d / "junk.json").write_text('{"hello": 1}')
+    db = tmp_path / "y.duckdb"
+    res = runner.invoke(app, ["ingest", str(d), "--db", str(db)])
+    assert res.exit_code == 0
+    assert "request_steps" in res.output and "top reject reasons" in res.output
+    assert "dump.json:1: internal_states[0].records[12].reqs[3].confidence[2]: NaN" in res.output
+    res = runner.invoke(app, ["ingest", str(d), "--db", str(db), "--strict"])
+    assert res.exit_code == 2
+    rej = Store(db).read_table("rejects")
+    assert len(rej) == 2 and set(rej["reason"]) == {"NaN", "unrecognised artifact (kind 'unknown'); see "
+                                                              "acceptscope.ingest.detect"}
+    assert runner.invoke(app, ["ingest", str(tmp_path / "missing"), "--db", str(db)]).exit_code == 2
+
+
+def test_ingest_paths_run_id_and_store_gamma_check(tmp_path):
+    store = Store(tmp_path / "z.duckdb")
+    s = ingest_paths([FIX / "capacc.server_info.json"], store, run_id="R", progress=False)
+    assert s["tables"]["request_steps"]["written"] > 0
+    # a later ingest of another arm under the same run id is refused (its arm/gamma are the run's)
+    s = ingest_paths([FIX / "compact.server_info.json"], store, run_id="R", progress=False)
+    assert s["rejects"]["count"] == 2 and "arm 'cap-accept'" in s["rejects"]["messages"][0]
+
+
+@pytest.mark.parametrize("name", ["capacc.polls.jsonl"])
+def test_jsonl_of_polls_is_split_per_line(name, tmp_path):
+    s = ingest_paths([FIX / name], Store(tmp_path / "p.duckdb"), progress=False)
+    (f,) = s["files"]
+    assert f["duplicates"]["steps"] > 0 and f["rows"]["steps"] > 0
