@@ -157,7 +157,11 @@ def _run_reference(cfg: AuditConfig, group: str, progress: Optional[Callable[[st
 
 
 def _run_sglang(cfg: AuditConfig, group: str, progress: Any) -> dict:
-    """Delegate to acceptscope.live (real SGLang servers), when it offers an audit entry point."""
+    """Delegate to ``acceptscope.live.run_audit`` (launch or attach to real SGLang servers).
+
+    Engine options pass through (``urls`` selects attach mode); run ids are
+    ``f"{group}-{arm}"`` as on the reference engine.
+    """
     try:
         from acceptscope import live
     except ImportError as e:  # pragma: no cover

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from acceptscope import schema
+
 # section ids, in page order (tests check that each is present)
 SECTIONS = ("summary", "runs", "parity", "calibration", "survival", "windows", "utilization", "tail", "cost",
             "data-quality")
@@ -38,6 +40,7 @@ SECTION_TITLES = {
     "data-quality": "Data quality",
 }
 AUDIT_ARMS = ("cap-accept", "static")
+RUNS_TABLE = schema.RUNS.name
 
 
 @dataclass
@@ -232,6 +235,11 @@ def build_report(
     page.note("runs", "accept length counts the bonus token; <b>ceiling</b> = mean(uncapped correct drafts + 1), "
                       "observed only in cap-accept and static; utilization = Σ accept length / Σ ceiling.")
     for row in summary.itertuples(index=False):
+        if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \
+                and row.mean_window >= row.gamma - 1e-9:
+            findings.append(Finding("bad", "scheduler", f"compact verified every draft in {html.escape(row.run_id)} "
+                                    f"(window = gamma = {row.gamma} on every block): no trimming, zero scheduling "
+                                    "gain. SGLang degenerates to verify-all when no SPS cost table is loaded."))
         if row.arm == "cap-accept" and (row.mean_cap_trim or 0) == 0 and (row.blocks or 0) > 0:
             findings.append(Finding("warn", "scheduler", f"no trimming in {row.run_id}: cap_trim is 0 on every "
                                     "block, so the scheduler verified whole blocks (no cost table?)"))
@@ -277,6 +285,10 @@ def build_report(
             page.fig("calibration", F.fig_reliability(bins, calib_run), f"reliability, {html.escape(calib_run)}")
     bins = F.reliability_bins(reader, [calib_run])
     ece = F.ece_table(bins)
+    sts_hash = reader.df(f'SELECT sts_hash FROM "{RUNS_TABLE}" WHERE run_id = ?', [calib_run])["sts_hash"]
+    if len(sts_hash) and sts_hash.isna().all():
+        page.note("calibration", f"{html.escape(calib_run)} ran without an STS table: the recorded confidence "
+                  "is the raw head output, so 'before' and 'after' STS coincide in the ECE table below.")
     if len(ece):
         wide = ece.pivot_table(index="position", columns="variant", values="ece").reset_index()
         n = ece[ece["variant"] == "after"].set_index("position")["n"]
@@ -344,8 +356,8 @@ def build_report(
         pr = audit_sampling.per_request(reader, compact, truth_run)
         tail_tbl = _tail_by_workload(pr)
         if len(tail_tbl):
-            page.fig("tail", _fig_tail(tail_tbl), "confidence-only estimate (compact Σ survival + 1) and "
-                     "ratio-corrected estimate, with request-bootstrap 95% intervals, against cap-accept truth")
+            page.fig("tail", _fig_tail(tail_tbl), "compact's confidence-only estimate (Σ survival + 1 per block) "
+                     "against the cap-accept truth, both with request-bootstrap 95% intervals")
             page.add("tail", _table(tail_tbl))
             worst = tail_tbl.iloc[(tail_tbl["conf_only"] - tail_tbl["truth"]).abs().argmax()]
             rel = (worst.conf_only - worst.truth) / worst.truth

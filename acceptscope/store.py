@@ -30,12 +30,15 @@ inserts nothing new. Two implementations exist and are detected per file:
 
 * ``primary_keys=True``: the key is a DuckDB ``PRIMARY KEY`` and inserts use
   ``INSERT OR IGNORE`` (an ART index, kept in memory, grows with the table);
-* ``primary_keys=False`` (default for new files): no index; each insert is an
-  anti-join against the existing rows, restricted by the min/max of the
-  incoming batch's integer and string key columns so DuckDB's zone maps skip
-  row groups that cannot collide (telemetry arrives in ``forward_ct`` order,
-  so a flush only touches the tail of the table). Duplicates inside one batch
-  are dropped too.
+* ``primary_keys=False`` (default for new files): no index; each insert first
+  looks up which of the batch's keys already exist (a semi-join on the key
+  columns only, restricted by the min/max of the batch's integer and string
+  key columns so DuckDB's zone maps skip row groups that cannot collide:
+  telemetry arrives in ``forward_ct`` order, so a flush only touches the tail
+  of the table), drops those rows and duplicates inside the batch in Arrow,
+  and appends the rest with a plain INSERT, which keeps arrival order (a
+  read without ORDER BY returns rows as written; ``INSERT OR IGNORE`` into a
+  PRIMARY KEY table does not).
 
 ``bench/writer.py`` measures both side by side; the figures (see
 ``acceptscope/writer.py``'s docstring) chose the default.
@@ -50,6 +53,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -186,8 +190,11 @@ def _connect(
                         f"{timeout_s:.1f} s because another connection holds the file: {e}"
                     ) from e
                 if not read_only and isinstance(e, duckdb.IOException):
-                    marker.touch()
-                    marked = True
+                    try:
+                        marker.touch()
+                        marked = True
+                    except OSError:  # read-only directory: no priority, still correct
+                        pass
                 retries += 1
                 time.sleep(delay)
                 delay = min(delay * 2, 0.02 if marked else 0.05)
@@ -340,8 +347,12 @@ def dedupe_batch(t: schema.Table, data: pa.Table) -> pa.Table:
     return data.take(first.take(pc.sort_indices(first)))  # keep the original row order
 
 
-def _antijoin_insert_sql(t: schema.Table, incoming: pa.Table, view: str) -> str:
-    """INSERT of the batch's rows whose natural key is not in the table yet (batch already deduped)."""
+def _existing_keys_sql(t: schema.Table, incoming: pa.Table, keys_view: str) -> str:
+    """Row indices (``_i``) of the batch whose natural key is already in the table.
+
+    Only the key columns take part (a semi-join), pruned to the batch's key
+    ranges so zone maps skip row groups that cannot collide.
+    """
     keys = [_q(k) for k in t.key]
     on = " AND ".join(f"e.{k} = i.{k}" for k in keys)
     prune = []
@@ -355,10 +366,37 @@ def _antijoin_insert_sql(t: schema.Table, incoming: pa.Table, view: str) -> str:
             continue
         prune.append(f"e.{_q(k)} BETWEEN {lo} AND {hi}")
     where = " AND ".join([on] + prune)
-    return (
-        f"INSERT INTO {_q(t.name)} SELECT * FROM {view} i "
-        f"WHERE NOT EXISTS (SELECT 1 FROM {_q(t.name)} e WHERE {where})"
-    )
+    return f"SELECT i._i FROM {keys_view} i WHERE EXISTS (SELECT 1 FROM {_q(t.name)} e WHERE {where})"
+
+
+def insert_new_rows(con: duckdb.DuckDBPyConnection, t: schema.Table, tbl: pa.Table, primary_keys: bool) -> int:
+    """Insert the rows of ``tbl`` (record-model schema) whose natural key is new; returns rows inserted.
+
+    Arrival order is preserved (a plain appending INSERT of the surviving rows),
+    so a table read without ORDER BY comes back in the order it was written.
+    """
+    view = f"_incoming_{t.name}"
+    if primary_keys:
+        con.register(view, tbl)
+        row = con.execute(f"INSERT OR IGNORE INTO {_q(t.name)} SELECT * FROM {view}").fetchone()
+        con.unregister(view)
+        return int(row[0]) if row else 0
+    tbl = dedupe_batch(t, tbl)
+    keys_view = f"_keys_{t.name}"
+    keys = tbl.select(list(t.key)).append_column("_i", pa.array(np.arange(tbl.num_rows, dtype=np.int64)))
+    con.register(keys_view, keys)
+    dup = con.execute(_existing_keys_sql(t, tbl, keys_view)).fetchnumpy()["_i"]
+    con.unregister(keys_view)
+    if len(dup):
+        keep = np.ones(tbl.num_rows, dtype=bool)
+        keep[np.asarray(dup, dtype=np.int64)] = False
+        tbl = tbl.filter(pa.array(keep))
+    if tbl.num_rows == 0:
+        return 0
+    con.register(view, tbl)
+    row = con.execute(f"INSERT INTO {_q(t.name)} SELECT * FROM {view}").fetchone()
+    con.unregister(view)
+    return int(row[0]) if row else 0
 
 
 # ---------------------------------------------------------------------------
@@ -462,16 +500,7 @@ class Store:
                     t = schema.table(name)
                     if tbl.schema != t.arrow_schema:
                         tbl = as_arrow(t, tbl)
-                    view = f"_incoming_{name}"
-                    if self.primary_keys:
-                        sql = f"INSERT OR IGNORE INTO {_q(name)} SELECT * FROM {view}"
-                    else:
-                        tbl = dedupe_batch(t, tbl)
-                        sql = _antijoin_insert_sql(t, tbl, view)
-                    con.register(view, tbl)
-                    row = con.execute(sql).fetchone()
-                    inserted[name] = int(row[0]) if row else 0
-                    con.unregister(view)
+                    inserted[name] = insert_new_rows(con, t, tbl, self.primary_keys)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")

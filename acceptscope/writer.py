@@ -1,6 +1,8 @@
 """Streaming telemetry writer: many producer threads, one background flusher.
 
-Producers call ``append(table, rows)`` (row dicts, a DataFrame, or Arrow).
+Producers call ``append(table, rows)`` (row dicts, a DataFrame, or Arrow), or
+``append_many({table: rows, ...})`` for rows of several tables that must land
+in the same flush.
 Rows are conformed to the record model in the producer's thread, buffered per
 table, and a background thread commits them to DuckDB as Arrow tables, all
 tables of one flush in ONE transaction (``Store.write_arrow``), never row by row.
@@ -53,7 +55,7 @@ import atexit
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
@@ -139,18 +141,28 @@ class TelemetryWriter:
 
     def append(self, table: str, rows: Any) -> int:
         """Buffer rows for ``table``; returns the number of rows buffered. May block (backpressure)."""
-        t = schema.table(table)
+        return self.append_many({table: rows})[table]
+
+    def append_many(self, tables: Mapping[str, Any]) -> dict[str, int]:
+        """Buffer rows for several tables as one unit: they land in the same flush (one transaction).
+
+        Use it for data that must appear together, e.g. a step's ``steps`` row and
+        its ``request_steps`` rows, so a reader never sees one without the other.
+        """
         with self._cv:
             self._raise_if_failed()
-        data = as_arrow(t, rows)  # conform in the producer's thread; bad input raises here
-        if data.num_rows == 0:
-            return 0
-        nbytes = data.nbytes
+        # conform in the producer's thread; bad input raises here and buffers nothing
+        data = {name: as_arrow(schema.table(name), rows) for name, rows in tables.items()}
+        counts = {name: tbl.num_rows for name, tbl in data.items()}
+        data = {name: tbl for name, tbl in data.items() if tbl.num_rows}
+        if not data:
+            return counts
         with self._cv:
             self._raise_if_failed()
-            self._buf.setdefault(table, []).append(data)
-            self._buf_rows += data.num_rows
-            self._buf_bytes += nbytes
+            for name, tbl in data.items():
+                self._buf.setdefault(name, []).append(tbl)
+                self._buf_rows += tbl.num_rows
+                self._buf_bytes += tbl.nbytes
             self._max_buffered_bytes = max(self._max_buffered_bytes, self._buf_bytes)
             self._seq_appended += 1
             if self._oldest is None:
@@ -164,7 +176,7 @@ class TelemetryWriter:
                     self._cv.wait(0.5)
                 self._blocked_s += time.monotonic() - t0
                 self._raise_if_failed()
-        return data.num_rows
+        return counts
 
     def _over_bound(self) -> bool:
         return self._buf_rows > self.max_buffer_rows or self._buf_bytes > self.max_buffer_bytes

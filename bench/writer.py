@@ -28,20 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import duckdb  # noqa: E402
 
 from acceptscope import schema  # noqa: E402
-from acceptscope.store import Store, _antijoin_insert_sql, dedupe_batch  # noqa: E402
+from acceptscope.store import Store, insert_new_rows  # noqa: E402
 from tests import _store_helpers as H  # noqa: E402
 
 
 def batches(rows: int, batch: int):
     data = H.request_steps(rows, seed=1)
     return [data.slice(i, batch) for i in range(0, rows, batch)]
-
-
-def _insert_sql(pk: bool, b) -> tuple[str, object]:
-    if pk:
-        return "INSERT OR IGNORE INTO request_steps SELECT * FROM _incoming", b
-    b = dedupe_batch(schema.REQUEST_STEPS, b)
-    return _antijoin_insert_sql(schema.REQUEST_STEPS, b, "_incoming"), b
 
 
 def bench_flush_path(d: Path, parts) -> dict:
@@ -84,11 +77,8 @@ def bench_held_connection(d: Path, parts) -> dict:
     for b in parts:
         for pk, con in cons.items():
             s = time.perf_counter()
-            sql, bb = _insert_sql(pk, b)
             con.execute("BEGIN TRANSACTION")
-            con.register("_incoming", bb)
-            con.execute(sql)
-            con.unregister("_incoming")
+            insert_new_rows(con, schema.REQUEST_STEPS, b, pk)
             con.execute("COMMIT")
             times[pk] += time.perf_counter() - s
     for con in cons.values():

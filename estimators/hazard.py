@@ -39,11 +39,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from sklearn.isotonic import IsotonicRegression
 
 from estimators.frame import BlockFrame
 
 _CLIP = 1e-4
+
+
+def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted isotonic (non-decreasing) regression by pool-adjacent-violators."""
+    vals, wts, cnt = [], [], []
+    for yi, wi in zip(y.tolist(), w.tolist()):
+        vals.append(yi)
+        wts.append(wi)
+        cnt.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            v2, w2, c2 = vals.pop(), wts.pop(), cnt.pop()
+            tw = wts[-1] + w2
+            vals[-1] = (vals[-1] * wts[-1] + v2 * w2) / tw
+            wts[-1] = tw
+            cnt[-1] += c2
+    return np.repeat(vals, cnt)
 
 
 def conf_feature(c: np.ndarray) -> np.ndarray:
@@ -185,9 +200,12 @@ class HazardModel:
         for i in range(ngrp):
             m = n2[i] > 0
             if m.sum() >= 2:
-                iso = IsotonicRegression(increasing=True, y_min=0.0, y_max=1.0, out_of_bounds="clip")
-                iso.fit(np.arange(nb)[m], rate[i, m], sample_weight=n2[i, m] + self.prior_strength)
-                out[i] = iso.predict(np.arange(nb))
+                # bins without data take the fitted value of the nearest populated bin
+                fitted = _pava(rate[i, m], n2[i, m] + self.prior_strength)
+                idx = np.flatnonzero(m)
+                out[i] = fitted[np.clip(np.searchsorted(idx, np.arange(nb)), 0, idx.size - 1)]
+                lower = np.searchsorted(idx, np.arange(nb), side="right") - 1
+                out[i] = np.where((lower >= 0) & ~m, fitted[np.clip(lower, 0, None)], out[i])
             else:
                 out[i] = grp_rate[i]
         self.table_ = np.clip(out, 1e-6, 1 - 1e-6)

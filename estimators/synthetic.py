@@ -125,6 +125,7 @@ def simulate(
     trim: bool = True,
     run_id: str = "syn-cap",
     seed: int = 0,
+    keep_step_tensors: bool = False,
 ) -> Simulation:
     """Simulate a cap-accept run; see the module docstring for the world model."""
     rng = np.random.default_rng(seed)
@@ -161,6 +162,7 @@ def simulate(
     fct = 0
     dstep = 0
     admitted_this = False
+    step_tensors = []
     while queue or active:
         target_c = concurrency[(dstep // phase_steps) % len(concurrency)]
         admitted_this = False
@@ -248,6 +250,10 @@ def simulate(
                           predicted_theta=None if pred_theta is None else pred_theta / 1.0,
                           step_cpu_ms=step_cpu, wall_time_s=None))
         fin = s + cl + 1 >= prompt[A] + length[A]
+        if keep_step_tensors:  # what SGLang's block-accept recorder is fed for this verify step
+            step_tensors.append(dict(forward_ct=fct, rids=A.copy(), draft_tokens=d, corrected_logits=dl.astype(np.float32),
+                                     target_logits=tl.astype(np.float32), temperature=np.where(greedy, 0.0, Tq[:, 0, 0]),
+                                     correct_len=cl, cap_trim=K - cl, bonus=bonus, prefix_lens=s, verify_lens=w + 1))
         cols.append(dict(forward_ct=np.full(N, fct), rid_code=A, req_pool_index=np.arange(N), step_index=stepi[A].copy(),
                          prefix_len=s, verify_len=vl, window=w, correct_drafts=cl, acc_len=cl + 1, cap_trim=K - cl,
                          bonus_token=bonus, ceiling=K, temperature=temp[A], workload=wl[A], finished=fin,
@@ -270,7 +276,7 @@ def simulate(
                              prompt_index=np.arange(n_requests)))
     sim = Simulation(tables=dict(runs=runs, steps=st, request_steps=rs, requests=reqs), gamma=G,
                      sts_temperatures=T_sts, sps=sps, sps_table=table,
-                     meta=dict(world=world, off=off, prompt=prompt, temp=temp, seed=seed))
+                     meta=dict(world=world, off=off, prompt=prompt, temp=temp, seed=seed, step_tensors=step_tensors))
     sim.tables.update(sglang_estimator_tables(sim))
     sim.tables["sts_samples"] = greedy_label_samples(sim)
     return sim

@@ -345,10 +345,12 @@ class TailEstimator:
         wk_all = np.zeros(n, np.int64)
         wk_all[rows] = wk["walked"]
         blocks["walked"] = wk_all
-        u = _block_uniforms(blocks, seed)
-        for L, (lo, hi, m) in _quantile_intervals(pmf, self.levels, self.interval, u).items():
+        u = _block_uniforms(blocks.iloc[rows], seed)
+        for L, (lo, hi, m) in _quantile_intervals(pmf[rows], self.levels, self.interval, u).items():
             tag = int(round(L * 100))
-            blocks[f"lo{tag}"], blocks[f"hi{tag}"], blocks[f"mass{tag}"] = lo, hi, m
+            lo_all, hi_all, m_all = frame.correct.copy(), frame.correct.copy(), np.ones(n)
+            lo_all[rows], hi_all[rows], m_all[rows] = lo, hi, m
+            blocks[f"lo{tag}"], blocks[f"hi{tag}"], blocks[f"mass{tag}"] = lo_all, hi_all, m_all
         if frame.has_truth.any():
             blocks["truth"] = np.where(frame.has_truth, frame.ceiling, np.nan)
         res = TailResult(blocks=blocks, pmf=pmf, gamma=G, levels=tuple(self.levels),

@@ -16,7 +16,7 @@ Example::
     >>> from estimators.synthetic import simulate
     >>> from estimators.validation import validate
     >>> sim = simulate(n_requests=120, seed=5)
-    >>> v = validate(sim.tables["request_steps"], steps=sim.tables["steps"], n_boot=50)
+    >>> v = validate(sim.tables["request_steps"], steps=sim.tables["steps"], n_boot=50, hazard_boot=5)
     >>> g = v.per_mode.set_index("mode").loc["greedy"]
     >>> bool(g.resolved_exact == g.n_resolved)
     True

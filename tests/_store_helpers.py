@@ -142,8 +142,7 @@ def child_writer(db: str, log_path: str, chunks: int, interval_s: float, flush_i
     t0 = time.monotonic()
     for k in range(chunks):
         rs, st = source_chunk(k)
-        w.append("request_steps", rs)
-        w.append("steps", st)
+        w.append_many({"request_steps": rs, "steps": st})  # a chunk's tables land in one flush
         appended += rs.num_rows
         _log(fd, f"appended {appended}")
         due = t0 + (k + 1) * interval_s

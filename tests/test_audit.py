@@ -207,3 +207,28 @@ def test_audit_rejects_bad_arguments(tmp_path):
     assert r.exit_code == 2 and "reference or sglang" in r.output
     r = CliRunner().invoke(app, ["audit", "--db", str(tmp_path / "x.duckdb"), "--audit-fraction", "0"])
     assert r.exit_code == 2
+
+
+def test_sglang_engine_delegates_to_live(tmp_path):
+    """`--engine sglang --urls` attaches to SGLang servers through acceptscope.live (here: the project's
+    loopback simulator of SGLang 0.5.23's HTTP formats, two instances that do NOT share an engine)."""
+    from tests.fake_sglang_server import FakeConfig, FakeSGLangServer
+
+    db = tmp_path / "sg.duckdb"
+    with FakeSGLangServer(FakeConfig(mode="compact", gamma=4, seed=5)) as c, \
+            FakeSGLangServer(FakeConfig(mode="cap-accept", gamma=4, seed=5)) as a:
+        r = CliRunner().invoke(app, ["audit", "--engine", "sglang", "--urls", f"compact={c.url},cap-accept={a.url}",
+                                     "--db", str(db), "--out", str(tmp_path / "sg.html"), "--requests", "6",
+                                     "--max-new-tokens", "16", "--json", "--no-estimators"])
+    s = json.loads(r.stdout[r.stdout.index("{"):])
+    assert r.exit_code == s["exit_code"] in (EXIT_OK, EXIT_FAILURE), r.output
+    runs = Reader(db).runs()
+    assert set(runs["arm"]) == {"compact", "cap-accept"} and runs["audit_group"].nunique() == 1
+    assert s["runs"]["compact"]["run_id"] == f"{s['audit_group']}-compact"
+    p = s["parity"]
+    assert p["pairs"] == 6 and p["identical"] + len(p["findings"]) == 6
+    # two independent simulated servers diverge: every finding names its request and first divergent token
+    for f in p["findings"]:
+        assert f["kind"] in ("scheduling", "nondeterminism", "length") and f["position"] is not None
+    assert (r.exit_code == EXIT_FAILURE) == bool(p["findings"])
+    assert (tmp_path / "sg.html").stat().st_size > 100_000

@@ -22,10 +22,10 @@ from acceptscope.store import Store
 from tests import _store_helpers as H
 
 ROOT = Path(__file__).resolve().parents[1]
-CHUNKS = 400  # far more than a child streams before it is killed
+CHUNKS = 150  # 7.5 s of stream at 0.05 s per chunk: far more than a child streams before it is killed
 
 
-def _spawn_writer(db: Path, log: Path, interval_s: float = 0.03) -> subprocess.Popen:
+def _spawn_writer(db: Path, log: Path, interval_s: float = 0.05) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tests._store_helpers", "writer", str(db), str(log), str(CHUNKS), str(interval_s), "0.1"],
         cwd=ROOT,
@@ -45,7 +45,9 @@ def _read_log(log: Path) -> tuple[list[int], list[int]]:
     return appended, committed
 
 
-def _kill_after_commits(db: Path, log: Path, commits: int, rng: random.Random) -> tuple[list[int], list[int]]:
+def _kill_after_commits(
+    db: Path, log: Path, commits: int, rng: random.Random, aim_at_wal: bool
+) -> tuple[list[int], list[int]]:
     proc = _spawn_writer(db, log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -57,7 +59,13 @@ def _kill_after_commits(db: Path, log: Path, commits: int, rng: random.Random) -
     else:
         proc.kill()
         raise AssertionError("writer child made no progress")
-    time.sleep(rng.uniform(0.0, 0.15))  # land anywhere, often inside a flush
+    wal = Path(str(db) + ".wal")
+    if aim_at_wal:  # kill while a flush has written its WAL and not yet checkpointed it away
+        end = time.monotonic() + 5
+        while not wal.exists() and time.monotonic() < end:
+            time.sleep(0.0005)
+    else:
+        time.sleep(rng.uniform(0.0, 0.15))  # land anywhere
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
@@ -93,9 +101,9 @@ def test_sigkill_mid_stream_keeps_whole_flushes_and_reingest_is_exact(tmp_path: 
     losses = []
     prior = 0
     wal_left: list[bool] = []
-    for cycle in range(2):  # crash, reopen, resume the same ingest, crash again
+    for cycle in range(2):  # crash at random, reopen, resume the same ingest, crash inside a flush
         log = tmp_path / f"child{cycle}.log"
-        appended, committed = _kill_after_commits(db, log, commits=4 + 2 * cycle, rng=rng)
+        appended, committed = _kill_after_commits(db, log, commits=3, rng=rng, aim_at_wal=cycle == 1)
         wal_left.append(Path(str(db) + ".wal").exists())  # True: killed inside a transaction/checkpoint
         store = Store(db)  # reopens read-write: replays or discards the WAL
         n = _check_whole_flushes(store, appended, committed, prior)
@@ -122,6 +130,6 @@ def test_sigkill_mid_stream_keeps_whole_flushes_and_reingest_is_exact(tmp_path: 
     print(
         "\ncrash safety: rows lost per SIGKILL (appended - committed in file) = "
         f"{[lost for lost, _ in losses]}; appended - acknowledged = {[u for _, u in losses]} "
-        f"(chunk = {H.CHUNK_ROWS} rows every 0.03 s, flush interval 0.1 s); WAL left by the kill: {wal_left}"
+        f"(chunk = {H.CHUNK_ROWS} rows every 0.05 s, flush interval 0.1 s); WAL left by the kill: {wal_left}"
     )
     assert os.path.getsize(db) > 0

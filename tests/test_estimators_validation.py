@@ -30,14 +30,14 @@ def test_module_docstring_examples_run(name):
 
 
 def test_validation_targets_on_synthetic():
-    sim = simulate(n_requests=900, seed=61)
+    sim = simulate(n_requests=700, seed=61)
     t = sim.tables
-    v = validate(t["request_steps"], steps=t["steps"], n_boot=200, hazard_boot=15,
+    v = validate(t["request_steps"], steps=t["steps"], n_boot=100, hazard_boot=10,
                  jsonl=dict(rows=t["estimator_rows"], gather=t["estimator_gather"], eos=t["estimator_eos"]))
     pm = v.per_mode.set_index("mode")
     assert pm.loc["greedy", "resolved_exact"] == pm.loc["greedy", "n_resolved"] > 100
     for m in ("logprob", "confidence"):
-        assert pm.loc[m, "n_blocks"] - pm.loc[m, "n_resolved"] > 1000
+        assert pm.loc[m, "n_blocks"] - pm.loc[m, "n_resolved"] > 800
         assert 0.86 <= pm.loc[m, "cov90_unresolved"] <= 0.94
         assert 0.76 <= pm.loc[m, "cov80_unresolved"] <= 0.84
     assert v.aggregate.covers.mean() >= 0.7  # 95% aggregate intervals (8 groups)
@@ -72,6 +72,16 @@ def db(tmp_path_factory):
     comp = compact_view(sim.tables["request_steps"], run_id="syn-compact")
     runs = sim.tables["runs"].assign(run_id="syn-compact", arm="compact")
     st.append({"runs": runs, "request_steps": comp, "steps": sim.tables["steps"].assign(run_id="syn-compact")})
+    # the SPS table the simulated planner used, recorded like an ingested SGLang table
+    t = sim.sps_table
+    long = [dict(table_hash="h", kind="additive", component="bias_seconds", probe=-1, value=t["bias_seconds"])]
+    long += [dict(table_hash="h", kind="additive", component="alpha_seconds", probe=b, value=v)
+             for b, v in zip(t["bs_probes"], t["alpha_seconds"])]
+    long += [dict(table_hash="h", kind="additive", component="theta_seconds", probe=b, value=v)
+             for b, v in zip(t["m_probes"], t["theta_seconds"])]
+    st.append({"sps_tables": long})
+    with st.connect() as con:
+        con.execute("UPDATE runs SET sps_hash = 'h'")
     return p
 
 

@@ -90,3 +90,23 @@ def test_export_metrics_command(tmp_path):
 def test_help_has_an_example(cmd):
     r = runner.invoke(app, ["live", cmd, "--help"])
     assert r.exit_code == 0 and "acceptscope live" in r.output
+
+
+def test_launch_holds_then_stops(tmp_path):
+    import socket
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    fake = f"{sys.executable} {Path(__file__).with_name('fake_sglang_server.py')}"
+    r = runner.invoke(app, ["live", "launch", "--arm", "compact", "--model-path", "T", "--block-size", "3",
+                            "--port", str(port), "--log-dir", str(tmp_path), "--entry", fake, "--hold", "0.5",
+                            "--ready-timeout", "30", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["url"] == f"http://127.0.0.1:{port}" and out["pid"] > 0
+    assert any("verify-all" in w for w in out["warnings"])  # compact without an SPS table
+    assert "server stopped (exit code 0)" in r.output
+    assert "shut down" in (tmp_path / "compact.stderr.log").read_text()

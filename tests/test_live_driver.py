@@ -31,6 +31,9 @@ def test_load_prompts_shared_and_paths(tmp_path):
         D.load_prompts(str(bad), limit=5)
     with pytest.raises(D.WorkloadError, match="gsm8k"):
         D.load_prompts("no-such-workload", limit=2)
+    # the reference engine's built-in names mean the same prompts as in a reference audit
+    builtin = D.load_prompts("poetry", limit=2)
+    assert [p.workload for p in builtin] == ["poetry", "poetry"] and "thuggish" not in builtin[0].text
 
 
 def test_loopback_guard():
@@ -66,12 +69,12 @@ def test_generate_api_records_meta_info(server):
 
 
 def test_openai_api_reads_sglext(server):
-    prompts = D.load_prompts("poetry", limit=3)
+    prompts = D.load_prompts("mt-bench", limit=3)
     cfg = D.DriveConfig(base_url=server.url, run_id="run-o", api="openai", max_new_tokens=8, temperature=1.0, loopback_only=True)
     res = D.Driver(cfg).run(prompts)
     assert len(res.rows) == 3 and not res.errors
     r = res.rows[0]
-    assert r["rid"] == "run-o-c1-poetry-0" and r["completion_tokens"] == 8 and r["finish_reason"] == "length"
+    assert r["rid"] == "run-o-c1-mt-bench-0" and r["completion_tokens"] == 8 and r["finish_reason"] == "length"
     assert r["spec_verify_ct"] > 0 and r["spec_cap_length"] > 0
     assert len(r["output_tokens"]) == 8
 

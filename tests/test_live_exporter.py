@@ -56,13 +56,17 @@ def test_exporter_serves_derived_metrics(db):
         assert _get(m, "acceptscope_in_window_accept_rate", run_id=run) == pytest.approx(real.loc[run, "r"])
     # cap-accept: the ceiling is exact per row; the point is its mean (+1 bonus)
     exact = store.query_df(f"SELECT avg(ceiling) + 1 c FROM request_steps WHERE run_id = '{cap}'")["c"][0]
-    assert _get(m, "acceptscope_ceiling_accept_length", run_id=cap, bound="point") == pytest.approx(exact)
-    lo, hi = (_get(m, "acceptscope_ceiling_accept_length", run_id=cap, bound=b) for b in ("lo", "hi"))
+    assert _get(m, "acceptscope_ceiling_accept_length", run_id=cap, method="exact", bound="point") == pytest.approx(exact)
+    lo, hi = (_get(m, "acceptscope_ceiling_accept_length", run_id=cap, method="exact", bound=b) for b in ("lo", "hi"))
     assert lo < exact < hi
     # compact: identification bounds bracket the imputed point; realized never exceeds the ceiling bound
-    clo, cpt, chi = (_get(m, "acceptscope_ceiling_accept_length", run_id=comp, bound=b) for b in ("lo", "point", "hi"))
+    clo, cpt, chi = (_get(m, "acceptscope_ceiling_accept_length", run_id=comp, method="bounds", bound=b) for b in ("lo", "point", "hi"))
     assert clo <= cpt <= chi and real.loc[comp, "a"] == pytest.approx(clo)
-    u = _get(m, "acceptscope_utilization", run_id=cap, bound="point")
+    # and the estimators package's hazard model, fit on the cap-accept run of the same audit group
+    hlo, hpt, hhi = (_get(m, "acceptscope_ceiling_accept_length", run_id=comp, method="hazard", bound=b) for b in ("lo", "point", "hi"))
+    assert hlo <= hpt <= hhi and clo <= hpt <= chi
+    assert 0 < _get(m, "acceptscope_utilization", run_id=comp, method="hazard", bound="point") <= 1
+    u = _get(m, "acceptscope_utilization", run_id=cap, method="exact", bound="point")
     assert 0 < u <= 1 and u == pytest.approx(real.loc[cap, "a"] / exact)
     # calibration only where labels are uncensored (cap-accept), per position and overall
     assert {dict(l)["position"] for (n, l) in m if n == "acceptscope_calibration_ece" and dict(l)["run_id"] == cap} == {"0", "1", "2", "3", "all"}
@@ -96,8 +100,10 @@ def test_run_metrics_compact_bounds_by_hand():
     m = run_metrics(rs, "compact", g)
     # row 0: window fully accepted with 2 trimmed drafts -> [3, 5], tail 0.5 + 0.25
     # row 1: rejection inside the window -> exact 2; row 2: w == gamma -> exact 5
-    assert m["ceiling"]["lo"] == pytest.approx((3 + 2 + 5) / 3)
-    assert m["ceiling"]["hi"] == pytest.approx((5 + 2 + 5) / 3)
-    assert m["ceiling"]["point"] == pytest.approx((3.75 + 2 + 5) / 3)
+    c = m["ceiling"]["bounds"]
+    assert c["lo"] == pytest.approx((3 + 2 + 5) / 3)
+    assert c["hi"] == pytest.approx((5 + 2 + 5) / 3)
+    assert c["point"] == pytest.approx((3.75 + 2 + 5) / 3)
     assert m["realized"] == pytest.approx(10 / 3) and math.isclose(m["in_window_accept_rate"], 7 / 9)
-    assert np.isfinite(m["utilization"]["point"])
+    assert m["utilization"]["bounds"]["point"] == pytest.approx((10 / 3) / c["point"])
+    assert np.isfinite(m["utilization"]["bounds"]["lo"])

@@ -187,3 +187,11 @@ def test_reader_threads_and_writer_thread_in_one_process(tmp_path: Path) -> None
     for counts in seen:
         assert len(counts) >= 2
         assert all(a <= b for a, b in zip(counts, counts[1:])) and counts[-1] <= 4000
+
+
+def test_arrival_order_is_kept(store: Store) -> None:
+    """The default (index-free) design appends surviving rows in arrival order (INSERT OR IGNORE does not)."""
+    order = [5, 3, 9, 1, 7, 0, 8, 2, 6, 4]
+    store.append({"steps": [H.steps(1, start_forward_ct=k)[0] for k in order[:6]]})
+    store.append({"steps": [H.steps(1, start_forward_ct=k)[0] for k in order]})  # 6 dups, 4 new
+    assert list(store.read_table("steps")["forward_ct"]) == order

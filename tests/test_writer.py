@@ -155,3 +155,15 @@ def test_reingest_through_writer_is_idempotent(store: Store) -> None:
 def test_invalid_settings() -> None:
     with pytest.raises(ValueError):
         TelemetryWriter.__init__(object.__new__(TelemetryWriter), None, flush_interval_s=0)  # type: ignore[arg-type]
+
+
+def test_append_many_is_validated_and_flushed_as_one_unit(store: Store) -> None:
+    with store.writer(flush_interval_s=60) as w:
+        with pytest.raises(ValueError, match="unknown column"):
+            w.append_many({"steps": H.steps(2), "request_steps": [{"bogus": 1}]})
+        assert w.stats()["buffered_rows"] == 0  # the valid part was not buffered either
+        got = w.append_many({"steps": H.steps(3), "request_steps": H.request_steps(24), "gaps": []})
+        assert got == {"steps": 3, "request_steps": 24, "gaps": 0}
+        w.flush()
+        assert w.stats()["flushes"] == 1
+    assert (store.counts()["steps"], store.counts()["request_steps"]) == (3, 24)

@@ -68,6 +68,9 @@ def register(app: typer.Typer) -> None:
         target: Optional[str] = typer.Option(None, "--target", help="Target model directory."),
         drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter model directory."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+        urls: Optional[str] = typer.Option(None, "--urls", help="--engine sglang: attach to running servers, "
+                                           "e.g. compact=http://127.0.0.1:30000,cap-accept=http://127.0.0.1:30001 "
+                                           "(default $ACCEPTSCOPE_SGLANG_URLS; else launch from --target/--drafter)."),
         no_estimators: bool = typer.Option(False, "--no-estimators", help="Report raw-table views only."),
         json_out: bool = JsonOption,
     ) -> None:
@@ -85,6 +88,11 @@ def register(app: typer.Typer) -> None:
             num_requests=requests, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
             temperature=temperature, seed=seed, gamma=gamma, max_running_requests=batch, lag_steps=lag_steps,
             sts=sts, sps=sps, target=target, drafter=drafter, threads=threads).items() if v is not None}
+        if urls is not None:
+            if engine != "sglang":
+                console.print("[red]--urls only applies to --engine sglang[/red]")
+                raise typer.Exit(EXIT_USAGE)
+            opts["urls"] = urls
         cfg = AuditConfig(db=str(db), engine=engine, workload=workload, out=None if no_report else str(out),
                           with_static=with_static, audit_fraction=audit_fraction, sample_seed=sample_seed,
                           audit_group=audit_group, estimators=not no_estimators, engine_options=opts)
@@ -119,9 +127,13 @@ def _print(res) -> None:
     t = Table(title=f"audit {res.audit_group}", show_lines=False)
     for c in ("arm", "run_id", "requests", "accept len", "window", "tok/s", "wall s"):
         t.add_column(c)
+    def num(r: dict, k: str, fmt: str) -> str:
+        v = r.get(k)
+        return format(v, fmt) if isinstance(v, (int, float)) else "–"
+
     for arm, r in res.runs.items():
-        t.add_row(arm, str(r.get("run_id")), str(r.get("requests")), f"{r.get('mean_accept_length', 0):.2f}",
-                  f"{r.get('mean_window', 0):.2f}", f"{r.get('tokens_per_s', 0):.0f}", f"{r.get('wall_s', 0):.1f}")
+        t.add_row(arm, str(r.get("run_id")), str(r.get("requests", "–")), num(r, "mean_accept_length", ".2f"),
+                  num(r, "mean_window", ".2f"), num(r, "tokens_per_s", ".0f"), num(r, "wall_s", ".1f"))
     console.print(t)
     p = res.parity
     if p.ok:

@@ -14,8 +14,8 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "export",
         help=(
-            "Export runs to hive-partitioned Parquet (OUT/<table>/run_id=<id>/[rank=<r>/]part-*.parquet), "
-            "readable by DuckDB, pandas/pyarrow and Spark.\n\n"
+            "Export runs to hive-partitioned Parquet: OUT/<table>/run_id=<id>/part-*.parquet "
+            "(steps and request_steps add a rank=<r> level), readable by DuckDB, pandas/pyarrow and Spark.\n\n"
             "Example:  acceptscope export run-7 --parquet out/ --db audit.duckdb\n\n"
             "          acceptscope export --all --parquet out/ --db audit.duckdb --json"
         ),

@@ -328,8 +328,20 @@ Examples:
             except SGLangUnavailable as e:
                 console.print(f"[red]{e}[/red]")
                 raise typer.Exit(EXIT_FAILURE)
-            console.print(f"SGLang profiler exited {code}; outputs: {cmd.outputs()}; ingest them with `acceptscope ingest`")
-            raise typer.Exit(0 if code == 0 else EXIT_FAILURE)
+            if code != 0:
+                console.print(f"[red]SGLang profiler exited {code}[/red]")
+                raise typer.Exit(EXIT_FAILURE)
+            from acceptscope.live.sps import ingest_profiler_outputs
+            from acceptscope.store import Store
+
+            rid = run_id or f"sps-{time.strftime('%Y%m%dT%H%M%S')}"
+            batch = ingest_profiler_outputs(cmd.out, rid)
+            batch.write(Store(db))
+            if json_out:
+                emit_json({"run_id": rid, "rows": batch.counts(), "outputs": {k: str(v) for k, v in cmd.outputs().items()}})
+            else:
+                console.print(f"SGLang profiler done; ingested {batch.counts()} into {db} as run {rid}")
+            return
         from acceptscope.live.sink import StoreSink
         from acceptscope.store import Store
 

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         target: str = typer.Option("fixtures/models/target", "--target", help="Target model directory."),
         drafter: str = typer.Option("fixtures/models/drafter", "--drafter", help="Drafter model directory."),
         gamma: Optional[int] = typer.Option(None, "--gamma", min=1, help="Block size (<= the drafter's)."),
-        threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads (default: all cores)."),
+        threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default 1)."),
         json_out: bool = JsonOption,
     ) -> None:
         from rich.progress import Progress

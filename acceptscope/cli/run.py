@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         drafter: str = typer.Option("fixtures/models/drafter", "--drafter", help="Drafter model directory."),
         run_id: Optional[str] = typer.Option(None, "--run-id", help="Run id (default: generated)."),
         audit_group: Optional[str] = typer.Option(None, "--audit-group", help="Audit group id shared by arms."),
-        threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads (default: all cores)."),
+        threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default 1: tiny models on shared cores lose to oversubscription)."),
         json_out: bool = JsonOption,
     ) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

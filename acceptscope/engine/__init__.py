@@ -229,7 +229,6 @@ def summarize(engine: Any, results: list, run_id: str, arm: str, gamma: int, wal
         d["correct"] += r.correct_drafts
     for d in by.values():
         d["accept_length"] = d["tokens"] / d["verify_ct"] if d["verify_ct"] else None
-    steps = max(engine.decode_steps, 1)
     return RunSummary(
         run_id=run_id, arm=arm, gamma=gamma, requests=len(results), completion_tokens=toks,
         decode_steps=engine.decode_steps, forward_ct=engine.forward_ct, wall_s=wall,

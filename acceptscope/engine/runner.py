@@ -167,6 +167,8 @@ class Engine:
         self.scheduled_tokens = 0
         self.steps_rows = 0
         self._batched_extend = _supports_batched_extend(drafter)
+        self.decode_s = 0.0  # total decode-step wall time (draft start .. telemetry emitted)
+        self.telemetry_s = 0.0  # part of it spent building telemetry batches
 
     # ------------------------------------------------------------------ public
     def run(self, specs: Sequence[RequestSpec], progress: Optional[Callable[[int, int], None]] = None) -> list[RequestResult]:
@@ -181,15 +183,12 @@ class Engine:
         waiting = deque(specs)
         running: list[_Req] = []
         self._t0 = time.perf_counter()
-        done_tokens = 0
         while waiting or running:
             if waiting and len(running) < self.max_running:
                 admit = []
                 while waiting and len(running) + len(admit) < self.max_running:
                     admit.append(waiting.popleft())
                 finished = self._prefill(admit, running)
-                for r in finished:
-                    done_tokens += len(r.output)
                 if progress and finished:
                     progress(len(finished), sum(len(r.output) for r in finished))
                 continue
@@ -387,6 +386,8 @@ class Engine:
             self.sink.step_done()
             self.steps_rows += 1
         self._last_decode_end = time.perf_counter()
+        self.telemetry_s += self._last_decode_end - t4
+        self.decode_s += self._last_decode_end - t0
         running[:] = keep
         return finished
 

@@ -89,6 +89,11 @@ def load_prompts(spec: str, num_requests: int) -> list[Prompt]:
         elif name.endswith(".jsonl") or Path(name).exists():
             texts = read_turns_jsonl(name)
             label = Path(name).stem
+            used = {lab for lab, _ in pools} | set(BUILTIN)
+            base, k = label, 2
+            while label in used:  # keep labels (and request ids) unique
+                label = f"{base}-{k}"
+                k += 1
         else:
             raise ValueError(f"unknown workload {name!r}: expected one of {BUILTIN}, 'mixed', or a .jsonl path")
         # cycle a short file so every workload gets its share; prompt_index = ordinal within the workload

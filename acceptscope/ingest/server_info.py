@@ -166,15 +166,16 @@ _PayloadRaw = msgspec.defstruct(  # records as lazily decoded raw items
         ("simulate_acc_len", Any, None),
     ],
 )
+# One typed pass over the whole document: states and payload headers decoded, records kept raw.
 _StateRaw = msgspec.defstruct(
-    "_StateRaw", [("dspark_info_record", msgspec.Raw, None)] + _ArgFields
+    "_StateRaw", [("dspark_info_record", Optional[_PayloadRaw], None)] + _ArgFields
 )
 _TopRaw = msgspec.defstruct(
     "_TopRaw",
     [
-        ("internal_states", Optional[list[msgspec.Raw]], None),
+        ("internal_states", Optional[list[_StateRaw]], None),
         ("startup_time", Any, None),
-        ("dspark_info_record", msgspec.Raw, None),
+        ("dspark_info_record", Optional[_PayloadRaw], None),
         ("records", msgspec.Raw, None),
     ]
     + [f for f in _ArgFields if f[0] != "version"]
@@ -182,7 +183,6 @@ _TopRaw = msgspec.defstruct(
 )
 
 _dec_top = msgspec.json.Decoder(_TopRaw)
-_dec_state = msgspec.json.Decoder(_StateRaw)
 _dec_payload = msgspec.json.Decoder(_PayloadRaw)
 _dec_record = msgspec.json.Decoder(_StepRecordRaw)
 _dec_reqs = msgspec.json.Decoder(list[ReqDetail])
@@ -193,7 +193,7 @@ _dec_any = msgspec.json.Decoder()
 
 def _nr(raw: Any) -> Any:
     """A decoded ``msgspec.Raw`` holding JSON null -> None."""
-    if raw is None or (isinstance(raw, msgspec.Raw) and bytes(raw) == b"null"):
+    if raw is None or (isinstance(raw, msgspec.Raw) and len(raw) == 4 and bytes(raw) == b"null"):
         return None
     return raw
 
@@ -218,6 +218,7 @@ class _State:
     args: dict
     records: Sequence[Any]  # raw bytes items or dicts
     is_raw: bool
+    multiline: bool = True  # raw JSON may hold newlines (pretty-printed): records need flattening
     _headers: dict = field(default_factory=dict)
 
     def header(self, j: int) -> StepRecord:
@@ -562,29 +563,29 @@ class ServerInfoIngestor:
     def _states_from_raw(self, top: Any, data: bytes, src: str, line: int, batch: IngestBatch):
         """States of a typed-decoded document; raises _SlowPath on anything irregular."""
         top_args = {k: getattr(top, k) for k in _ARG_KEYS if getattr(top, k) is not None}
-        try:
-            if top.internal_states is not None:
-                items = []
-                for i, raw in enumerate(top.internal_states):
-                    st = _dec_state.decode(raw)
-                    args = dict(top_args)
-                    args.update({k: getattr(st, k) for k in _ARG_KEYS if getattr(st, k) is not None})
-                    items.append((i, f"internal_states[{i}]", _nr(st.dspark_info_record), args))
-            elif _nr(top.dspark_info_record) is not None:
-                items = [(0, "", top.dspark_info_record, top_args)]
-            elif _nr(top.records) is not None:
-                items = [(0, "", data, top_args)]
-            else:
-                batch.reject(make_reject(src, line, "$", "no internal_states / dspark_info_record in payload",
-                                         None, self.run_id))
-                raise _PayloadRejected
-            decoded = [(i, p, _dec_payload.decode(d) if d is not None else None, a) for i, p, d, a in items]
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            raise _SlowPath from None
+        if top.internal_states is not None:
+            items = []
+            for i, st in enumerate(top.internal_states):
+                args = dict(top_args)
+                args.update({k: getattr(st, k) for k in _ARG_KEYS if getattr(st, k) is not None})
+                items.append((i, f"internal_states[{i}]", st.dspark_info_record, args))
+        elif top.dspark_info_record is not None:
+            items = [(0, "", top.dspark_info_record, top_args)]
+        elif _nr(top.records) is not None:
+            try:
+                items = [(0, "", _dec_payload.decode(data), top_args)]
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                raise _SlowPath from None
+        else:
+            batch.reject(make_reject(src, line, "$", "no internal_states / dspark_info_record in payload",
+                                     None, self.run_id))
+            raise _PayloadRejected
+        multiline = data.find(b"\n", 0, len(data) - 1) >= 0 or b"\r" in data
         states = []
-        for i, prefix, dump, args in decoded:
+        for i, prefix, dump, args in items:
             s = self._make_state(i, prefix, dump, args, True, src, line, batch)
             if s is not None:
+                s.multiline = multiline
                 states.append(s)
         return states
 
@@ -933,7 +934,10 @@ class ServerInfoIngestor:
         """Translate records[start:] on the vectorised path; False (nothing done) to fall back."""
         n = len(s.records)
         try:
-            lines = [self._record_line(s, j) for j in range(start, n)]
+            if s.is_raw and not s.multiline:
+                lines = s.records[start:n]  # msgspec.Raw items join as bytes, no copies
+            else:
+                lines = [self._record_line(s, j) for j in range(start, n)]
         except (TypeError, msgspec.EncodeError):
             return False
         tbl = fast.read_records(lines)

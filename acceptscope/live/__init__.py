@@ -39,14 +39,29 @@ What *has* run, in ``tests/test_live_*.py``:
   in shuffled order;
 * the launcher's process management with a real subprocess (the fake server
   started through ``ServerProcess`` with an entry override), and its command
-  lines/environments as data.
+  lines/environments as data;
+* payloads produced by SGLang 0.5.23's own recorders/serialisers on CPU
+  (``fixtures/sglang/``: ``/server_info`` polls with ranks in arrival order,
+  estimator JSONL, STS shards, ``/generate`` responses) served over loopback HTTP:
+  the live poller/tailers yield exactly what the file ingest path yields;
+* ``sglang`` tier (``.venv-sglang``, CPU): every arm's argv is accepted by SGLang's
+  real ``ServerArgs`` CLI parser and every arm's env is read back correctly by
+  SGLang's env readers (verify mode, info-dump components, estimator path,
+  folded-proposal switch, STS collect path); SGLang's own ``dspark_sps_profiler
+  fit`` rebuilds the same SPS table from the rounds file our sweep wrote;
+* once, by hand (not a test): ``acceptscope.audit.run_audit(engine="sglang")``
+  through :func:`run_audit` with ``ACCEPTSCOPE_SGLANG_URLS`` pointing at two fake
+  servers (both arms captured, parity checked, report written).
 
-Not verified: that ``python -m sglang.launch_server`` accepts exactly the argv
-built here on a real install (flags were taken from the 0.5.23 source),
-readiness timing of a real model load, real payload sizes near the 200 000-record
-ring, SGLang's own ``dspark_sps_profiler`` subprocess (only its command line is
-tested), real DP-attention arrival orders, and token parity between arms under
-real sampling kernels.
+Not verified: a real server start (model load, readiness timing, SGLang's
+server-arg *resolution* hooks beyond the CLI parser, e.g. the compact + DP +
+dense-draft refusal we mirror), real payload sizes near the 200 000-record ring,
+SGLang's profiler ``run`` subcommand (it needs the full sglang runtime: in
+``.venv-sglang`` it stops at missing ``tabulate`` / ``datasets``; only its command
+line and its ``fit`` are tested), real DP-attention arrival orders, and token
+parity between arms under real sampling kernels. ``--disable-cuda-graph`` is
+deprecated in 0.5.23 (SGLang suggests ``--cuda-graph-backend-{decode,prefill}=disabled``)
+but still accepted.
 """
 
 from __future__ import annotations

@@ -74,9 +74,16 @@ def read_turns_jsonl(path: str | Path, workload: str | None = None, limit: int |
     return out
 
 
+_ENGINE_NAMES = ("math", "code", "chat", "poetry", "mixed")  # the reference engine's built-in sets
+
+
 def _resolve_name(item: str) -> str:
-    """A shared workload name (``gsm8k``) becomes its JSONL path; anything else is kept."""
-    if item.endswith(".jsonl") or Path(item).exists():
+    """A shared workload name (``gsm8k``) becomes its JSONL path; anything else is kept.
+
+    The reference engine's built-in names win (``poetry`` is the built-in set, as in
+    ``acceptscope audit --engine reference``); give a path for the shared file of that name.
+    """
+    if item in _ENGINE_NAMES or item.endswith(".jsonl") or Path(item).exists():
         return item
     candidate = WORKLOAD_DIR / f"{item}.jsonl"
     return str(candidate) if candidate.exists() else item

@@ -17,8 +17,13 @@ accept-length units (accepted drafts + 1 bonus):
   and drafts were trimmed (else exact ``cl+1``); point imputes the trimmed tail
   from the row's own recorded confidence (expected extra accepts
   ``sum_j prod_{i=w..j} c_i``); lo/hi are the means of the bounds.
-* ``acceptscope_utilization{bound=...}``: realized / ceiling (lo uses the hi
-  ceiling and vice versa).
+* compact runs also get ``method="hazard"``: the estimators package's
+  ``TailEstimator`` fit on a truth-bearing run of the same gamma (cap-accept of
+  the same audit group first) and applied to the compact window, with its
+  bootstrap 95% interval. ``method`` is ``exact`` (cap-accept/static),
+  ``bounds`` (compact identification bounds) or ``hazard``.
+* ``acceptscope_utilization{bound=..., method=...}``: realized / ceiling (lo uses
+  the hi ceiling and vice versa).
 * ``acceptscope_in_window_accept_rate``: sum(correct_drafts) / sum(window),
   the rate SGLang's fixed-gamma ``spec_accept_rate`` understates.
 * ``acceptscope_calibration_ece{position}``: ECE (15 equal-width bins) of the
@@ -84,6 +89,23 @@ def _imputed_tail(conf: Any, w: int, gamma: int) -> float:
     return float(np.cumprod(c).sum())
 
 
+def _util(r: float, point: float, lo: float, hi: float) -> dict[str, float]:
+    return {
+        "point": r / point if point else math.nan,
+        "lo": r / hi if hi else math.nan,
+        "hi": min(1.0, r / lo) if lo else math.nan,
+    }
+
+
+def hazard_ceiling(truth_rows: pd.DataFrame, rows: pd.DataFrame, gamma: int) -> dict[str, float]:
+    """Mean ceiling (accept-length units) of ``rows`` by the estimators package's TailEstimator."""
+    from estimators.tail import TailEstimator
+
+    res = TailEstimator().fit(truth_rows, gamma=gamma).estimate(rows, gamma=gamma)
+    agg = res.aggregate(level=0.95, n_boot=200).iloc[0]
+    return {"point": float(agg["mean_ceiling"]) + 1.0, "lo": float(agg["lo"]) + 1.0, "hi": float(agg["hi"]) + 1.0}
+
+
 def run_metrics(rs: pd.DataFrame, arm: str, gamma: int) -> dict[str, Any]:
     """Derived metrics of one run's recent request-steps (see module doc)."""
     out: dict[str, Any] = {"request_steps_window": len(rs)}
@@ -104,13 +126,9 @@ def run_metrics(rs: pd.DataFrame, arm: str, gamma: int) -> dict[str, Any]:
         tail = np.array([_imputed_tail(c, int(wi), gamma) if o else 0.0
                          for c, wi, o in zip(rs["confidence"], w, opened)])
         point, lo, hi = float((lo_rows + tail).mean()), float(lo_rows.mean()), float(hi_rows.mean())
-    out["ceiling"] = {"point": point, "lo": lo, "hi": hi}
-    r = out["realized"]
-    out["utilization"] = {
-        "point": r / point if point else math.nan,
-        "lo": r / hi if hi else math.nan,
-        "hi": min(1.0, r / lo) if lo else math.nan,
-    }
+    method = "exact" if arm in ("cap-accept", "static") and rs["ceiling"].notna().any() else "bounds"
+    out["ceiling"] = {method: {"point": point, "lo": lo, "hi": hi}}
+    out["utilization"] = {method: _util(out["realized"], point, lo, hi)}
     if arm == "cap-accept" and rs["survival"].notna().any():
         sub = rs[rs["survival"].notna() & rs["ceiling"].notna()]
         surv = np.stack([np.asarray(s, dtype=float)[:gamma] for s in sub["survival"]])
@@ -145,12 +163,15 @@ class DerivedMetrics:
         self.errors = 0
         self.last_error: str | None = None
         self._cache: dict[str, Any] = {}
+        self._truth: dict[str, tuple[float, pd.DataFrame]] = {}
+        self.refit_s = 30.0
         self._at = 0.0
         self._lock = threading.Lock()
 
     def _compute(self) -> dict[str, Any]:
         store = Store(self.db, read_only=True, lock_timeout_s=5.0)  # a reader never creates tables
-        runs = store.query_df("SELECT run_id, arm, gamma FROM runs")
+        runs = store.query_df("SELECT run_id, arm, gamma, audit_group FROM runs")
+        all_runs = runs
         if self.run_ids:
             runs = runs[runs["run_id"].isin(self.run_ids)]
         ids = runs["run_id"].tolist()
@@ -158,7 +179,7 @@ class DerivedMetrics:
         if not ids:
             return res
         rs = store.query_df(
-            """SELECT run_id, "window", correct_drafts, acc_len, cap_trim, ceiling, confidence, survival FROM (
+            """SELECT * EXCLUDE (rn) FROM (
                  SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY epoch DESC, forward_ct DESC) AS rn
                  FROM request_steps WHERE run_id IN (SELECT UNNEST(?))) WHERE rn <= ?""",
             [ids, self.window_rows],
@@ -179,14 +200,38 @@ class DerivedMetrics:
             [ids],
         ).set_index("run_id")
         gaps = store.query_df("SELECT run_id, kind, count(*) AS n FROM gaps WHERE run_id IN (SELECT UNNEST(?)) GROUP BY ALL", [ids])
-        for run_id, arm, gamma in runs.itertuples(index=False):
-            m = run_metrics(rs[rs["run_id"] == run_id], arm, int(gamma))
+        for run_id, arm, gamma, group in runs.itertuples(index=False):
+            mine = rs[rs["run_id"] == run_id]
+            m = run_metrics(mine, arm, int(gamma))
+            if arm == "compact" and len(mine):
+                self._add_hazard(store, m, mine, all_runs, run_id, int(gamma), group)
             m["arm"] = arm
             m["cost"] = cost_metrics(steps[steps["run_id"] == run_id])
             m["counts"] = counts.loc[run_id].to_dict() if run_id in counts.index else {}
             m["gaps"] = {k: int(n) for k, n in gaps[gaps["run_id"] == run_id][["kind", "n"]].itertuples(index=False)}
             res["runs"][run_id] = m
         return res
+
+    def _add_hazard(self, store, m, rows, runs, run_id, gamma, group) -> None:
+        truth = runs[(runs["gamma"] == gamma) & runs["arm"].isin(["cap-accept", "static"]) & (runs["run_id"] != run_id)]
+        if truth.empty:
+            return
+        same = truth[truth["audit_group"] == group] if group is not None else truth.iloc[0:0]
+        src = (same if len(same) else truth).sort_values("arm").iloc[0]["run_id"]
+        try:
+            cached = self._truth.get(src)
+            if cached is None or time.monotonic() - cached[0] > self.refit_s:
+                t = store.query_df(
+                    """SELECT * EXCLUDE (rn) FROM (SELECT *, row_number() OVER (ORDER BY epoch DESC, forward_ct DESC) AS rn
+                       FROM request_steps WHERE run_id = ? AND ceiling IS NOT NULL) WHERE rn <= ?""", [src, self.window_rows])
+                cached = self._truth[src] = (time.monotonic(), t)
+            c = hazard_ceiling(cached[1], rows, gamma)
+        except Exception as e:  # noqa: BLE001 - the simple quantities still stand
+            m.setdefault("notes", []).append(f"hazard estimate unavailable: {type(e).__name__}: {e}")
+            return
+        m["ceiling"]["hazard"] = c
+        m["utilization"]["hazard"] = _util(m["realized"], c["point"], c["lo"], c["hi"])
+        m["hazard_truth_run"] = src
 
     def get(self) -> dict[str, Any]:
         with self._lock:
@@ -208,8 +253,8 @@ class _Collector:
         data = self.src.get().get("runs", {})
         L = ["run_id", "arm"]
         realized = GaugeMetricFamily("acceptscope_realized_accept_length", "Mean committed tokens per request-step (window).", labels=L)
-        ceiling = GaugeMetricFamily("acceptscope_ceiling_accept_length", "Uncapped accept length (full-gamma verify), point and interval.", labels=L + ["bound"])
-        util = GaugeMetricFamily("acceptscope_utilization", "Realized / ceiling accept length, point and interval.", labels=L + ["bound"])
+        ceiling = GaugeMetricFamily("acceptscope_ceiling_accept_length", "Uncapped accept length (full-gamma verify), point and interval.", labels=L + ["method", "bound"])
+        util = GaugeMetricFamily("acceptscope_utilization", "Realized / ceiling accept length, point and interval.", labels=L + ["method", "bound"])
         rate = GaugeMetricFamily("acceptscope_in_window_accept_rate", "sum(correct_drafts)/sum(window) (window).", labels=L)
         ece = GaugeMetricFamily("acceptscope_calibration_ece", "ECE of recorded survival vs uncensored accept label, per draft position (cap-accept).", labels=L + ["position"])
         cost = GaugeMetricFamily("acceptscope_cost_model_error_ms", "Mean |predicted_step_ms - actual| of the SPS planner.", labels=L + ["vs"])
@@ -221,10 +266,12 @@ class _Collector:
             if "realized" in m:
                 realized.add_metric(lv, m["realized"])
                 rate.add_metric(lv, m["in_window_accept_rate"])
-                for b, v in m["ceiling"].items():
-                    ceiling.add_metric(lv + [b], v)
-                for b, v in m["utilization"].items():
-                    util.add_metric(lv + [b], v)
+                for meth, bounds in m["ceiling"].items():
+                    for b, v in bounds.items():
+                        ceiling.add_metric(lv + [meth, b], v)
+                for meth, bounds in m["utilization"].items():
+                    for b, v in bounds.items():
+                        util.add_metric(lv + [meth, b], v)
             for k, v in (m.get("ece") or {}).items():
                 ece.add_metric(lv + [str(k)], v)
             if "ece_all" in m:

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -59,7 +59,7 @@ class CaptureConfig:
     tail_interval_s: float = 1.0
     scrape_metrics: bool = True
     metrics_interval_s: float = 5.0
-    duration_s: float | None = None
+    duration_s: float | None = None  # capture-only mode: how long to watch (with traffic: until it ends)
     loopback_only: bool = False
     sink_max_batches: int = 64
     http_timeout_s: float = 60.0
@@ -289,12 +289,11 @@ class LiveCapture:
         ingestor = ServerInfoIngestor(self.run_id, "live", ring_capacity=cfg.ring_capacity or RING_CAPACITY,
                                       expected_gamma=self.server["gamma"], expected_arm=mode)
         self._t0 = time.monotonic()
-        deadline = self._t0 + cfg.duration_s if cfg.duration_s else None
         self.poller = ServerInfoPoller(
             self.base_url, self.run_id, self.sink.put, interval_s=cfg.poll_interval_s, clear=cfg.clear,
             clear_threshold_records=cfg.clear_threshold_records, timeout_s=cfg.http_timeout_s, ingestor=ingestor,
             drop_tables=("runs",),
-        ).start(deadline)
+        ).start()
         if cfg.estimator_path or cfg.sts_stem:
             self.tail = _Tail(self.run_id, self.sink, cfg.estimator_path, cfg.sts_stem, cfg.tail_interval_s,
                               gamma=self.server["gamma"]).start()
@@ -304,9 +303,8 @@ class LiveCapture:
 
     def drive(self, prompts: Sequence[Prompt], drive: DriveConfig) -> DriveResult:
         """Send traffic (same prompts/seeds for every arm); request rows stream into the sink."""
-        drive.run_id = self.run_id  # rows belong to this capture's run
-        drive.base_url = self.base_url
-        drive.loopback_only = drive.loopback_only or self.cfg.loopback_only
+        drive = replace(drive, run_id=self.run_id, base_url=self.base_url,  # rows belong to this capture's run
+                        loopback_only=drive.loopback_only or self.cfg.loopback_only)
         self.drive_result = Driver(drive, on_rows=lambda rows: self.sink.put({"requests": rows}),
                                    on_rejects=lambda rows: self.sink.put({"rejects": rows})).run(prompts)
         return self.drive_result
@@ -346,7 +344,7 @@ class LiveCapture:
             base_url=self.base_url,
             gamma=self.server.get("gamma"),
             polls=ps.as_dict() if ps else {},
-            sink=self.sink.stats(),
+            sink=self.sink.stats() | {"shared_with_other_arms": not self._own_sink},
             tail=self.tail.stats if self.tail else {},
             metrics=metrics,
             drive=self.drive_result.summary() if self.drive_result else None,

@@ -1,0 +1,120 @@
+"""Reference-engine speed: telemetry overhead (full capture vs off) and tokens/s on CPU, side by side in one run.
+
+Usage:  .venv/bin/python bench/engine.py [--requests 64 --max-new-tokens 48 --repeats 2 --threads 1]
+
+The same greedy workload (identical tokens, hence identical steps) is served repeatedly with
+the variants interleaved (off, full, lists-off, off, full, ...), so machine drift hits all
+variants alike:
+
+* ``off``: no telemetry sink at all;
+* ``full``: every steps / request_steps / requests row with per-position lists, streamed into
+  a DuckDB file through the store's writer;
+* ``lists-off``: the same with ``--no-per-position`` (list columns NULL).
+
+Reported: mean decode-step time per variant, the overhead ratio ``full / off`` (target <= 1.05),
+the instrumented in-step telemetry time as a share of step time (the direct measure; the
+background flush thread is visible only in the A/B ratio), and tokens/s per verify mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="fixtures/models/target")
+    ap.add_argument("--drafter", default="fixtures/models/drafter")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from acceptscope.engine import DEFAULT_SPS, load_models
+    from acceptscope.engine.runner import Engine, RequestSpec
+    from acceptscope.engine.sps import load_sps
+    from acceptscope.engine.telemetry import TelemetrySink
+    from acceptscope.engine.tokenizer import format_chat, load_tokenizer
+    from acceptscope.engine.workloads import load_prompts
+    from acceptscope.store import Store
+
+    tpath, _, model, drafter = load_models(a.target, a.drafter)
+    tok = load_tokenizer(tpath)
+    eos = model.config.eos_token_id
+    sps = load_sps(DEFAULT_SPS) if DEFAULT_SPS.exists() else None
+    specs = []
+    for p in load_prompts("mixed", a.requests):
+        ids = tok.encode(format_chat([{"role": "user", "content": p.text}], add_generation_prompt=True),
+                         add_special_tokens=False)[-192:]
+        specs.append(RequestSpec(rid=f"{p.workload}-{p.prompt_index}", prompt_ids=ids,
+                                 max_new_tokens=a.max_new_tokens, workload=p.workload, prompt_index=p.prompt_index))
+    max_len = max(len(s.prompt_ids) for s in specs) + a.max_new_tokens + drafter.config.gamma + 2
+    tmp = Path(tempfile.mkdtemp(prefix="bench_engine_"))
+
+    def serve(mode: str, variant: str, rep: int) -> dict:
+        sink = None
+        if variant != "off":
+            sink = TelemetrySink(Store(tmp / f"{variant}.duckdb"))
+        eng = Engine(model, drafter, mode=mode, max_running_requests=a.batch, max_seq_len=max_len, eos_token_id=eos,
+                     sps=sps, per_position=(variant == "full"), sink=sink, run_id=f"{mode}-{variant}-{rep}")
+        t0 = time.perf_counter()
+        res = eng.run(specs)
+        if sink is not None:
+            sink.close()  # includes waiting for the last commit
+        wall = time.perf_counter() - t0
+        toks = sum(len(r.output_tokens) for r in res)
+        return {"mode": mode, "variant": variant, "wall_s": wall, "tokens": toks, "steps": eng.decode_steps,
+                "step_ms": 1e3 * eng.decode_s / eng.decode_steps, "telemetry_ms": 1e3 * eng.telemetry_s / eng.decode_steps,
+                "tokens_per_s": toks / wall}
+
+    rows = []
+    serve("cap-accept", "off", -1)  # warm-up (allocator, lazy inits)
+    for rep in range(a.repeats):
+        for variant in ("off", "full", "lists-off"):
+            rows.append(serve("cap-accept", variant, rep))
+            print(f"  cap-accept {variant:9s} rep {rep}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
+    for mode in ("compact", "static"):
+        for rep in range(a.repeats):
+            rows.append(serve(mode, "full", rep))
+
+    def agg(mode: str, variant: str, key: str) -> float:
+        return statistics.mean(r[key] for r in rows if r["mode"] == mode and r["variant"] == variant)
+
+    off = agg("cap-accept", "off", "step_ms")
+    full = agg("cap-accept", "full", "step_ms")
+    lists_off = agg("cap-accept", "lists-off", "step_ms")
+    summary = {
+        "threads": a.threads, "requests": a.requests, "max_new_tokens": a.max_new_tokens, "batch": a.batch,
+        "step_ms": {"off": off, "full": full, "lists-off": lists_off},
+        "overhead_ratio_full_vs_off": full / off,
+        "overhead_ratio_lists_off_vs_off": lists_off / off,
+        "in_step_telemetry_share_full": agg("cap-accept", "full", "telemetry_ms") / full,
+        "tokens_per_s": {m: agg(m, "full", "tokens_per_s") for m in ("cap-accept", "compact", "static")},
+        "tokens_per_s_no_telemetry": agg("cap-accept", "off", "tokens_per_s"),
+        "runs": rows,
+    }
+    if a.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"mean decode step (cap-accept): off {off:.1f} ms | full {full:.1f} ms | lists-off {lists_off:.1f} ms")
+        print(f"telemetry overhead full/off = {full / off:.3f}  (lists-off/off = {lists_off / off:.3f}); "
+              f"in-step telemetry share {100 * summary['in_step_telemetry_share_full']:.1f}%")
+        print("tokens/s with full telemetry: " + ", ".join(f"{m} {v:.1f}" for m, v in summary["tokens_per_s"].items())
+              + f"; cap-accept without telemetry {summary['tokens_per_s_no_telemetry']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

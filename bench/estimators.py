@@ -1,0 +1,220 @@
+"""Estimator speed and STS quality, side by side with SGLang 0.5.23's own tools, in one run.
+
+1. Tail estimator throughput over >= 1M request-steps (synthetic, engine schema, Arrow input
+   sorted as the store returns it), against SGLang's ``BlockAcceptEstimateRecorder`` fed the
+   same verify steps on CPU (in ``.venv-sglang`` via a subprocess). Reported as request-steps/s
+   and censored blocks/s; the ratio is ours / SGLang's per request-step.
+2. STS: fit time and held-out ECE (15 equal-width bins, realized label) of SGLang's
+   ``fit_sts_temperatures`` (subprocess) vs our faithful grid reimplementation and the smooth
+   fits, all trained on the same split.
+
+Usage::
+
+    .venv/bin/python bench/estimators.py [--rows 1000000] [--sglang-steps 400] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SGLANG_PY = ROOT / ".venv-sglang" / "bin" / "python"
+
+_SGLANG_TAIL = r"""
+import json, sys, time, types
+import numpy as np, torch
+from sglang.srt.speculative.dspark_components.dspark_block_accept_estimator import BlockAcceptEstimateRecorder
+d = np.load(sys.argv[1])
+out = sys.argv[2]
+G = int(d["gamma"]); V = d["corrected"].shape[-1]
+ptr = d["ptr"]; steps = []
+for i in range(len(ptr) - 1):
+    a, b = ptr[i], ptr[i + 1]; bs = b - a
+    temps = torch.tensor(d["temp"][a:b], dtype=torch.float32)
+    greedy = temps <= 0
+    t1 = torch.where(greedy, torch.ones_like(temps), temps)
+    steps.append(dict(forward_ct=int(d["fct"][i]), rids=[f"r{x}" for x in d["rid"][a:b]],
+        draft_tokens=torch.tensor(d["draft"][a:b]), corrected_logits=torch.tensor(d["corrected"][a:b]),
+        draft_temperatures=t1, greedy_mask=greedy, target_logits=torch.tensor(d["target"][a:b]).reshape(bs * (G + 1), V),
+        target_temperatures=t1, truncated_sampling_mask=None, logits_adjustments_are_noop=True,
+        correct_len=torch.tensor(d["cl"][a:b]), cap_trim_lens=torch.tensor(d["ct"][a:b]), bonus=torch.tensor(d["bonus"][a:b]),
+        prefix_lens=torch.tensor(d["prefix"][a:b]), layout=types.SimpleNamespace(verify_lens=torch.tensor(d["vlen"][a:b]))))
+torch.set_num_threads(1)
+rec = BlockAcceptEstimateRecorder(path=out, gamma=G, device="cpu")
+t0 = time.perf_counter()
+for s in steps:
+    rec.observe_verify_step(**s)
+rec.flush()
+el = time.perf_counter() - t0
+print(json.dumps({"seconds": el, "rows": int(ptr[-1]), "steps": len(steps)}))
+"""
+
+_SGLANG_STS = r"""
+import json, sys, time
+import numpy as np, torch
+from sglang.benchmark.dspark_sts_fit import fit_sts_temperatures, default_temperature_grid
+z = torch.tensor(np.load(sys.argv[1])); y = torch.tensor(np.load(sys.argv[2]))
+t0 = time.perf_counter()
+r = fit_sts_temperatures(logits=z, prefix_mask=y, grid=default_temperature_grid(), num_bins=15)
+r["seconds"] = time.perf_counter() - t0
+print(json.dumps(r))
+"""
+
+
+def _tile(rs_tbl: pa.Table, copies: int) -> pa.Table:
+    """Replicate a run with distinct request ids, sorted by (rid, step) as the store returns it."""
+    parts = []
+    for c in range(copies):
+        rid = pa.compute.binary_join_element_wise(rs_tbl.column("rid").cast(pa.string()), pa.scalar(f"c{c}"), "_")
+        parts.append(rs_tbl.set_column(rs_tbl.schema.get_field_index("rid"), "rid", rid))
+    t = pa.concat_tables(parts)
+    return t.sort_by([("rid", "ascending"), ("step_index", "ascending")])
+
+
+def bench_tail(rows: int, sglang_steps: int, seed: int = 0) -> dict:
+    from estimators.frame import BlockFrame
+    from estimators.synthetic import compact_view, simulate
+    from estimators.tail import TailEstimator
+
+    base = simulate(n_requests=1500, seed=seed, keep_step_tensors=True)
+    train = simulate(n_requests=1500, seed=seed + 1)
+    est = TailEstimator().fit(train.tables["request_steps"])
+    comp = compact_view(base.tables["request_steps"])
+    tbl = pa.Table.from_pandas(comp, preserve_index=False)
+    copies = int(np.ceil(rows / tbl.num_rows))
+    big = _tile(tbl, copies)
+    out = {"rows": big.num_rows, "base_rows": tbl.num_rows}
+    t0 = time.perf_counter()
+    frame = BlockFrame.from_request_steps(big, gamma=base.gamma)
+    t1 = time.perf_counter()
+    res = est.estimate(frame)
+    t2 = time.perf_counter()
+    ncens = int(res.blocks.censored.sum())
+    out.update(frame_seconds=t1 - t0, estimate_seconds=t2 - t1, censored_blocks=ncens,
+               ours_rows_per_s=big.num_rows / (t2 - t0), ours_blocks_per_s=ncens / (t2 - t0))
+    # SGLang's recorder on the first `sglang_steps` verify steps of the same base stream
+    if SGLANG_PY.exists():
+        st = base.meta["step_tensors"][:sglang_steps]
+        cat = lambda k: np.concatenate([s[k] for s in st])
+        with tempfile.TemporaryDirectory() as td:
+            npz = Path(td) / "steps.npz"
+            np.savez(npz, gamma=base.gamma, ptr=np.concatenate([[0], np.cumsum([len(s["rids"]) for s in st])]),
+                     fct=np.array([s["forward_ct"] for s in st]), rid=cat("rids"), draft=cat("draft_tokens"),
+                     corrected=cat("corrected_logits"), target=cat("target_logits"), temp=cat("temperature"),
+                     cl=cat("correct_len"), ct=cat("cap_trim"), bonus=cat("bonus"), prefix=cat("prefix_lens"),
+                     vlen=cat("verify_lens"))
+            jl = Path(td) / "est.jsonl"
+            r = subprocess.run([str(SGLANG_PY), "-c", _SGLANG_TAIL, str(npz), str(jl)], capture_output=True, text=True,
+                               timeout=3000)
+            if r.returncode != 0:
+                out["sglang_error"] = r.stderr[-1500:]
+            else:
+                sg = json.loads(r.stdout.strip().splitlines()[-1])
+                lines = jl.read_text().splitlines()
+                opened = sum(1 for x in lines if '"q_lp"' in x)
+                # our estimator on exactly that stream prefix (same rows), for a like-for-like check
+                fcts = {s["forward_ct"] for s in st}
+                sub = comp[comp.forward_ct.isin(fcts)]
+                t3 = time.perf_counter()
+                r2 = est.estimate(BlockFrame.from_request_steps(pa.Table.from_pandas(sub, preserve_index=False), gamma=base.gamma))
+                t4 = time.perf_counter()
+                out.update(sglang_seconds=sg["seconds"], sglang_rows=sg["rows"], sglang_steps=sg["steps"],
+                           sglang_rows_per_s=sg["rows"] / sg["seconds"], sglang_blocks_opened=opened,
+                           sglang_blocks_per_s=opened / sg["seconds"],
+                           ours_same_stream_rows_per_s=len(sub) / (t4 - t3),
+                           ours_same_stream_censored=int(r2.blocks.censored.sum()))
+                out["ratio_rows_per_s"] = out["ours_rows_per_s"] / out["sglang_rows_per_s"]
+                # cross-check: our recomputation of SGLang's bracket from its own JSONL
+                import pandas as pd
+
+                from estimators.bracket import bracket_from_jsonl
+
+                recs = [json.loads(x) for x in lines]
+                rows_ = pd.DataFrame([dict(run_id="r", rid=x["rid"], fct=x["fct"], w=x["w"], cl=x["cl"], ct=x["ct"],
+                                           trimmed_tokens=x.get("trimmed_tokens"), q_lp=x.get("q_lp")) for x in recs if "fct" in x])
+                pg = pd.DataFrame([dict(run_id="r", rid=x["rid"], block_fct=e[0], offset=e[1], p_lp=e[2], trimmed_token=e[3],
+                                        realized_token=e[4]) for x in recs if "pg" in x for e in x["pg"]])
+                br = bracket_from_jsonl(rows_, pg, gamma=base.gamma)
+                out["sglang_jsonl_blocks"] = int((br.category != "exact_in_window").sum())
+                out["sglang_jsonl_mean_lo"], out["sglang_jsonl_mean_hi"] = float(br.lo.mean()), float(br.hi.mean())
+    else:
+        out["sglang_error"] = f"{SGLANG_PY} not found"
+    return out
+
+
+def bench_sts(seed: int = 0) -> dict:
+    from estimators.calibration import StsCalibrator, calibration_data, fit_grid, survival
+    from estimators.calibration_metrics import ece
+    from estimators.synthetic import simulate
+
+    d = calibration_data(simulate(n_requests=2000, seed=seed + 7).tables["request_steps"])
+    tr, te = d.split(seed=seed)
+    out = {"n_train": len(tr.z), "n_test": len(te.z), "label": d.label}
+
+    def held(T):
+        S = survival(te.z, T)
+        e = [ece(S[:, k], te.y[:, k]) for k in range(S.shape[1])]
+        return float(np.mean(e)), e
+
+    fits = {}
+    for m in ("sequential-ece", "smooth-nll", "smooth-brier"):
+        t0 = time.perf_counter()
+        c = StsCalibrator(m).fit(tr.z, tr.y)
+        fits[f"ours:{m}"] = dict(seconds=time.perf_counter() - t0, temperatures=c.temperatures_)
+    if SGLANG_PY.exists():
+        with tempfile.TemporaryDirectory() as td:
+            np.save(Path(td) / "z.npy", tr.z.astype(np.float32))
+            np.save(Path(td) / "y.npy", tr.y.astype(np.float32))
+            r = subprocess.run([str(SGLANG_PY), "-c", _SGLANG_STS, str(Path(td) / "z.npy"), str(Path(td) / "y.npy")],
+                               capture_output=True, text=True, timeout=3000)
+            if r.returncode == 0:
+                sg = json.loads(r.stdout.strip().splitlines()[-1])
+                fits["sglang:dspark_sts_fit"] = dict(seconds=sg["seconds"], temperatures=sg["temperatures"])
+            else:
+                out["sglang_error"] = r.stderr[-1500:]
+    else:
+        out["sglang_error"] = f"{SGLANG_PY} not found: SGLang's grid is represented by our reimplementation only"
+    fits["identity"] = dict(seconds=0.0, temperatures=[1.0] * tr.z.shape[1])
+    for k, v in fits.items():
+        v["held_out_ece_mean"], v["held_out_ece"] = held(v["temperatures"])
+    out["fits"] = fits
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--sglang-steps", type=int, default=300)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    res = {"tail": bench_tail(a.rows, a.sglang_steps), "sts": bench_sts()}
+    t = res["tail"]
+    print(f"tail: {t['rows']} request-steps, {t['censored_blocks']} censored blocks: "
+          f"{t['ours_rows_per_s']:.0f} rows/s, {t['ours_blocks_per_s']:.0f} blocks/s "
+          f"(frame {t['frame_seconds']:.2f}s + estimate {t['estimate_seconds']:.2f}s)")
+    if "sglang_rows_per_s" in t:
+        print(f"  SGLang recorder (CPU, same stream, {t['sglang_rows']} rows/{t['sglang_steps']} steps): "
+              f"{t['sglang_rows_per_s']:.0f} rows/s, {t['sglang_blocks_per_s']:.0f} opened blocks/s -> ratio "
+              f"{t['ratio_rows_per_s']:.0f}x")
+    else:
+        print("  SGLang:", t.get("sglang_error", "")[:300])
+    s = res["sts"]
+    print(f"STS (label {s['label']}, train {s['n_train']}, held-out {s['n_test']}):")
+    for k, v in s["fits"].items():
+        print(f"  {k:24s} fit {v['seconds']:.3f}s  held-out ECE(15w) mean over positions {v['held_out_ece_mean']:.4f}")
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()

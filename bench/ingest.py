@@ -1,0 +1,152 @@
+"""Ingest speed: acceptscope's /server_info ingest vs DuckDB's own read_json, side by side, one core each.
+
+    .venv/bin/python bench/ingest.py [--steps 3200] [--bs 32] [--ranks 2] [--gamma 7] [--repeats 3]
+
+1. Builds a realistic SGLang /server_info dump (acceptscope.ingest.synth: gamma 7,
+   bs 32, confidences/survival rounded as SGLang rounds them, omit_defaults) of
+   ranks*steps*bs request-steps (default 204 800), and the same request-steps
+   flattened to JSON lines (one request-step per line, with rank and forward_ct).
+2. Runs, each in a fresh subprocess pinned to one CPU (os.sched_setaffinity, DuckDB
+   threads=1 where we control the connection), timing from after imports:
+   * ``ours``: ``ingest_paths([dump], Store(fresh.duckdb))`` -- sniff, parse, validate
+     every field, translate, write runs/steps/request_steps through the store;
+   * ``ours-parse``: the ServerInfoIngestor alone (no store write);
+   * ``read_json+insert``: DuckDB ``INSERT OR IGNORE INTO`` a table with the store's
+     request_steps columns and primary key ``SELECT ... FROM read_json(jsonl)``;
+   * ``read_json-ctas``: ``CREATE TABLE AS SELECT * FROM read_json(jsonl)`` (no key, no checks).
+3. Prints request-steps/s (best of ``--repeats``), the ratios, and each child's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pin() -> None:
+    try:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    except (AttributeError, OSError):
+        pass
+
+
+def child(kind: str, dump: str, jsonl: str, db: str) -> None:
+    _pin()
+    import duckdb  # noqa: F401
+
+    from acceptscope import schema
+    from acceptscope.ingest import ingest_paths
+    from acceptscope.ingest.server_info import ServerInfoIngestor
+    from acceptscope.store import Store, create_table_sql
+
+    import pyarrow  # noqa: F401
+    import pandas  # noqa: F401  (imported by the store anyway; keep it out of the timing)
+
+    n = 0
+    t0 = time.perf_counter()
+    if kind == "ours":
+        store = Store(db)
+        s = ingest_paths([dump], store, run_id="bench", progress=False)
+        n = s["tables"]["request_steps"]["written"]
+        assert s["rejects"]["count"] == 0
+    elif kind == "ours-parse":
+        b = ServerInfoIngestor("bench", source=dump).feed_bytes(Path(dump).read_bytes())
+        n = b.n("request_steps")
+    else:
+        con = duckdb.connect(db)
+        con.execute("SET threads=1")
+        if kind == "read_json+insert":
+            con.execute(create_table_sql(schema.REQUEST_STEPS))
+            cols = ["run_id", "rank", "epoch", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
+                    "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
+            sel = ["'bench'", "rank", "0", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
+                   "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
+            con.execute(f"INSERT OR IGNORE INTO request_steps ({', '.join(cols)}) SELECT {', '.join(sel)} "
+                        f"FROM read_json('{jsonl}', format='newline_delimited')")
+            n = con.execute("SELECT count(*) FROM request_steps").fetchone()[0]
+        else:
+            con.execute(f"CREATE TABLE t AS SELECT * FROM read_json('{jsonl}', format='newline_delimited')")
+            n = con.execute("SELECT count(*) FROM t").fetchone()[0]
+        con.close()
+    dt = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"kind": kind, "rows": n, "seconds": dt, "peak_rss_mb": peak_mb}))
+
+
+def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Path, Path, int]:
+    import msgspec
+
+    from acceptscope.ingest.synth import make_server_info
+
+    p = make_server_info(ranks=ranks, n_steps=steps, bs=bs, gamma=gamma, mode="cap-accept", seed=1)
+    dump = tmp / "bench.server_info.json"
+    dump.write_bytes(msgspec.json.encode(p))
+    jsonl = tmp / "bench.request_steps.jsonl"
+    n = 0
+    enc = msgspec.json.Encoder()
+    with open(jsonl, "wb") as f:
+        for rank, s in enumerate(p["internal_states"]):
+            for rec in s["dspark_info_record"]["records"]:
+                for q in rec.get("reqs") or []:
+                    f.write(enc.encode({"rank": rank, "forward_ct": rec["forward_ct"], **q}) + b"\n")
+                    n += 1
+    return dump, jsonl, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3200)
+    ap.add_argument("--bs", type=int, default=32)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--gamma", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--child", nargs=4, metavar=("KIND", "DUMP", "JSONL", "DB"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(*a.child)
+        return
+    with tempfile.TemporaryDirectory(prefix="acceptscope-bench-") as d:
+        tmp = Path(d)
+        t = time.perf_counter()
+        dump, jsonl, n = build(tmp, steps=a.steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
+        print(f"dump: {n:,} request-steps, gamma {a.gamma}, bs {a.bs}, {a.ranks} ranks; "
+              f"{dump.stat().st_size / 1e6:.1f} MB JSON, {jsonl.stat().st_size / 1e6:.1f} MB JSONL "
+              f"(built in {time.perf_counter() - t:.1f}s)")
+        best: dict[str, dict] = {}
+        kinds = ["ours", "read_json+insert", "ours-parse", "read_json-ctas"]
+        for rep in range(a.repeats):
+            for kind in kinds:
+                db = tmp / f"{kind}-{rep}.duckdb"
+                out = subprocess.run([sys.executable, __file__, "--child", kind, str(dump), str(jsonl), str(db)],
+                                     capture_output=True, text=True, cwd=ROOT)
+                if out.returncode != 0:
+                    raise SystemExit(f"{kind} failed:\n{out.stderr}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                assert r["rows"] == n, (kind, r["rows"], n)
+                if kind not in best or r["seconds"] < best[kind]["seconds"]:
+                    best[kind] = r
+                for p in tmp.glob(f"{kind}-{rep}.duckdb*"):
+                    p.unlink()
+        print(f"\n{'pipeline':<20} {'request-steps/s':>16} {'seconds':>9} {'peak RSS MB':>12}")
+        for kind in kinds:
+            r = best[kind]
+            print(f"{kind:<20} {n / r['seconds']:>16,.0f} {r['seconds']:>9.3f} {r['peak_rss_mb']:>12.0f}")
+        ours = n / best["ours"]["seconds"]
+        print(f"\nours / read_json+insert = {best['read_json+insert']['seconds'] / best['ours']['seconds']:.2f}x   "
+              f"ours / read_json-ctas = {best['read_json-ctas']['seconds'] / best['ours']['seconds']:.2f}x   "
+              f"target 500k rs/s: {'met' if ours >= 500_000 else 'NOT met'} ({ours:,.0f})")
+        print(f"(best of {a.repeats}; one CPU per child; load average now {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} CPUs)")
+
+
+if __name__ == "__main__":
+    main()
