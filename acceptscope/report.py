@@ -407,7 +407,10 @@ def build_report(
     order = {"bad": 0, "warn": 1, "ok": 2, "info": 3}
     findings.sort(key=lambda f: order.get(f.level, 9))
     page.add("summary", _summary_html(findings))
-    text = _render(page, title or f"acceptscope report: {', '.join(ids)}", ids)
+    groups = runs["audit_group"].dropna().unique()
+    default_title = (f"acceptscope report: audit group {groups[0]}" if len(groups) == 1 and runs["audit_group"].notna().all()
+                     else f"acceptscope report: {', '.join(ids)}")
+    text = _render(page, title or default_title, ids)
     res = ReportResult(None, ids, findings, [s for s in SECTIONS if page.parts[s]], page.n_fig, est_status,
                        par.to_dict() if par is not None else None,
                        samp.to_dict() if samp is not None else None, headline)

@@ -249,7 +249,9 @@ class BlockFrame:
         if self._stream is not None:
             return self._stream
         G = self.gamma
-        cnt = self.correct + 1  # committed positions per row
+        # committed positions per row: correct + 1, fewer when the request hit its token limit
+        # mid-step and the engine committed a truncated list (missing entries are -1)
+        cnt = np.minimum(self.correct + 1, (self.committed >= 0).sum(1))
         row = np.repeat(np.arange(self.n), cnt)
         j = np.arange(row.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
         realized = self.committed[row, np.minimum(j, G)]

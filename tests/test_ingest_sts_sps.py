@@ -175,3 +175,36 @@ def test_sglang_profiler_outputs():
     bad = rec.replace(b'"step_time": ', b'"step_time": -', 1)
     b = parse_profile_records(bad, source="r", run_id="p")
     assert [(r["line"], r["field"]) for r in b.rejects] == [(1, "step_time")]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.floats(1e-3, 1e3), min_size=1, max_size=10), st.data())
+def test_property_sts_calibration(temps, data):
+    g = len(temps)
+    ece = data.draw(st.lists(st.floats(0, 1), min_size=g, max_size=g))
+    body = {"temperatures": temps, "dataset": "x", "num_samples": 5, "ece_before": ece, "ece_after": ece}
+    rows = parse_sts_table(json.dumps(body).encode(), source="c", gamma=g).rows("sts_tables")
+    assert [r["temperature"] for r in sorted(rows, key=lambda r: r["position"])] == temps
+    k = data.draw(st.integers(0, g - 1))
+    body["ece_after"] = list(ece)
+    body["ece_after"][k] = data.draw(st.sampled_from([-0.5, 2.0, "x"]))
+    b = parse_sts_table(json.dumps(body).encode(), source="c", gamma=g)
+    assert [r["field"] for r in b.rejects] == [f"ece_after[{k}]"] and b.n("sts_tables") == g
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 64), st.floats(1e-4, 1.0)), min_size=1, max_size=15),
+       st.data())
+def test_property_profile_records(cells, data):
+    lines = [{"repeat": rep, "batch_size": bs * 2, "batch_size_per_rank": bs, "dp_rank": i % 2, "forward_ct": i,
+              "num_running_reqs": bs, "num_verify_tokens": bs * 5, "step_time": t}
+             for i, (rep, bs, t) in enumerate(cells)]
+    text = "\n".join(json.dumps(x) for x in lines).encode()
+    b = parse_profile_records(text, source="r", run_id="p")
+    assert not b.rejects and [r["step_time_s"] for r in b.rows("sps_profile_records")] == [c[2] for c in cells]
+    j = data.draw(st.integers(0, len(lines) - 1))
+    f = data.draw(st.sampled_from(["dp_rank", "forward_ct", "num_verify_tokens", "step_time"]))
+    lines[j][f] = data.draw(st.sampled_from([-1, "7", None]))
+    b = parse_profile_records("\n".join(json.dumps(x) for x in lines).encode(), source="r", run_id="p")
+    assert [(r["line"], r["field"]) for r in b.rejects] == [(j + 1, f)]
+    assert b.n("sps_profile_records") == len(lines) - 1

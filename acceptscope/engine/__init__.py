@@ -55,7 +55,7 @@ class EngineConfig:
     run_id: Optional[str] = None
     audit_group: Optional[str] = None
     threads: Optional[int] = None
-    flush_steps: int = 32
+    flush_steps: int = 64
 
 
 @dataclass

@@ -193,7 +193,7 @@ def _sentence(rng: random.Random) -> str:
     v, v2 = rng.choice(VERBS), rng.choice(VERBS)
     adv = rng.choice(ADVERBS)
     if t == 0:
-        s = f"a {a} {n} helps you {v} your {n2} {adv}"
+        s = f"a {a} {n} helps you {v} your {n2} {adv}, and your {n} will feel {FEEL_OF[n]}"
     elif t == 1:
         s = f"try to {v} one {a} {n} each {rng.choice(['day', 'week', 'morning', 'evening'])}"
     elif t == 2:
@@ -201,7 +201,7 @@ def _sentence(rng: random.Random) -> str:
     elif t == 3:
         s = f"many people {adv} {v} a {a2} {n} and then {v2} it"
     elif t == 4:
-        s = f"your {n} will feel more {FEEL_OF[n]} if you {v} {adv}"
+        s = f"your {n} and your {n2} will feel more {FEEL_OF[n]} and {FEEL_OF[n2]} if you {v} {adv}"
     else:
         s = f"a {a} {n} and a {a2} {n2} can {v} together"
     if rng.random() < 0.35:
@@ -249,21 +249,23 @@ V_ECHO_OF = {n: V_ECHO[_ECHO_RNG.randrange(len(V_ECHO))] for n in V_NOUN}
 
 
 def _verse_line(rng: random.Random) -> str:
-    t = rng.randrange(5)
+    t = rng.randrange(6)
     A, N, V, P = V_ADJ, V_NOUN, V_VERB, V_PREP
     c = rng.choice
-    n1, n2 = c(N), c(N)
-    e1, e2 = V_ECHO_OF[n1], V_ECHO_OF[n2]
+    n1, n2, n3 = c(N), c(N), c(N)
+    e1, e2, e3 = V_ECHO_OF[n1], V_ECHO_OF[n2], V_ECHO_OF[n3]
     if t == 0:
-        s = f"the {c(A)} {n1} {c(V)} {c(P)} the {n2} of {e2}"
+        s = f"the {c(A)} {n1} {c(V)} {c(P)} the {n2}, the {e1} of {e2}"
     elif t == 1:
-        s = f"{c(A)} {n1}, {c(A)} {n2}, {e1} and {e2}"
+        s = f"{n1} and {n2}, {e1} and {e2}"
     elif t == 2:
-        s = f"{c(P)} a {c(A)} {n1} the {e1} {c(V)}"
+        s = f"{c(P)} the {n1} and the {n2} the {e1} {c(V)} {e2}"
     elif t == 3:
-        s = f"and every {n1} {c(V)} like {c(A)} {e1}"
-    else:
+        s = f"{n1}, {n2}, {n3}: {e1}, {e2}, {e3}"
+    elif t == 4:
         s = f"o {n1} of {e1}, o {n2} of {e2}"
+    else:
+        s = f"and every {n1} {c(V)} like {c(A)} {e1}"
     return s[0].upper() + s[1:] + rng.choice([",", "", ".", ";", ""])
 
 
@@ -474,10 +476,10 @@ def build_corpus(
         if budget <= 0:
             continue
         if w == "code":
-            # 65% the standard library itself, 35% small templated tasks
-            docs.extend(_code_docs(random.Random(seed * 7919 + 1), stdlib_files(code_split), int(budget * 0.65)))
+            # half the standard library itself, half small templated tasks
+            docs.extend(_code_docs(random.Random(seed * 7919 + 1), stdlib_files(code_split), int(budget * 0.5)))
             used, crng = 0, random.Random(seed * 7919 + 2)
-            while used < budget * 0.35:
+            while used < budget * 0.5:
                 u, a = code_task(crng)
                 d = Doc("code", format_chat([{"role": USER_ROLE, "content": u},
                                              {"role": ASSISTANT_ROLE, "content": a}]) + PAD_TOKEN)

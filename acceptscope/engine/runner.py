@@ -366,22 +366,22 @@ class Engine:
                 if 0 < gap <= MAX_STEP_CPU_S:
                     step_cpu_ms = round(gap * 1e3, 4)
             num_verify = sched_tokens if self.mode != "static" else B * (G + 1)
-            self.sink.add_rows(schema.STEPS, [{
-                "run_id": self.run_id, "rank": 0, "epoch": 0, "forward_ct": self.forward_ct,
-                "bs": B, "mode": self.mode, "budget": budget,
-                "lag_steps": None if self.mode == "static" else self.lag.lag_steps,
-                "num_running_reqs": B, "num_verify_tokens": num_verify,
-                "verify_tokens_local": None if budget is None else min(B + budget, B * (G + 1)),
-                "verify_tokens_graph_key": num_verify,
-                "executed_verify_tokens": vr.executed_tokens,
-                "predicted_step_ms": None if pred_s is None else pred_s * 1e3,
-                "predicted_theta": pred_theta,
-                "step_cpu_ms": step_cpu_ms,
-                "step_gpu_ms": (t4 - t0) * 1e3,
-                "draft_gpu_ms": (t1 - t0) * 1e3,
-                "target_verify_gpu_ms": (t3 - t2) * 1e3,
-                "wall_time_s": t4 - self._t0,
-            }])
+            self.sink.add(schema.STEPS, record_batch(schema.STEPS, {
+                "run_id": [self.run_id], "rank": [0], "epoch": [0], "forward_ct": [self.forward_ct],
+                "bs": [B], "mode": [self.mode], "budget": [budget],
+                "lag_steps": [None if self.mode == "static" else self.lag.lag_steps],
+                "num_running_reqs": [B], "num_verify_tokens": [num_verify],
+                "verify_tokens_local": [None if budget is None else min(B + budget, B * (G + 1))],
+                "verify_tokens_graph_key": [num_verify],
+                "executed_verify_tokens": [vr.executed_tokens],
+                "predicted_step_ms": [None if pred_s is None else pred_s * 1e3],
+                "predicted_theta": [pred_theta],
+                "step_cpu_ms": [step_cpu_ms],
+                "step_gpu_ms": [(t4 - t0) * 1e3],
+                "draft_gpu_ms": [(t1 - t0) * 1e3],
+                "target_verify_gpu_ms": [(t3 - t2) * 1e3],
+                "wall_time_s": [t4 - self._t0],
+            }, 1))
             self._emit_request_steps(running, prefix_lens, windows, dec, vr, d_tok, d_lp, z, conf, surv, committed, fin_flags, temps)
             self.sink.step_done()
             self.steps_rows += 1

@@ -3,12 +3,15 @@
 Why columnar: a step of 32 requests x gamma 7 produces ~1,500 per-position values; building
 row dicts for them would cost more than the tiny model's forward. Each step becomes one
 Arrow RecordBatch built from numpy arrays (list columns from flat values + offsets), and
-every ``flush_steps`` steps the batches go to the store's streaming writer
+every ``flush_steps`` steps or ``flush_seconds`` (whichever comes first; big batches keep
+DuckDB's per-commit cost low, the time bound keeps live readers current) the batches go to the
+store's streaming writer
 (``store.writer()``) or, if that does not exist, to ``store.append``.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -54,9 +57,11 @@ def record_batch(table: schema.Table, cols: dict[str, Any], n: int) -> pa.Record
 class TelemetrySink:
     """Buffers per-table record batches and hands them to the store in batches."""
 
-    def __init__(self, store: Any, flush_steps: int = 32):
+    def __init__(self, store: Any, flush_steps: int = 64, flush_seconds: float = 5.0):
         self.store = store
         self.flush_steps = max(1, int(flush_steps))
+        self.flush_seconds = float(flush_seconds)
+        self._last_hand_over = time.monotonic()
         self._pending: dict[str, list[pa.RecordBatch]] = {}
         self._steps_since = 0
         self._writer = None
@@ -73,12 +78,13 @@ class TelemetrySink:
 
     def step_done(self) -> None:
         self._steps_since += 1
-        if self._steps_since >= self.flush_steps:
+        if self._steps_since >= self.flush_steps or time.monotonic() - self._last_hand_over >= self.flush_seconds:
             self.hand_over()
 
     def hand_over(self) -> None:
         """Give everything buffered to the writer (which commits it in the background)."""
         self._steps_since = 0
+        self._last_hand_over = time.monotonic()
         if not self._pending:
             return
         tables = {name: pa.Table.from_batches(bs) for name, bs in self._pending.items() if bs}

@@ -50,6 +50,7 @@ __all__ = [
     "train_pair",
     "drafter_loss",
     "drafter_config_for",
+    "generate_onpolicy",
 ]
 
 ProgressFn = Callable[[int, int, dict[str, float]], None]
@@ -335,6 +336,13 @@ class DrafterTrainConfig:
     loss_decay_gamma: float = 4.0
     save_dtype: str = "bfloat16"
     target_path_hint: str | None = "../target"
+    # on-policy distillation data (the paper trains on target-generated responses): continuations the
+    # target writes after random corpus windows, half greedy and half sampled at T=1
+    onpolicy_sequences: int = 0
+    onpolicy_fraction: float = 0.5
+    onpolicy_prompt_len: int = 64
+    onpolicy_greedy_fraction: float = 0.5
+    onpolicy_batch: int = 512
     time_budget_s: float | None = None
     mix: dict[str, float] = field(default_factory=lambda: dict(corpus_mod.DEFAULT_MIX))
 
@@ -437,6 +445,49 @@ def drafter_loss(
     return loss, diag
 
 
+@torch.no_grad()
+def generate_onpolicy(
+    target: Any,
+    stream: np.ndarray,
+    n_seqs: int,
+    prompt_len: int,
+    total_len: int,
+    greedy_fraction: float,
+    batch: int,
+    seed: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """``[n_seqs, total_len]`` token rows: a random corpus window of ``prompt_len`` tokens continued by the
+    target (KV-cached), greedily in the first ``greedy_fraction`` of each batch and at T=1 in the rest."""
+    if total_len <= prompt_len:
+        raise ValueError("total_len must exceed prompt_len")
+    starts_gen = torch.Generator().manual_seed(seed)
+    samp_gen = torch.Generator(device=device).manual_seed(seed + 1)
+    src = torch.from_numpy(stream.astype(np.int64))
+    rows = []
+    for i in range(0, n_seqs, batch):
+        b = min(batch, n_seqs - i)
+        st = torch.randint(0, len(src) - prompt_len, (b,), generator=starts_gen)
+        ids = src[st.unsqueeze(1) + torch.arange(prompt_len)].to(device)
+        n_greedy = int(round(b * greedy_fraction))
+        greedy = (torch.arange(b, device=device) < n_greedy).unsqueeze(1)
+        with _autocast(device):
+            res = target(ids, use_cache=True)
+        past, logits = res.past_key_values, res.logits[:, -1].float()
+        seq = [ids]
+        for step in range(total_len - prompt_len):
+            sampled = torch.multinomial(torch.softmax(logits, -1), 1, generator=samp_gen)
+            nxt = torch.where(greedy, logits.argmax(-1, keepdim=True), sampled)
+            seq.append(nxt)
+            if step == total_len - prompt_len - 1:
+                break
+            with _autocast(device):
+                res = target(nxt, past_key_values=past, use_cache=True)
+            past, logits = res.past_key_values, res.logits[:, -1].float()
+        rows.append(torch.cat(seq, dim=1).cpu())
+    return torch.cat(rows, dim=0)
+
+
 def train_drafter(
     target_dir: str | Path, out_dir: str | Path, cfg: DrafterTrainConfig, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
@@ -454,7 +505,16 @@ def train_drafter(
 
     docs = corpus_mod.build_corpus(cfg.seed + 17, cfg.corpus_chars, cfg.mix)
     stream, counts = tokenize_docs(tokenizer, docs)
-    batcher = _Batcher(stream, cfg.seq_len, cfg.batch_size, cfg.seed + 17)
+    pool = None
+    n_on = 0
+    t_gen = time.time()
+    if cfg.onpolicy_sequences > 0:
+        pool = generate_onpolicy(target, stream, cfg.onpolicy_sequences, cfg.onpolicy_prompt_len, cfg.seq_len,
+                                 cfg.onpolicy_greedy_fraction, cfg.onpolicy_batch, cfg.seed + 23, dev)
+        n_on = min(cfg.batch_size - 1, int(round(cfg.batch_size * cfg.onpolicy_fraction)))
+    t_gen = time.time() - t_gen
+    batcher = _Batcher(stream, cfg.seq_len, cfg.batch_size - n_on, cfg.seed + 17)
+    pool_gen = torch.Generator().manual_seed(cfg.seed + 31)
     gen = torch.Generator().manual_seed(cfg.seed + 29)
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
@@ -468,7 +528,10 @@ def train_drafter(
         lr = _lr_at(step, steps, cfg.lr, min(cfg.warmup, max(1, steps // 10)))
         for g_ in opt.param_groups:
             g_["lr"] = lr
-        ids = batcher().to(dev, non_blocking=True)
+        ids = batcher()
+        if pool is not None and n_on:
+            ids = torch.cat([ids, pool[torch.randint(0, len(pool), (n_on,), generator=pool_gen)]], dim=0)
+        ids = ids.to(dev, non_blocking=True)
         loss, diag = drafter_loss(drafter, target, ids, cfg.num_anchors, cfg, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -495,6 +558,9 @@ def train_drafter(
         "corpus_tokens_per_workload": counts,
         "trainable_parameters": drafter.num_parameters(True),
         "total_parameters_incl_shared": drafter.num_parameters(False),
+        "onpolicy_sequences": 0 if pool is None else int(len(pool)),
+        "onpolicy_tokens_generated": 0 if pool is None else int(len(pool) * (cfg.seq_len - cfg.onpolicy_prompt_len)),
+        "onpolicy_generation_s": round(t_gen, 2),
         "train_s": round(train_s, 2),
         "total_s": round(time.time() - t0, 2),
         "device": str(dev),

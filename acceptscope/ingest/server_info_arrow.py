@@ -189,7 +189,12 @@ def translate(tbl: pa.Table, *, gamma: int, mode: str, watermark: int) -> Option
     named = _np(pc.is_valid(rid))
     key = parents * (len(enc.dictionary) + 1) + ridx
     kk = key[named & ~bad]
-    if len(kk) and len(np.unique(kk)) != len(kk):
+    if len(kk) > 1:
+        sk = np.sort(kk)
+        has_dup = bool((sk[1:] == sk[:-1]).any())
+    else:
+        has_dup = False
+    if has_dup:
         where = np.flatnonzero(named & ~bad)
         order = np.argsort(kk, kind="stable")
         ks = kk[order]
@@ -202,7 +207,7 @@ def translate(tbl: pa.Table, *, gamma: int, mode: str, watermark: int) -> Option
 
 def _gather_fixed(lists: pa.Array, idx: np.ndarray, g: int) -> Optional[np.ndarray]:
     """Rows idx of a list<float64> array whose rows all have length g, as an (len(idx), g) matrix."""
-    sub = lists.take(pa.array(idx))
+    sub = lists if len(idx) == len(lists) and lists.null_count == 0 and lists.offset == 0 else lists.take(pa.array(idx))
     vals = sub.flatten()
     if vals.null_count:
         return None

@@ -24,6 +24,11 @@ def render(ctx) -> None:
                    help=f"{row.run_id}: mean committed tokens per block (bonus included)")
         col.caption(f"window {(row.mean_window or 0):.2f} · utilization {util} · {row.blocks or 0} blocks")
     st.dataframe(s[[c for c in COLS if c in s.columns]], hide_index=True)
+    for row in s.itertuples(index=False):
+        if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \
+                and row.mean_window >= row.gamma - 1e-9:
+            st.error(f"{row.run_id}: compact verified every draft (window = gamma = {row.gamma} on every block): "
+                     "no trimming, zero scheduling gain (SGLang degenerates to verify-all without an SPS table).")
     st.caption("ceiling = mean(uncapped correct drafts + 1), observed in cap-accept and static only; "
                "utilization = Σ accept length / Σ ceiling.")
     dq = ctx.q("data_quality", ctx.run_ids)
