@@ -22,7 +22,6 @@ import contextlib
 import datetime as dt
 import uuid
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from acceptscope.cli._common import EXIT_FAILURE, EXIT_OK

@@ -16,23 +16,35 @@ Units are requests ``i``, paired across arms by ``(workload, prompt_index, seed)
   ``ceiling + 1`` (observed only for sampled i).
 
 Target: ``Y = Σ w_i y_i / Σ w_i`` over all requests, and utilization
-``U = (Σ w_i a_i / Σ w_i) / Y``.
+``U = Ā / Y`` with ``Ā = Σ w_i a_i / Σ w_i`` (observed). Since every block's
+ceiling is at least what it committed, ``Y = Ā + T`` where ``T`` is the mean
+trimmed tail; only ``T`` is unknown. The auxiliary variable for the tail is
+compact's confidence-implied tail ``z_i = max(x_i - a_i, 0)``, known for all i.
 
-Estimators (weighted by ``w_i``; ``X̄`` is the known full-traffic mean of x):
+Estimators of ``T`` (weighted by ``w_i``; ``Z̄`` = full-traffic mean of z):
 
-* ratio:       ``Ŷ_r = (Σ_s w y / Σ_s w x) · X̄`` - corrects x's calibration bias
-  multiplicatively; exact when the whole traffic is audited;
-* regression:  ``Ŷ_g = ȳ_s + b (X̄ - x̄_s)`` with the weighted LS slope b;
-* direct:      ``ȳ_s`` (ignores x), and the confidence-only ``X̄`` (no audit).
+* ratio:       ``T̂_r = (Σ_s w t / Σ_s w z) · Z̄`` - rescales the confidence-
+  implied tail by how much of it the audit actually found;
+* regression:  ``T̂_g = t̄_s + b (Z̄ - z̄_s)`` with the weighted LS slope b
+  (the primary estimate from ``MIN_REGRESSION_N`` = 20 audited requests up: it
+  falls back to ``t̄_s`` when the confidence carries no information, and uses
+  it when it does; its slope is too noisy below 20);
+* difference:  ``T̂_d = t̄_s`` (realized accept length as auxiliary with slope 1;
+  the primary estimate below 20 audited requests);
+* direct:      ``ȳ_s`` (the audited sample alone), and ``X̄`` (confidence only,
+  no audit: biased by miscalibration, shown for contrast).
 
-The regression estimator is reported only from 10 audited requests up (its
-slope is unstable below). When every request is audited the estimates are the
-observed truth and the intervals collapse to it.
-
-Intervals: percentile bootstrap over sampled requests (X̄ held fixed; no finite
-population correction, so intervals are slightly conservative for large f).
-Every block's ceiling is at least its committed length, so ceiling estimates and
-interval ends are truncated below at the realized mean (utilization at 1).
+Intervals: expanded-percentile bootstrap over the audited requests (Hesterberg
+2015: percentile levels widened by ``sqrt(n/(n-1))`` and Student-t quantiles,
+which corrects the plain percentile interval's under-coverage at a dozen
+requests); Ā and Z̄ are held fixed (known for the whole traffic). No
+finite-population correction, so intervals are slightly conservative for large f. Tail estimates and interval
+ends are truncated at 0 (a ceiling is never below what was committed). When
+every request is audited the estimates are the observed truth and the intervals
+collapse to it. If no audited request shows a tail the interval collapses to Ā:
+tails the sample did not see cannot be bounded (``n_with_tail`` says so, and the
+report flags it). Coverage of these intervals against a full audit is measured by
+``tests/test_audit.py::test_sampled_inference_coverage``.
 """
 
 from __future__ import annotations
@@ -92,13 +104,16 @@ class SamplingInference:
     n_requests: int
     n_audited: int
     fraction: float
-    realized_accept_len: float  # compact, all traffic (observed)
-    confidence_only_ceiling: float  # X̄: compact's Σ survival, no audit
-    ceiling_ratio: Interval
-    ceiling_regression: Interval | None  # None below MIN_REGRESSION_N audited requests (slope unstable)
+    realized_accept_len: float  # Ā: compact, all traffic (observed)
+    confidence_only_ceiling: float  # X̄: compact's Σ survival + 1, no audit
+    n_with_tail: int  # audited requests whose ceiling exceeded what compact committed
+    method: str  # which estimator ``ceiling``/``utilization`` report: regression | difference
+    ceiling: Interval  # the primary estimate (``method``)
+    utilization: Interval
+    ceiling_difference: Interval
+    ceiling_ratio: Interval | None  # None when the confidence implies no tail at all (Z̄ = 0)
+    ceiling_regression: Interval | None  # None below MIN_REGRESSION_N audited requests
     ceiling_direct: Interval
-    utilization_ratio: Interval
-    utilization_regression: Interval | None
     level: float
     n_boot: int
 
@@ -106,69 +121,82 @@ class SamplingInference:
         return asdict(self)
 
 
-MIN_REGRESSION_N = 10
+MIN_REGRESSION_N = 20
 
 
-def _ratio(w, x, y, xbar):
-    return float(np.sum(w * y) / np.sum(w * x) * xbar)
+def expanded_alpha(alpha: float, n: int) -> float:
+    """Hesterberg's expanded percentile: the tail level that corrects the percentile bootstrap's
+    narrowness at small n (alpha' = Phi(sqrt(n/(n-1)) * t_{alpha, n-1}))."""
+    from scipy import stats
+
+    if n < 2:
+        return alpha
+    return float(stats.norm.cdf(np.sqrt(n / (n - 1)) * stats.t.ppf(alpha, n - 1)))
 
 
-def _regression(w, x, y, xbar):
+def _difference(w, t, z, zbar):
+    return float(np.sum(w * t) / np.sum(w))
+
+
+def _ratio(w, t, z, zbar):
+    den = np.sum(w * z)
+    return float(np.sum(w * t) / den * zbar) if den > 1e-12 else float("nan")
+
+
+def _regression(w, t, z, zbar):
     sw = np.sum(w)
-    xm, ym = np.sum(w * x) / sw, np.sum(w * y) / sw
-    vx = np.sum(w * (x - xm) ** 2)
-    b = np.sum(w * (x - xm) * (y - ym)) / vx if vx > 1e-12 else 0.0
-    return float(ym + b * (xbar - xm))
-
-
-def _direct(w, x, y, xbar):
-    return float(np.sum(w * y) / np.sum(w))
+    zm, tm = np.sum(w * z) / sw, np.sum(w * t) / sw
+    vz = np.sum(w * (z - zm) ** 2)
+    b = np.sum(w * (z - zm) * (t - tm)) / vz if vz > 1e-12 else 0.0
+    return float(tm + b * (zbar - zm))
 
 
 def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> SamplingInference:
-    """Ratio / regression estimates of the full-traffic ceiling with bootstrap intervals."""
+    """Estimates of the full-traffic ceiling and utilization with bootstrap intervals."""
     if df.empty:
         raise ValueError("no compact requests to infer from")
     w_all = df["w"].to_numpy(float)
-    xbar = float(np.sum(w_all * df["x"].to_numpy(float)) / np.sum(w_all))
-    abar = float(np.sum(w_all * df["a"].to_numpy(float)) / np.sum(w_all))
+    a_all, x_all = df["a"].to_numpy(float), df["x"].to_numpy(float)
+    abar = float(np.sum(w_all * a_all) / np.sum(w_all))
+    xbar = float(np.sum(w_all * x_all) / np.sum(w_all))
+    zbar = float(np.sum(w_all * np.maximum(x_all - a_all, 0)) / np.sum(w_all))
     s = df.dropna(subset=["y", "x"])
     if len(s) < 2:
         raise ValueError(f"need at least 2 audited requests paired with compact, got {len(s)}")
-    w, x, y = (s[c].to_numpy(float) for c in ("w", "x", "y"))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(s), size=(n_boot, len(s)))
-    alpha = (1 - level) / 2
-
+    w, a, x, y = (s[c].to_numpy(float) for c in ("w", "a", "x", "y"))
+    t, z = y - a, np.maximum(x - a, 0)
+    idx = np.random.default_rng(seed).integers(0, len(s), size=(n_boot, len(s)))
+    alpha = expanded_alpha((1 - level) / 2, len(s))
     exhaustive = len(s) == len(df)  # whole traffic audited: no sampling error left
 
-    def interval(fn) -> Interval:
-        point = fn(w, x, y, xbar)
+    def ceiling(fn) -> Interval | None:
+        point = fn(w, t, z, zbar)
+        if np.isnan(point):
+            return None
         if exhaustive:
-            return Interval(point, point, point)
-        boots = np.array([fn(w[i], x[i], y[i], xbar) for i in idx])
-        lo, hi = np.nanquantile(boots, [alpha, 1 - alpha])
-        return Interval(point, float(lo), float(hi))
+            lo = hi = point
+        else:
+            boots = np.array([fn(w[i], t[i], z[i], zbar) for i in idx])
+            lo, hi = np.nanquantile(boots, [alpha, 1 - alpha])
+        # a ceiling is never below what was committed: tails truncate at 0
+        return Interval(abar + max(point, 0.0), abar + max(float(lo), 0.0), abar + max(float(hi), 0.0))
 
-    r, d = interval(_ratio), interval(_direct)
-    g = interval(_regression) if len(s) >= MIN_REGRESSION_N else None
-
-    def clip(iv: Interval | None) -> Interval | None:  # the ceiling is never below what was committed
-        if iv is None:
-            return None
-        return Interval(max(iv.estimate, abar), max(iv.lo, abar), max(iv.hi, abar))
-
-    r, g, d = clip(r), clip(g), clip(d)
-
-    def util(iv: Interval | None) -> Interval | None:  # U = abar / Y is monotone in Y: map the ends
-        if iv is None or iv.lo <= 0:
-            return None
-        return Interval(abar / iv.estimate, abar / iv.hi, abar / iv.lo)
-
+    d, r = ceiling(_difference), ceiling(_ratio)
+    g = ceiling(_regression) if len(s) >= MIN_REGRESSION_N else None
+    wy = np.sum(w * y) / np.sum(w)
+    if exhaustive:
+        direct = Interval(float(wy), float(wy), float(wy))
+    else:
+        boots = np.array([np.sum(w[i] * y[i]) / np.sum(w[i]) for i in idx])
+        lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+        direct = Interval(float(wy), float(lo), float(hi))
+    method, primary = ("regression", g) if g is not None else ("difference", d)
+    util = Interval(abar / primary.estimate, abar / primary.hi, abar / primary.lo)
     return SamplingInference(
         n_requests=len(df), n_audited=len(s), fraction=len(s) / len(df), realized_accept_len=abar,
-        confidence_only_ceiling=xbar, ceiling_ratio=r, ceiling_regression=g, ceiling_direct=d,
-        utilization_ratio=util(r), utilization_regression=util(g), level=level, n_boot=n_boot,
+        confidence_only_ceiling=xbar, n_with_tail=int(np.sum(t > 1e-9)), method=method, ceiling=primary, utilization=util,
+        ceiling_difference=d, ceiling_ratio=r, ceiling_regression=g, ceiling_direct=direct,
+        level=level, n_boot=n_boot,
     )
 
 

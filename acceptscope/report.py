@@ -333,13 +333,17 @@ def build_report(
             page.note("utilization", f"no full-traffic inference: {html.escape(str(e))}")
     if samp is not None:
         page.add("utilization", _sampling_html(samp))
-        u = samp.utilization_ratio
+        u = samp.utilization
         headline["utilization"] = asdict(u)
-        headline["ceiling"] = asdict(samp.ceiling_ratio)
+        headline["ceiling"] = asdict(samp.ceiling)
         msg = (f"compact utilization {u.estimate:.1%} of the ceiling [{u.lo:.1%}, {u.hi:.1%}] "
-               f"(ceiling {samp.ceiling_ratio.estimate:.2f} tokens/block, realized {samp.realized_accept_len:.2f}; "
+               f"(ceiling {samp.ceiling.estimate:.2f} tokens/block, realized {samp.realized_accept_len:.2f}; "
                f"{samp.n_audited}/{samp.n_requests} requests audited)")
         findings.append(Finding("ok" if u.estimate >= th.utilization else "warn", "utilization", msg))
+        if samp.n_audited < samp.n_requests and samp.n_with_tail == 0:
+            findings.append(Finding("warn", "utilization", f"none of the {samp.n_audited} audited requests showed a "
+                                    "trimmed tail, so the interval cannot bound tails elsewhere: audit a larger "
+                                    "fraction"))
 
     # -- counterfactual tail -------------------------------------------------
     shown = est_figs("tail", "tail", [compact])
@@ -408,8 +412,9 @@ def build_report(
     findings.sort(key=lambda f: order.get(f.level, 9))
     page.add("summary", _summary_html(findings))
     groups = runs["audit_group"].dropna().unique()
-    default_title = (f"acceptscope report: audit group {groups[0]}" if len(groups) == 1 and runs["audit_group"].notna().all()
-                     else f"acceptscope report: {', '.join(ids)}")
+    one_group = len(groups) == 1 and runs["audit_group"].notna().all()
+    default_title = f"acceptscope report: audit group {groups[0]}" if one_group else \
+        f"acceptscope report: {', '.join(ids)}"
     text = _render(page, title or default_title, ids)
     res = ReportResult(None, ids, findings, [s for s in SECTIONS if page.parts[s]], page.n_fig, est_status,
                        par.to_dict() if par is not None else None,
@@ -431,8 +436,10 @@ def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
 # pieces
 # ---------------------------------------------------------------------------
 def _kv_table(d: dict) -> str:
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_fmt(v) if not isinstance(v, (list, dict)) else html.escape(str(v))[:200]}</td></tr>"
-                   for k, v in d.items())
+    def cell(v: Any) -> str:
+        return _fmt(v) if not isinstance(v, (list, dict)) else html.escape(str(v))[:200]
+
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{cell(v)}</td></tr>" for k, v in d.items())
     return f"<table class='kv'>{rows}</table>"
 
 
@@ -446,12 +453,14 @@ def _sampling_html(s: Any) -> str:
     rows = [
         ("requests (compact) / audited", f"{s.n_requests} / {s.n_audited} ({s.fraction:.0%})"),
         ("realized accept length (compact, all traffic)", f"{s.realized_accept_len:.3f}"),
+        ("audited requests with a trimmed tail", f"{s.n_with_tail}"),
         ("ceiling, confidence-only (Σ survival + 1, no audit)", f"{s.confidence_only_ceiling:.3f}"),
-        ("ceiling, ratio estimator", iv(s.ceiling_ratio)),
-        ("ceiling, regression estimator", iv(s.ceiling_regression)),
+        (f"<b>ceiling ({s.method} estimator: reported)</b>", iv(s.ceiling)),
+        (f"<b>utilization ({s.method} estimator: reported)</b>", iv(s.utilization, True)),
+        ("ceiling, regression estimator (confidence-implied tail as auxiliary)", iv(s.ceiling_regression)),
+        ("ceiling, ratio estimator (confidence-implied tail as auxiliary)", iv(s.ceiling_ratio)),
+        ("ceiling, difference estimator (realized accept length as auxiliary)", iv(s.ceiling_difference)),
         ("ceiling, audited sample only", iv(s.ceiling_direct)),
-        ("utilization, ratio estimator", iv(s.utilization_ratio, True)),
-        ("utilization, regression estimator", iv(s.utilization_regression, True)),
     ]
     body = "".join(f"<tr><th>{a}</th><td>{b}</td></tr>" for a, b in rows)
     return (f"<h3>Full-traffic ceiling and utilization ({s.level:.0%} request-bootstrap intervals, "
@@ -523,7 +532,8 @@ nav{padding:8px 32px;background:#e5e7eb;font-size:13px}nav a{margin-right:14px;c
 main{padding:8px 32px 40px;max-width:1280px}section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;
 padding:8px 20px 16px;margin:18px 0}h2{font-size:18px;border-bottom:1px solid #eee;padding-bottom:6px}
 table{border-collapse:collapse;font-size:12.5px;margin:8px 0}th,td{border:1px solid #e5e7eb;padding:3px 8px;
-text-align:right}th{background:#f3f4f6}td{white-space:nowrap}table.kv th{text-align:left}.note,.muted{color:#555;font-size:13px}
+text-align:right}th{background:#f3f4f6}td{white-space:nowrap}table.kv th{text-align:left}
+.note,.muted{color:#555;font-size:13px}
 ul.findings{list-style:none;padding-left:0}ul.findings li{padding:4px 8px;margin:3px 0;border-radius:4px}
 li.ok{background:#ecfdf5}li.warn{background:#fffbeb}li.bad{background:#fef2f2}li.info{background:#f3f4f6}
 .scroll{overflow-x:auto}.icon{display:inline-block;width:18px}.verdict{font-weight:600;font-size:16px}.verdict.ok{color:#047857}
@@ -537,7 +547,8 @@ def _render(page: _Page, title: str, ids: Sequence[str]) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nav = "".join(f"<a href='#{s}'>{SECTION_TITLES[s]}</a>" for s in SECTIONS)
     body = "".join(
-        f"<section id='{s}'><h2>{SECTION_TITLES[s]}</h2>{''.join(page.parts[s]) or '<p class=muted>(nothing to show)</p>'}</section>"
+        f"<section id='{s}'><h2>{SECTION_TITLES[s]}</h2>"
+        f"{''.join(page.parts[s]) or '<p class=muted>(nothing to show)</p>'}</section>"
         for s in SECTIONS)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

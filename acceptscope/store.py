@@ -503,7 +503,10 @@ class Store:
                     inserted[name] = insert_new_rows(con, t, tbl, self.primary_keys)
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:  # the transaction is already gone; the original error matters
+                    pass
                 raise
         return inserted
 

@@ -30,21 +30,24 @@ Guarantees
 Dedupe design, measured
 -----------------------
 ``bench/writer.py``: 240k request_steps rows, gamma 7, 120 flushes of 2,000 rows,
-PK and anti-join batches interleaved so both see the same load; DuckDB 2.0.1 on
-2 cores shared with other jobs (load average 5-8, so absolute rates are low;
-the ratios held across runs)::
+PK and index-free batches interleaved so both see the same load; DuckDB 2.0.1
+on 2 cores shared with other jobs (load average 7-9, so absolute rates are
+low). Last run, with the ratio range over four runs::
 
-                         primary key (ART)       anti-join (default)      ratio
-  flush path, rows/s     7,114 / 4,719 / 5,108   9,009 / 5,698 / 6,364    x1.21-1.27
-  held connection        13,749 / 9,108 / 13,842 20,302 / 13,362 / 20,056 x1.45-1.48
-  re-ingest (all dups)   9,874 / 6,527 / 9,008   14,579 / 11,100 / 11,625 x1.29-1.70
-  file size              59.0 MB                 38.8 MB                  x1.52 smaller
-  writer, 4 producers    32,105 / 24,244 / 28,402  128,408 / 77,446 / 58,858  x2.1-4.0
-  paced 20k rows/s, 1 s interval, max flush latency: PK 4.4-6.5 s, anti-join 2.1-2.5 s
-  (at that load the box flushes ~6-20k rows/s, so 20k rows/s input already queues)
+                         primary key (ART)   index-free (default)   ratio (4 runs)
+  flush path, rows/s     7,374               9,093                  x1.21-1.27
+  median flush           243 ms              179 ms                 x1.20-1.36
+  held connection        15,069              21,567                 x1.43-1.48
+  re-ingest (all dups)   8,772               19,033                 x1.29-2.17
+  file size              59.0 MB             38.5 MB                x1.52 smaller
+  writer, 4 producers    26,288              60,515                 x2.1-4.0
+  paced 20k rows/s, 1 s interval: max flush latency 4.3 s vs 1.8 s
+  (at that load the box flushes ~6-20k rows/s, so 20k rows/s input queues)
 
-The anti-join wins everywhere and needs no in-memory index, so it is the
-default (``Store(primary_keys=False)``). Opening the file per flush (so other
+The index-free design (key semi-join, pruned by zone maps, then a plain
+append; see ``acceptscope/store.py``) wins everywhere, needs no in-memory
+index and keeps arrival order, so it is the default
+(``Store(primary_keys=False)``). Opening the file per flush (so other
 processes can read between flushes) costs x1.9-3.2 against a held connection;
 the close also checkpoints, so readers open a clean file with no WAL to replay.
 """
@@ -95,6 +98,8 @@ class TelemetryWriter:
             raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s}")
         if max_buffer_rows <= 0 or max_buffer_bytes <= 0:
             raise ValueError("max_buffer_rows and max_buffer_bytes must be > 0")
+        if getattr(store, "read_only", False):
+            raise PermissionError(f"{store.path}: cannot write through a Store opened read_only")
         self.store = store
         self.flush_interval_s = float(flush_interval_s)
         self.max_buffer_rows = int(max_buffer_rows)
@@ -199,21 +204,16 @@ class TelemetryWriter:
             self._raise_if_failed()
 
     def close(self) -> None:
-        """Flush everything, stop the thread. Raises ``WriterError`` if a flush failed."""
+        """Flush everything, stop the thread. Raises ``WriterError`` if a flush failed (on every call)."""
         with self._cv:
-            if self._closed:
-                if self._error is not None:
-                    self._closing = False
-                    self._raise_if_failed()
-                return
-            self._closing = True
-            self._cv.notify_all()
+            if not self._closed:
+                self._closing = True
+                self._cv.notify_all()
         self._thread.join()
         with self._cv:
             self._closed = True
             _OPEN_WRITERS.discard(self)
             if self._error is not None:
-                self._closing = False
                 self._raise_if_failed()
 
     def __enter__(self) -> "TelemetryWriter":

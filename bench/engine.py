@@ -13,8 +13,9 @@ variants alike:
 
 Reported: mean decode-step time per variant, the overhead ratio ``full / off`` (median over
 repeats of the adjacent-pair ratio; target <= 1.05),
-the instrumented in-step telemetry time as a share of step time (the direct measure; the
-background flush thread is visible only in the A/B ratio), and tokens/s per verify mode.
+the same ratio of *process CPU time* per step (all threads: engine, writer, DuckDB; robust to
+other processes sharing the cores, which make wall-clock A/B noisy on a 2-core box), the
+instrumented in-step telemetry time as a share of step time, and tokens/s per verify mode.
 """
 
 from __future__ import annotations
@@ -67,17 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     def serve(mode: str, variant: str, rep: int) -> dict:
         sink = None
         if variant != "off":
-            sink = TelemetrySink(Store(tmp / f"{variant}.duckdb"))
+            sink = TelemetrySink(Store(tmp / f"{mode}-{variant}-{rep}.duckdb"))  # fresh file per run
         eng = Engine(model, drafter, mode=mode, max_running_requests=a.batch, max_seq_len=max_len, eos_token_id=eos,
                      sps=sps, per_position=(variant == "full"), sink=sink, run_id=f"{mode}-{variant}-{rep}")
         t0 = time.perf_counter()
+        c0 = time.process_time()
         res = eng.run(specs)
         if sink is not None:
             sink.close()  # includes waiting for the last commit
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0  # all threads of this process: engine, writer, DuckDB
         toks = sum(len(r.output_tokens) for r in res)
         return {"mode": mode, "variant": variant, "rep": rep, "wall_s": wall, "tokens": toks, "steps": eng.decode_steps,
                 "step_ms": 1e3 * eng.decode_s / eng.decode_steps, "telemetry_ms": 1e3 * eng.telemetry_s / eng.decode_steps,
+                "cpu_ms_per_step": 1e3 * cpu / eng.decode_steps,
                 "tokens_per_s": toks / wall}
 
     rows = []
@@ -96,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     off = agg("cap-accept", "off", "step_ms")
     full = agg("cap-accept", "full", "step_ms")
     lists_off = agg("cap-accept", "lists-off", "step_ms")
-    def paired(variant: str) -> float:
+    def paired(variant: str, key: str = "step_ms") -> float:
         """Median over repeats of the per-repeat ratio variant/off (adjacent runs share machine drift)."""
         ratios = []
         for rep in range(a.repeats):
-            o = [r["step_ms"] for r in rows if r["variant"] == "off" and r["rep"] == rep and r["mode"] == "cap-accept"]
-            v = [r["step_ms"] for r in rows if r["variant"] == variant and r["rep"] == rep and r["mode"] == "cap-accept"]
+            o = [r[key] for r in rows if r["variant"] == "off" and r["rep"] == rep and r["mode"] == "cap-accept"]
+            v = [r[key] for r in rows if r["variant"] == variant and r["rep"] == rep and r["mode"] == "cap-accept"]
             ratios.append(v[0] / o[0])
         return statistics.median(ratios)
 
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         "step_ms": {"off": off, "full": full, "lists-off": lists_off},
         "overhead_ratio_full_vs_off": paired("full"),
         "overhead_ratio_lists_off_vs_off": paired("lists-off"),
+        "cpu_ratio_full_vs_off": paired("full", "cpu_ms_per_step"),
+        "cpu_ratio_lists_off_vs_off": paired("lists-off", "cpu_ms_per_step"),
         "in_step_telemetry_share_full": agg("cap-accept", "full", "telemetry_ms") / full,
         "tokens_per_s": {m: agg(m, "full", "tokens_per_s") for m in ("cap-accept", "compact", "static")},
         "tokens_per_s_no_telemetry": agg("cap-accept", "off", "tokens_per_s"),
@@ -121,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mean decode step (cap-accept): off {off:.1f} ms | full {full:.1f} ms | lists-off {lists_off:.1f} ms")
         print(f"telemetry overhead full/off = {summary['overhead_ratio_full_vs_off']:.3f}  "
               f"(lists-off/off = {summary['overhead_ratio_lists_off_vs_off']:.3f}; median of paired repeats); "
+              f"process CPU per step full/off = {summary['cpu_ratio_full_vs_off']:.3f}; "
               f"in-step telemetry share {100 * summary['in_step_telemetry_share_full']:.1f}%")
         print("tokens/s with full telemetry: " + ", ".join(f"{m} {v:.1f}" for m, v in summary["tokens_per_s"].items())
               + f"; cap-accept without telemetry {summary['tokens_per_s_no_telemetry']:.1f}")

@@ -56,7 +56,10 @@ for s in steps:
     rec.observe_verify_step(**s)
 rec.flush()
 el = time.perf_counter() - t0
-print(json.dumps({"seconds": el, "rows": int(ptr[-1]), "steps": len(steps)}))
+rec.drain_pending_online()
+snap = rec.online_estimate()
+print(json.dumps({"seconds": el, "rows": int(ptr[-1]), "steps": len(steps), "online_lo": snap.cumulative_lo,
+                  "online_hi": snap.cumulative_hi, "online_blocks": snap.cumulative_blocks}))
 """
 
 _SGLANG_STS = r"""
@@ -82,7 +85,6 @@ def _tile(rs_tbl: pa.Table, copies: int) -> pa.Table:
 
 
 def bench_tail(rows: int, sglang_steps: int, seed: int = 0) -> dict:
-    from estimators.frame import BlockFrame
     from estimators.synthetic import compact_view, simulate
     from estimators.tail import TailEstimator
 
@@ -95,12 +97,10 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0) -> dict:
     big = _tile(tbl, copies)
     out = {"rows": big.num_rows, "base_rows": tbl.num_rows}
     t0 = time.perf_counter()
-    frame = BlockFrame.from_request_steps(big, gamma=base.gamma)
-    t1 = time.perf_counter()
-    res = est.estimate(frame)
+    res = est.estimate(big, gamma=base.gamma)  # Arrow in (as the store returns it), frame build included
     t2 = time.perf_counter()
     ncens = int(res.blocks.censored.sum())
-    out.update(frame_seconds=t1 - t0, estimate_seconds=t2 - t1, censored_blocks=ncens,
+    out.update(seconds=t2 - t0, censored_blocks=ncens,
                ours_rows_per_s=big.num_rows / (t2 - t0), ours_blocks_per_s=ncens / (t2 - t0))
     # SGLang's recorder on the first `sglang_steps` verify steps of the same base stream
     if SGLANG_PY.exists():
@@ -126,7 +126,7 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0) -> dict:
                 fcts = {s["forward_ct"] for s in st}
                 sub = comp[comp.forward_ct.isin(fcts)]
                 t3 = time.perf_counter()
-                r2 = est.estimate(BlockFrame.from_request_steps(pa.Table.from_pandas(sub, preserve_index=False), gamma=base.gamma))
+                r2 = est.estimate(pa.Table.from_pandas(sub, preserve_index=False), gamma=base.gamma)
                 t4 = time.perf_counter()
                 out.update(sglang_seconds=sg["seconds"], sglang_rows=sg["rows"], sglang_steps=sg["steps"],
                            sglang_rows_per_s=sg["rows"] / sg["seconds"], sglang_blocks_opened=opened,
@@ -147,6 +147,9 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0) -> dict:
                 br = bracket_from_jsonl(rows_, pg, gamma=base.gamma)
                 out["sglang_jsonl_blocks"] = int((br.category != "exact_in_window").sum())
                 out["sglang_jsonl_mean_lo"], out["sglang_jsonl_mean_hi"] = float(br.lo.mean()), float(br.hi.mean())
+                # SGLang's own online aggregate over the same blocks (pending ones drained "at end")
+                out["sglang_online_lo"], out["sglang_online_hi"] = sg["online_lo"], sg["online_hi"]
+                out["sglang_online_blocks"], out["sglang_jsonl_rows"] = sg["online_blocks"], len(br)
     else:
         out["sglang_error"] = f"{SGLANG_PY} not found"
     return out
@@ -200,14 +203,18 @@ def main() -> None:
     res = {"tail": bench_tail(a.rows, a.sglang_steps), "sts": bench_sts()}
     t = res["tail"]
     print(f"tail: {t['rows']} request-steps, {t['censored_blocks']} censored blocks: "
-          f"{t['ours_rows_per_s']:.0f} rows/s, {t['ours_blocks_per_s']:.0f} blocks/s "
-          f"(frame {t['frame_seconds']:.2f}s + estimate {t['estimate_seconds']:.2f}s)")
+          f"{t['ours_rows_per_s']:.0f} rows/s, {t['ours_blocks_per_s']:.0f} blocks/s ({t['seconds']:.2f}s, "
+          f"point estimates + per-block 80/90/95% intervals)")
     if "sglang_rows_per_s" in t:
         print(f"  SGLang recorder (CPU, same stream, {t['sglang_rows']} rows/{t['sglang_steps']} steps): "
               f"{t['sglang_rows_per_s']:.0f} rows/s, {t['sglang_blocks_per_s']:.0f} opened blocks/s -> ratio "
               f"{t['ratio_rows_per_s']:.0f}x")
     else:
         print("  SGLang:", t.get("sglang_error", "")[:300])
+    if "sglang_online_lo" in t:
+        print(f"  bracket from SGLang's JSONL (ours): mean [{t['sglang_jsonl_mean_lo']:.4f}, {t['sglang_jsonl_mean_hi']:.4f}] "
+              f"over {t['sglang_jsonl_rows']} rows; SGLang's online aggregate: [{t['sglang_online_lo']:.4f}, "
+              f"{t['sglang_online_hi']:.4f}] over {t['sglang_online_blocks']}")
     s = res["sts"]
     print(f"STS (label {s['label']}, train {s['n_train']}, held-out {s['n_test']}):")
     for k, v in s["fits"].items():

@@ -1,4 +1,4 @@
-"""Writer throughput: PRIMARY KEY (ART, INSERT OR IGNORE) vs zone-map-pruned anti-join dedupe.
+"""Writer throughput: PRIMARY KEY (ART, INSERT OR IGNORE) vs index-free dedupe (pruned key lookup + append).
 
 Side by side in one run, on fresh files:
   * batched ``request_steps`` appends (the flush path, ``Store.write_arrow``),
@@ -38,7 +38,7 @@ def batches(rows: int, batch: int):
 
 
 def bench_flush_path(d: Path, parts) -> dict:
-    """Both designs, batches interleaved (PK batch i, anti-join batch i, ...) so both see the same load."""
+    """Both designs, batches interleaved (PK batch i, index-free batch i, ...) so both see the same load."""
     stores = {pk: Store(d / f"flush_{pk}.duckdb", primary_keys=pk) for pk in (True, False)}
     times: dict[bool, list[float]] = {True: [], False: []}
     for b in parts:
@@ -130,7 +130,7 @@ def main() -> None:
             r["held_rows_per_s"] = held[pk]
             r["writer_rows_per_s"] = wr["rows_per_s"]
             print(
-                f"{'primary key' if pk else 'anti-join':11s} | flush path {r['rows_per_s']:7.0f} rows/s, "
+                f"{'primary key' if pk else 'index-free':11s} | flush path {r['rows_per_s']:7.0f} rows/s, "
                 f"median batch {r['median_ms']:6.1f} ms (first10 {r['first10_ms']:6.1f}, last10 {r['last10_ms']:6.1f}) "
                 f"| held connection {held[pk]:7.0f} rows/s | re-ingest {r['reingest_rows_per_s']:7.0f} rows/s "
                 f"| file {r['file_mb']:5.1f} MB | writer, 4 threads {wr['rows_per_s']:7.0f} rows/s "
@@ -138,7 +138,7 @@ def main() -> None:
             )
         pk, aj = res[True], res[False]
         print(
-            "ratio anti-join / primary key (>1: anti-join better): "
+            "ratio index-free / primary key (>1: index-free better): "
             f"flush path x{aj['rows_per_s'] / pk['rows_per_s']:.2f}, "
             f"median batch x{pk['median_ms'] / aj['median_ms']:.2f}, "
             f"held connection x{aj['held_rows_per_s'] / pk['held_rows_per_s']:.2f}, "
@@ -147,7 +147,7 @@ def main() -> None:
         )
         print(
             "open + checkpoint per flush: "
-            f"anti-join x{aj['held_rows_per_s'] / aj['rows_per_s']:.2f}, "
+            f"index-free x{aj['held_rows_per_s'] / aj['rows_per_s']:.2f}, "
             f"primary key x{pk['held_rows_per_s'] / pk['rows_per_s']:.2f} slower than a held connection"
         )
 

@@ -46,6 +46,10 @@ def load_run(store, run_id: str) -> dict[str, Any]:
         d = store.query_df("SELECT * FROM sps_tables WHERE table_hash = ?", [sps_hash])
         if len(d):
             out["sps_table"] = SpsTable.from_long(d)
+        else:
+            # adapter: the reference engine records the hash and the path in config_json but not
+            # the table rows; use the file when its sha256 matches the recorded hash
+            out["sps_table"] = _sps_from_config(out["run"].get("config_json"), sps_hash)
     sts_hash = out["run"].get("sts_hash")
     out["sts_temperatures"] = None
     if sts_hash:
@@ -53,6 +57,24 @@ def load_run(store, run_id: str) -> dict[str, Any]:
         if len(d):
             out["sts_temperatures"] = d.temperature.to_numpy()
     return out
+
+
+def _sps_from_config(config_json, sps_hash):
+    import hashlib
+    from pathlib import Path
+
+    from estimators.cost import SpsTable
+
+    try:
+        path = Path(json.loads(config_json or "{}").get("sps_path") or "")
+    except (ValueError, TypeError):
+        return None
+    if not path.is_file():
+        return None
+    raw = path.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != sps_hash:
+        return None
+    return SpsTable.from_json(raw.decode("utf-8"))
 
 
 def _truth_runs(store, gamma: int, exclude: str, audit_group=None) -> list[str]:
@@ -97,6 +119,13 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     gather = data["estimator_gather"] if len(data["estimator_gather"]) else None
     tail = est.estimate(frame, gather=gather, hazard_boot=0 if frame.has_truth.all() else hazard_boot, seed=seed)
     tail.notes.append(train_note)
+    if len(steps):
+        from estimators.validation import batch_band
+
+        key = ["run_id", "rank", "epoch", "forward_ct"]
+        bs = tail.blocks[key].merge(steps[key + ["bs"]].drop_duplicates(key), on=key, how="left")["bs"].to_numpy()
+        tail.blocks["bs"] = bs
+        tail.blocks["band"] = batch_band(bs)
     res["tail"] = tail
     tc = trim_counters(frame, None if frame.has_truth.all() else tail.blocks["mean"].to_numpy())
     if len(data["estimator_rows"]):

@@ -129,17 +129,23 @@ class BlockFrame:
 
     # ------------------------------------------------------------------
     @classmethod
-    def from_request_steps(cls, data, gamma: int | None = None) -> "BlockFrame":
-        """Build from a ``request_steps`` DataFrame or Arrow table (any subset of columns beyond the basics)."""
+    def from_request_steps(cls, data, gamma: int | None = None, skip: tuple = ()) -> "BlockFrame":
+        """Build from a ``request_steps`` DataFrame or Arrow table (any subset of columns beyond the basics).
+
+        ``skip``: list columns not needed by the caller (left all-missing), e.g. the tail
+        estimator never reads ``confidence_logit`` or ``survival``."""
         if isinstance(data, (pa.Table, pa.RecordBatch)):
             tbl = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-            lists = {c: tbl.column(c) for c in tbl.column_names if isinstance(tbl.schema.field(c).type, pa.ListType)}
+            lists = {c: tbl.column(c) for c in tbl.column_names
+                     if isinstance(tbl.schema.field(c).type, pa.ListType) and c not in skip}
+            tbl = tbl.drop([c for c in skip if c in tbl.column_names])
             df = tbl.drop([c for c in lists]).to_pandas()
             list_cols = {c: v for c, v in lists.items()}
         else:
             df = data.reset_index(drop=True)
-            list_cols = {c: df[c] for c in df.columns if c in (*_LIST_FLOAT, "draft_tokens", "committed_tokens")}
-            df = df.drop(columns=list(list_cols))
+            list_cols = {c: df[c] for c in df.columns
+                         if c in (*_LIST_FLOAT, "draft_tokens", "committed_tokens") and c not in skip}
+            df = df.drop(columns=list(list_cols) + [c for c in skip if c in df.columns])
         required = ("rid", "prefix_len", "window", "correct_drafts")
         missing = [c for c in required if c not in df.columns]
         if missing:

@@ -386,7 +386,7 @@ def sglang_estimator_tables(sim: Simulation) -> dict[str, pd.DataFrame]:
     plp = _world_logp(sim, r_code[idx][bi], P, tok)
     # row_fct: the row covering position P (its forward_ct)
     st = bf.stream()
-    cnt = bf.correct + 1
+    cnt = np.minimum(bf.correct + 1, (bf.committed >= 0).sum(1))
     row_of_stream = np.repeat(np.arange(bf.n), cnt)
     seg = bf.segment[idx][bi]
     sidx = st["seg_offset"][seg] + P - st["seg_first_pos"][seg]

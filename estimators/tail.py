@@ -47,11 +47,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from estimators.frame import BlockFrame
 from estimators.hazard import HazardModel
 
 LEVELS = (0.8, 0.9, 0.95)
+
+
+def _request_chunks(tbl: pa.Table, chunk_rows: int):
+    """Row bounds splitting ``tbl`` at request boundaries, or None if rows are not grouped by request."""
+    key = tbl.column("rid").cast(pa.string())
+    if "run_id" in tbl.column_names:
+        key = pa.compute.binary_join_element_wise(tbl.column("run_id").cast(pa.string()), key, "\x00")
+    codes = np.asarray(pa.compute.dictionary_encode(key).combine_chunks().indices)
+    change = np.flatnonzero(np.diff(codes) != 0) + 1
+    if np.unique(codes).size != change.size + 1:
+        return None  # a request's rows are not contiguous
+    starts = np.concatenate([[0], change])
+    bounds = [0]
+    for target in range(chunk_rows, tbl.num_rows, chunk_rows):
+        i = np.searchsorted(starts, target)
+        if i < starts.size and starts[i] > bounds[-1]:
+            bounds.append(int(starts[i]))
+    bounds.append(tbl.num_rows)
+    return bounds
 
 
 def _as_frame(data, gamma=None) -> BlockFrame:
@@ -163,10 +183,21 @@ def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None
     return out
 
 
-def _block_uniforms(blocks: pd.DataFrame, seed: int) -> np.ndarray:
-    """A reproducible uniform per block from a hash of its key (same block -> same draw)."""
-    h = pd.util.hash_pandas_object(blocks[["run_id", "rid", "forward_ct"]], index=False).to_numpy()
-    h = (h ^ np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))) * np.uint64(0xBF58476D1CE4E5B9)
+def _block_uniforms(frame: BlockFrame, rows: np.ndarray, seed: int) -> np.ndarray:
+    """A reproducible uniform per block, a splitmix64 hash of what identifies the block in the
+    telemetry (forward_ct, prefix_len, window, drafted tokens): the same block gets the same draw
+    whatever subset or chunk it is estimated in."""
+    M = np.uint64(0xFFFFFFFFFFFFFFFF)
+    with np.errstate(over="ignore"):
+        h = frame.df["forward_ct"].to_numpy(np.int64)[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h ^= frame.prefix[rows].astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+        h ^= frame.window[rows].astype(np.uint64) * np.uint64(0x165667B19E3779F9)
+        for k in range(frame.gamma):
+            h = (h ^ frame.draft[rows, k].astype(np.uint64)) * np.uint64(0x100000001B3)
+        h ^= np.uint64(seed) * np.uint64(0xD6E8FEB86659FD93)
+        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h = (h ^ (h >> np.uint64(31))) & M
     return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
@@ -295,10 +326,26 @@ class TailEstimator:
         return walk(frame, rows, use_logprobs=self.mode != "confidence", exact_first=self.exact_first, gather=gather)
 
     def estimate(self, data, gamma: int | None = None, gather: pd.DataFrame | None = None,
-                 hazard_boot: int = 0, seed: int = 0) -> TailResult:
+                 hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 250_000) -> TailResult:
         """Predictive ceilings for every request-step of ``data`` (truth columns are never read,
-        except to copy them into ``blocks.truth`` for validation)."""
-        frame = _as_frame(data, gamma or getattr(self, "gamma_", None))
+        except to copy them into ``blocks.truth`` for validation).
+
+        An Arrow table grouped by request (as the store returns it ordered by rid) larger than
+        ``chunk_rows`` is processed in request-aligned chunks (cache-friendly, bounded memory)."""
+        G0 = gamma or getattr(self, "gamma_", None)
+        if isinstance(data, pa.Table) and data.num_rows > chunk_rows and not hazard_boot:
+            bounds = _request_chunks(data, chunk_rows)
+            if bounds is not None:
+                parts = [self.estimate(data.slice(a, b - a), G0, gather, 0, seed, chunk_rows=1 << 62)
+                         for a, b in zip(bounds[:-1], bounds[1:])]
+                return TailResult(blocks=pd.concat([p.blocks for p in parts], ignore_index=True),
+                                  pmf=np.concatenate([p.pmf for p in parts]), gamma=parts[0].gamma,
+                                  levels=parts[0].levels, hazard_info=parts[0].hazard_info,
+                                  notes=sorted({n for p in parts for n in p.notes}))
+        if isinstance(data, BlockFrame):
+            frame = data
+        else:
+            frame = BlockFrame.from_request_steps(data, gamma=G0, skip=("confidence_logit", "survival"))
         G = frame.gamma
         n = frame.n
         cens = frame.censored
@@ -329,9 +376,9 @@ class TailEstimator:
                             np.where(frame.greedy, "greedy",
                                      np.where(has_lp & (self.mode != "confidence"), "logprob", "confidence")))
         blocks = pd.DataFrame({
-            "run_id": df["run_id"].to_numpy(), "rid": df["rid"].to_numpy(), "forward_ct": df["forward_ct"].to_numpy(),
+            "run_id": df["run_id"].array, "rid": df["rid"].array, "forward_ct": df["forward_ct"].to_numpy(),
             "rank": df["rank"].to_numpy(), "epoch": df["epoch"].to_numpy(),
-            "workload": df["workload"].to_numpy() if "workload" in df else None,
+            "workload": df["workload"].array if "workload" in df else None,
             "temperature": frame.temperature, "window": frame.window, "correct": frame.correct,
             "acc_len": frame.correct + 1, "censored": cens, "mode": row_mode, "mean": mean, "var": var,
         })
@@ -345,7 +392,7 @@ class TailEstimator:
         wk_all = np.zeros(n, np.int64)
         wk_all[rows] = wk["walked"]
         blocks["walked"] = wk_all
-        u = _block_uniforms(blocks.iloc[rows], seed)
+        u = _block_uniforms(frame, rows, seed)
         for L, (lo, hi, m) in _quantile_intervals(pmf[rows], self.levels, self.interval, u).items():
             tag = int(round(L * 100))
             lo_all, hi_all, m_all = frame.correct.copy(), frame.correct.copy(), np.ones(n)

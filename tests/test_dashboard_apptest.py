@@ -40,8 +40,8 @@ def test_page_loads_with_every_panel(app_test, audit):
     assert sorted(at.multiselect(key="runs").value) == sorted(r["run_id"] for r in summary["runs"].values())
     assert len(at.get("plotly_chart")) >= 7
     labels = [m.label for m in at.metric]
-    assert {"compact accept length", "cap-accept accept length", "compact utilization (ratio est.)"} <= set(labels)
-    util = next(m for m in at.metric if m.label == "compact utilization (ratio est.)")
+    assert {"compact accept length", "cap-accept accept length", "compact utilization (estimated)"} <= set(labels)
+    util = next(m for m in at.metric if m.label == "compact utilization (estimated)")
     assert util.value.endswith("%")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -34,11 +35,16 @@ def pair(tmp_path_factory):
 def db(pair, tmp_path_factory):
     td, dd, sps_path = pair
     path = tmp_path_factory.mktemp("db") / "runs.duckdb"
+    sts_path = path.parent / "sts.json"
+    from acceptscope.engine import sts as sts_mod
+
+    sts_mod.write_sts(sts_mod.StsTable([1.0, 1.5, 2.0, 3.0]), sts_path)
     summaries = {}
     for arm in ("compact", "cap-accept", "static"):
         cfg = EngineConfig(arm=arm, target=str(td), drafter=str(dd), workload="mixed", num_requests=12,
                            max_new_tokens=14, max_running_requests=5, sps=str(sps_path), db=str(path),
-                           run_id=f"t-{arm}", threads=1, audit_group="g1")
+                           run_id=f"t-{arm}", threads=1, audit_group="g1",
+                           sts=str(sts_path) if arm == "compact" else None)
         summaries[arm] = run_engine(cfg)
     return path, summaries
 
@@ -50,7 +56,8 @@ def test_runs_rows_and_summary(db, pair):
     assert set(runs.index) == {"t-compact", "t-cap-accept", "t-static"}
     r = runs.loc["t-compact"]
     assert r.engine == "reference" and r.source == "live" and r.gamma == GAMMA and r.audit_group == "g1"
-    assert r.sps_hash == sps_mod.table_hash(pair[2]) and r.sts_hash is None
+    assert r.sps_hash == sps_mod.table_hash(pair[2]) and r.sts_hash == sps_mod.table_hash(path.parent / "sts.json")
+    assert pd.isna(runs.loc["t-static"].sts_hash)
     assert json.loads(r.config_json)["arm"] == "compact"
     s = summaries["compact"]
     assert s.requests == 12 and s.completion_tokens > 0 and s.tokens_per_s > 0
@@ -77,6 +84,8 @@ def test_request_steps_semantics(db):
         for col in (r.draft_tokens, r.confidence, r.survival, r.confidence_logit, r.draft_logprob, r.target_logprob):
             assert len(col) == GAMMA
         assert np.allclose(np.cumprod(r.confidence), r.survival, atol=1e-5)
+        temps = [1.0, 1.5, 2.0, 3.0] if r.run_id == "t-compact" else [1.0] * GAMMA  # STS: c = sigmoid(z / T)
+        assert np.allclose(r.confidence, 1 / (1 + np.exp(-np.asarray(r.confidence_logit) / temps)), atol=1e-5)
         tl = [x for x in r.target_logprob]
         if r.run_id == "t-compact":
             assert r.ceiling is None or np.isnan(r.ceiling)
@@ -211,3 +220,15 @@ def test_fixture_pair_greedy_matches_target_argmax():
         res = {r.rid: r.output_tokens for r in eng.run(specs)}
         assert [res[f"f{i}"] for i in range(len(ids))] == ref
         assert sum(r.correct_drafts for r in eng.results) > 0
+
+
+def test_request_keys_serve_a_paired_subset(pair, tmp_path):
+    td, dd, sps_path = pair
+    path = tmp_path / "sub.duckdb"
+    keys = [("math", 1), ("poetry", 0)]
+    s = run_engine(EngineConfig(arm="cap-accept", target=str(td), drafter=str(dd), num_requests=12, max_new_tokens=6,
+                                sps=str(sps_path), db=str(path), run_id="sub", threads=1, request_keys=keys))
+    assert s.requests == 2
+    got = Store(path).query_df("SELECT workload, prompt_index, rid FROM requests ORDER BY rid")
+    assert sorted(zip(got.workload, got.prompt_index)) == sorted(keys)
+    assert sorted(got.rid) == ["math-1", "poetry-0"]

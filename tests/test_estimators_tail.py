@@ -173,3 +173,15 @@ def test_trim_counters():
     tc = trim_counters(bf, ceiling=np.array([3, 1, 0]))
     assert tc["trimmed_request_steps"] == 2 and tc["trim_regret_rate"] == 1.0
     assert math.isclose(tc["trim_ratio"], 1 - 5 / 7)
+
+
+def test_truncated_final_commit_is_censored_not_rejected():
+    # the request hit its token limit: correct_drafts=3 but only 2 tokens were committed
+    df = pd.DataFrame([_row(1, 0, 10, 3, 3, [5, 6, 7, 8], [5, 6], temp=1.0, conf=[0.9, 0.9, 0.9, 0.5])])
+    df.at[0, "bonus_token"] = 0
+    from estimators.hazard import HazardModel
+
+    res = TailEstimator(hazard=HazardModel(method="confidence")).fit(df, gamma=G).estimate(df, gamma=G)
+    r = res.blocks.iloc[0]
+    assert not r.resolved and r.bound_lo == 3 and r.bound_hi == 4
+    assert math.isclose(r["mean"], 3.5)

@@ -104,3 +104,21 @@ def test_jsonl_of_polls_is_split_per_line(name, tmp_path):
     s = ingest_paths([FIX / name], Store(tmp_path / "p.duckdb"), progress=False)
     (f,) = s["files"]
     assert f["duplicates"]["steps"] > 0 and f["rows"]["steps"] > 0
+
+
+def test_second_invocation_resumes_rank_slots(tmp_path):
+    """Polls ingested in one call and the later dump in another give the same rows as one call."""
+    one = Store(tmp_path / "one.duckdb")
+    ingest_paths([FIX / "capacc.polls.jsonl", FIX / "capacc.server_info.json"], one, progress=False)
+    two = Store(tmp_path / "two.duckdb")
+    ingest_paths([FIX / "capacc.polls.jsonl"], two, progress=False)
+    s = ingest_paths([FIX / "capacc.server_info.json"], two, progress=False)
+    assert s["tables"]["steps"]["duplicates_ignored"] > 0 and s["rejects"]["count"] == 0
+    assert not s["tables"].get("gaps")
+    q = "SELECT * FROM {} ORDER BY ALL"
+    for t in ("steps", "request_steps"):
+        a = one.query_df(q.format(t)).drop(columns=[]).to_dict("records")
+        b = two.query_df(q.format(t)).to_dict("records")
+        assert len(a) == len(b) and [(r["rank"], r["forward_ct"]) for r in a] == [(r["rank"], r["forward_ct"]) for r in b]
+    rs = two.query_df("SELECT DISTINCT rank, split_part(rid, '-', 1) AS r FROM request_steps")
+    assert all(f"rank{x.rank}" == x.r for x in rs.itertuples())

@@ -326,3 +326,22 @@ def test_property_corruption_rejects_field_and_keeps_siblings(p, data):
     for r in b.rows("request_steps"):
         assert not (r["forward_ct"] == recs[j]["forward_ct"] and r["rid"] == (q["rid"] if field != "rid" else None))
     assert all(math.isfinite(x) for r in b.rows("request_steps") for x in (r["confidence"] or []))
+
+
+def test_duplicate_request_steps_are_tallied():
+    p = make_server_info(ranks=1, n_steps=10, bs=3, seed=8)
+    for feed in ("feed", "feed_bytes"):
+        ing = ServerInfoIngestor("r")
+        arg = (lambda x: x) if feed == "feed" else msgspec.json.encode
+        getattr(ing, feed)(arg(copy.deepcopy(p)))
+        b = getattr(ing, feed)(arg(copy.deepcopy(p)))
+        assert b.duplicates == {"steps": 10, "request_steps": 30}
+
+
+def test_pretty_printed_and_bare_dump_documents():
+    p = make_server_info(ranks=2, n_steps=8, bs=3, seed=12)
+    ref = ServerInfoIngestor("r").feed_bytes(msgspec.json.encode(p))
+    pretty = ServerInfoIngestor("r").feed_bytes(json.dumps(p, indent=2).encode())
+    assert pretty.arrow("request_steps").equals(ref.arrow("request_steps"))
+    bare = ServerInfoIngestor("r").feed_bytes(json.dumps(p["internal_states"][0]["dspark_info_record"]).encode())
+    assert bare.n("request_steps") == 24 and not bare.rejects

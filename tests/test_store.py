@@ -157,6 +157,8 @@ def test_read_only_store(tmp_path: Path) -> None:
     assert ro.counts()["runs"] == 1
     with pytest.raises(PermissionError):
         ro.append({"runs": [H.run_row("x")]})
+    with pytest.raises(PermissionError):
+        ro.writer()
 
 
 def test_reader_threads_and_writer_thread_in_one_process(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ Examples:
       --db audit.duckdb --out report.html
 \b
   # audit 5% of the traffic; ceiling and utilization are inferred with
-  # bootstrap intervals (ratio estimator on compact's confidence):
+  # bootstrap intervals (regression on compact's confidence-implied tail):
   acceptscope audit --audit-fraction 0.05 --requests 400 --db audit.duckdb
 \b
   # add the static (verify-all) arm; JSON summary on stdout:
@@ -144,7 +144,7 @@ def _print(res) -> None:
             console.print(f"  - {f.describe()}")
     s = res.sampling
     if s is not None:
-        u, c = s.utilization_ratio, s.ceiling_ratio
+        u, c = s.utilization, s.ceiling
         if u is not None:
             console.print(f"utilization {u.estimate:.1%} [{u.lo:.1%}, {u.hi:.1%}] of ceiling {c.estimate:.2f} "
                           f"[{c.lo:.2f}, {c.hi:.2f}] tokens/block ({s.n_audited}/{s.n_requests} requests audited)")

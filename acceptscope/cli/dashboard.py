@@ -10,17 +10,18 @@ import typer
 
 from acceptscope.cli._common import EXIT_USAGE, DbOption, console
 
-HELP = """Launch the Streamlit dashboard (binds 127.0.0.1 unless --host says otherwise).
+HELP = """Launch the Streamlit dashboard (binds 127.0.0.1 unless --host says so).
 
-The dashboard reads the file with short read-only connections, so it can watch
-a run while `acceptscope run` / `acceptscope audit` is still writing it (turn on
+It reads the file with short read-only connections, so it can watch a run
+that `acceptscope run` / `acceptscope audit` is still writing (turn on
 "live refresh" in the sidebar).
 
 \b
 Examples:
   acceptscope dashboard --db audit.duckdb
   acceptscope dashboard --db audit.duckdb --port 8600
-  acceptscope dashboard --db runs.duckdb --host 0.0.0.0   # expose on the network (no auth!)
+  # expose on the network (no authentication!):
+  acceptscope dashboard --db runs.duckdb --host 0.0.0.0
 """
 
 APP = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"

@@ -23,8 +23,8 @@ Without --run/--audit-group it reports the newest audit group (or every run).
 \b
 Examples:
   acceptscope report --db audit.duckdb --out report.html
-  acceptscope report --db audit.duckdb --audit-group g-20261129-1130 --out g.html --json
-  acceptscope report --db runs.duckdb --run compact-1 --run cap-accept-1 --out r.html
+  acceptscope report --db audit.duckdb --audit-group G --out g.html --json
+  acceptscope report --db runs.duckdb --run RUN_A --run RUN_B -o r.html
 """
 
 

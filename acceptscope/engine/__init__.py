@@ -9,7 +9,6 @@ DuckDB store. The serving loop itself is :class:`acceptscope.engine.runner.Engin
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -56,6 +55,9 @@ class EngineConfig:
     audit_group: Optional[str] = None
     threads: Optional[int] = None
     flush_steps: int = 64
+    # serve only these (workload, prompt_index) pairs of the workload list (e.g. an audit sample);
+    # rids and prompt indices stay those of the full list, so arms pair by request
+    request_keys: Optional[list] = None
 
 
 @dataclass
@@ -179,6 +181,11 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
     if eos is None:
         eos = tok.eos_token_id
     prompts = load_prompts(config.workload, config.num_requests)
+    if config.request_keys is not None:
+        keep = {(str(w), int(i)) for w, i in config.request_keys}
+        prompts = [p for p in prompts if (p.workload, p.prompt_index) in keep]
+        if not prompts:
+            raise ValueError("request_keys selects none of the workload's prompts")
     specs = []
     for i, pr in enumerate(prompts):
         text = format_chat([{"role": "user", "content": pr.text}], add_generation_prompt=True)

@@ -16,6 +16,7 @@ the next forward of that slot: the committed length is the caller's bookkeeping.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -42,6 +43,7 @@ class PackedBatch:
     max_q: int
     max_k: int
     mask: torch.Tensor  # [B, 1, max_q, max_k] bool: key visible to query
+    slot_range: Optional[tuple[int, int]] = None  # (lo, hi) if slots are exactly lo..hi-1 ascending
 
 
 def pack(slots: Sequence[int], starts: Sequence[int], lens: Sequence[int]) -> PackedBatch:
@@ -61,7 +63,10 @@ def pack(slots: Sequence[int], starts: Sequence[int], lens: Sequence[int]) -> Pa
     kj = torch.arange(max_k)
     limit = starts_t.view(B, 1) + qi.view(1, max_q)  # last visible key per query
     mask = (kj.view(1, 1, max_k) <= limit.view(B, max_q, 1)).unsqueeze(1)
+    sl = list(slots)
+    contiguous = bool(sl) and sl == list(range(sl[0], sl[0] + B))
     return PackedBatch(
+        slot_range=(sl[0], sl[0] + B) if contiguous else None,
         slots=slots_t,
         starts=list(starts),
         lens=list(lens),
@@ -83,15 +88,16 @@ class SlotKVCache:
         self.max_len = max_len
         self.k = [torch.zeros(num_slots, max_len, kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(num_slots, max_len, kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self._free = list(range(num_slots - 1, -1, -1))
+        self._free = list(range(num_slots))  # a min-heap: the lowest free slot is reused first
 
     def alloc(self) -> int:
+        """Lowest free slot, so a full batch occupies 0..B-1 and attention reads the cache as a view."""
         if not self._free:
             raise RuntimeError("KV cache: no free request slot")
-        return self._free.pop()
+        return heapq.heappop(self._free)
 
     def free(self, slot: int) -> None:
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
 
     @property
     def num_free(self) -> int:
@@ -146,8 +152,13 @@ class CachedTarget:
         qp = q.new_zeros(B * pb.max_q, self.n_heads, self.head_dim)
         qp[pb.pad_index] = q
         qp = qp.view(B, pb.max_q, self.n_heads, self.head_dim).transpose(1, 2)
-        K = kc[pb.slots, : pb.max_k].transpose(1, 2)
-        V = vc[pb.slots, : pb.max_k].transpose(1, 2)
+        if pb.slot_range is not None:  # a view: no copy of the cache
+            lo, hi = pb.slot_range
+            K = kc[lo:hi, : pb.max_k].transpose(1, 2)
+            V = vc[lo:hi, : pb.max_k].transpose(1, 2)
+        else:
+            K = kc[pb.slots, : pb.max_k].transpose(1, 2)
+            V = vc[pb.slots, : pb.max_k].transpose(1, 2)
         o = F.scaled_dot_product_attention(qp, K, V, attn_mask=pb.mask, scale=self.scaling, enable_gqa=self.n_kv != self.n_heads)
         o = o.transpose(1, 2).reshape(B * pb.max_q, self.n_heads * self.head_dim)[pb.pad_index]
         return attn.o_proj(o)

@@ -271,6 +271,7 @@ class Engine:
     # ----------------------------------------------------------------- decode
     def _decode_step(self, running: list[_Req]) -> list[_Req]:
         self.forward_ct += 1
+        running.sort(key=lambda r: r.slot)  # slot order: the target reads a contiguous cache range as a view
         G = self.gamma
         B = len(running)
         t0 = time.perf_counter()

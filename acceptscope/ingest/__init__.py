@@ -116,6 +116,8 @@ class _Context:
         if ing is None:
             ing = self.ingestors[run_id] = ServerInfoIngestor(
                 run_id, source="file", expected_gamma=self.gamma.get(run_id), expected_arm=self.arm.get(run_id))
+            if self.store is not None and run_id in self.gamma:
+                ing.resume(self.store)  # later polls of a run ingested before: keep its rank slots/epoch
         return ing
 
     def learn(self, run_id: str) -> None:

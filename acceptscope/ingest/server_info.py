@@ -36,7 +36,6 @@ Translation decisions (documented here because readers depend on them):
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import math
@@ -44,7 +43,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import chain
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import msgspec
 import numpy as np
@@ -236,8 +235,14 @@ class _State:
 
 def _fingerprint(h: StepRecord, reqs: Optional[list[ReqDetail]]) -> tuple:
     """Content fingerprint of one record: tells 'the same record' from 'same forward_ct, new server'."""
-    rq = tuple((r.rid, r.req_pool_index, r.prefix_len, r.bonus_token) for r in reqs if r is not None) if reqs else ()
-    return (h.forward_ct, h.bs, h.num_verify_tokens, h.budget, h.step_cpu_ms, h.step_gpu_ms, rq)
+    rq = frozenset((r.rid if r.rid is not None else f"pool:{r.req_pool_index}", r.req_pool_index, r.prefix_len,
+                    r.bonus_token) for r in reqs if r is not None) if reqs else frozenset()
+    return _fp(h.forward_ct, h.bs, h.num_verify_tokens, h.budget, h.step_cpu_ms, rq)
+
+
+def _fp(fct, bs, nvt, budget, step_cpu_ms, rq) -> tuple:
+    # order-free (the store keeps no row order within a step) and built from stored columns only
+    return (int(fct), int(bs), int(nvt), budget, step_cpu_ms, rq)
 
 
 def _rids(reqs: Optional[list[ReqDetail]]) -> frozenset:
@@ -485,6 +490,54 @@ class ServerInfoIngestor:
         self.polls = 0
         self.use_fast = True  # vectorised Arrow path; the exact per-record path is the fallback
 
+    # -- resuming from a store ---------------------------------------------
+    def resume(self, store: Any) -> bool:
+        """Continue a run already in ``store``: epoch, per-rank watermarks and fingerprints, rid step counts.
+
+        Without this a second ``acceptscope ingest`` of later polls would start rank slots in
+        arrival order again and could file a DP rank's records under another rank's slot.
+        Returns False when the store has no steps of this run.
+        """
+        got = store.query_df(
+            "SELECT epoch, rank, max(forward_ct) AS wm FROM steps WHERE run_id = ? AND epoch = "
+            "(SELECT max(epoch) FROM steps WHERE run_id = ?) GROUP BY epoch, rank ORDER BY rank",
+            [self.run_id, self.run_id])
+        if got.empty:
+            return False
+        self.epoch = int(got["epoch"].iloc[0])
+        self.ranks = []
+        for row in got.itertuples():
+            step = store.query_df(
+                "SELECT bs, num_verify_tokens, budget, step_cpu_ms FROM steps WHERE run_id = ? AND epoch = ? "
+                "AND rank = ? AND forward_ct = ?", [self.run_id, self.epoch, int(row.rank), int(row.wm)]).iloc[0]
+            # (the watermark is max(forward_ct) of steps, so that step row exists)
+            reqs = store.query_df(
+                "SELECT rid, req_pool_index, prefix_len, bonus_token FROM request_steps WHERE run_id = ? AND "
+                "epoch = ? AND rank = ? AND forward_ct = ?", [self.run_id, self.epoch, int(row.rank), int(row.wm)])
+            rq = frozenset((r.rid, int(r.req_pool_index), int(r.prefix_len), int(r.bonus_token))
+                           for r in reqs.itertuples())
+            nn = lambda v, d=None: d if v is None or (isinstance(v, float) and math.isnan(v)) else v  # noqa: E731
+            budget = nn(step["budget"])
+            fp = _fp(int(row.wm), nn(step["bs"], -1), nn(step["num_verify_tokens"], -1),
+                     None if budget is None else int(budget), nn(step["step_cpu_ms"]), rq)
+            self.ranks.append(_Rank(slot=int(row.rank), watermark=int(row.wm), last_fp=fp,
+                                    last_rids=frozenset(r[0] for r in rq)))
+        counts = store.query_df(
+            "SELECT rid, max(step_index) + 1 AS n, max(prefix_len) AS p FROM request_steps WHERE run_id = ? "
+            "AND epoch = ? GROUP BY rid", [self.run_id, self.epoch])
+        self._step_ct = {r.rid: int(r.n) for r in counts.itertuples()}
+        self._pool_prefix = {r.rid: int(r.p) for r in counts.itertuples() if r.rid.startswith("pool:")}
+        runs = store.query_df("SELECT arm, gamma, config_json FROM runs WHERE run_id = ?", [self.run_id])
+        if not runs.empty:
+            self.run_emitted = True
+            self.arm = self.arm or runs["arm"].iloc[0]
+            self.gamma = self.gamma or int(runs["gamma"].iloc[0])
+            try:
+                self.startup_time = json.loads(runs["config_json"].iloc[0]).get("startup_time")
+            except (TypeError, ValueError):
+                pass
+        return True
+
     # -- entry points -------------------------------------------------------
     def feed(self, payload: dict, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
         """Ingest one /server_info response (or one state, or one bare dump) given as builtins."""
@@ -650,15 +703,15 @@ class ServerInfoIngestor:
                                        args=args, startup_time=startup,
                                        source="live" if self.source == "live" or self.source.startswith("http") else "file"))
             self.run_emitted = True
-        starts = {}  # state -> index of first new record
         restart = False
+        same_server = startup is not None and startup == self.startup_time
         if startup is not None and self.startup_time is not None and startup != self.startup_time:
             restart = True
         if startup is not None:
             self.startup_time = startup
         assignment: dict[int, _Rank] = {}
         if not restart and self.ranks:
-            assignment, restart = self._match(states)
+            assignment, restart = self._match(states, same_server)
         if restart:
             old = self.ranks
             self.epoch += 1
@@ -741,8 +794,12 @@ class ServerInfoIngestor:
             return None
         return _fingerprint(h, reqs)
 
-    def _match(self, states: list[_State]) -> tuple[dict[int, _Rank], bool]:
-        """Assign each state to the rank it continues; report a restart when one cannot be."""
+    def _match(self, states: list[_State], same_server: bool = False) -> tuple[dict[int, _Rank], bool]:
+        """Assign each state to the rank it continues; report a restart when one cannot be.
+
+        ``same_server`` (the payload's ``startup_time`` is the known one): a state older than
+        every watermark is a replayed earlier poll, not a restart; its records are duplicates.
+        """
         assignment: dict[int, _Rank] = {}
         free = list(self.ranks)
         pending = []
@@ -766,6 +823,9 @@ class ServerInfoIngestor:
         for s in pending:
             first = self._first_fct(s)
             cands = [r for r in free if first is None or first > r.watermark]
+            if not cands and same_server and s.records:
+                last = self._safe_fct(s, len(s.records) - 1)  # an older snapshot replayed: all duplicates
+                cands = sorted((r for r in free if last is not None and last <= r.watermark), key=lambda r: r.slot)
             if not cands:
                 restart = True  # forward_ct went backwards (or same ct, different content)
                 break
@@ -858,6 +918,7 @@ class ServerInfoIngestor:
         skipped = start
         if skipped:
             batch.note_duplicates("steps", skipped)
+            batch.note_duplicates("request_steps", self._count_reqs(s, 0, skipped))
         if self.use_fast and start < n and self._fast_state(s, rank, start, src, line, batch, cols):
             return
         seen_fct: set[int] = set()
@@ -881,6 +942,7 @@ class ServerInfoIngestor:
                 continue
             if fct <= w:
                 batch.note_duplicates("steps", 1)
+                batch.note_duplicates("request_steps", self._count_reqs(s, j, j + 1))
                 continue
             if fct in seen_fct:
                 batch.reject(make_reject(src, line, where + ".forward_ct", f"duplicate record for forward_ct {fct}",
@@ -1057,6 +1119,12 @@ class ServerInfoIngestor:
             for u, b, t in zip(uniq, base, totals):
                 ct[u] = int(b + t)
         return rid_arr, step_index
+
+    def _count_reqs(self, s: _State, lo: int, hi: int) -> int:
+        """ReqDetails in records[lo:hi] without decoding them (for the duplicates tally)."""
+        if s.is_raw:
+            return b"".join(s.records[lo:hi]).count(b'"req_pool_index"')
+        return sum(len(r.get("reqs") or []) for r in s.records[lo:hi] if isinstance(r, dict))
 
     def _first_fct_from(self, s: _State, start: int) -> Optional[int]:
         for j in range(start, len(s.records)):

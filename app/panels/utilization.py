@@ -22,11 +22,12 @@ def render(ctx) -> None:
         if isinstance(inf, str):
             st.info(f"No full-traffic inference: {inf}")
         else:
-            u, c = inf["utilization_ratio"], inf["ceiling_ratio"]
+            u, c = inf["utilization"], inf["ceiling"]
             a, b, d = st.columns(3)
-            a.metric("compact utilization (ratio est.)", f"{u['estimate']:.1%}",
+            a.metric("compact utilization (estimated)", f"{u['estimate']:.1%}",
                      help=f"95% bootstrap interval [{u['lo']:.1%}, {u['hi']:.1%}]")
             b.metric("full-traffic ceiling", f"{c['estimate']:.2f}", help=f"[{c['lo']:.2f}, {c['hi']:.2f}]")
             d.metric("audited requests", f"{inf['n_audited']} / {inf['n_requests']}")
             st.caption(f"utilization 95% interval [{u['lo']:.1%}, {u['hi']:.1%}]; ceiling [{c['lo']:.2f}, "
-                       f"{c['hi']:.2f}]; confidence-only ceiling (no audit) {inf['confidence_only_ceiling']:.2f}")
+                       f"{c['hi']:.2f}] ({inf['method']} estimator); confidence-only ceiling (no audit) "
+                       f"{inf['confidence_only_ceiling']:.2f}")
