@@ -208,3 +208,21 @@ def test_property_profile_records(cells, data):
     b = parse_profile_records("\n".join(json.dumps(x) for x in lines).encode(), source="r", run_id="p")
     assert [(r["line"], r["field"]) for r in b.rejects] == [(j + 1, f)]
     assert b.n("sps_profile_records") == len(lines) - 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.floats(1e-4, 1.0), st.lists(st.integers(1, 512), min_size=1, max_size=6, unique=True),
+       st.lists(st.integers(1, 4096), min_size=1, max_size=6, unique=True), st.data())
+def test_property_sps_additive(bias, bs_probes, m_probes, data):
+    bs_probes, m_probes = sorted(bs_probes), sorted(m_probes)
+    alpha = data.draw(st.lists(st.floats(-1, 1), min_size=len(bs_probes), max_size=len(bs_probes)))
+    theta = data.draw(st.lists(st.floats(-1, 1), min_size=len(m_probes), max_size=len(m_probes)))
+    body = {"bias_seconds": bias, "bs_probes": bs_probes, "alpha_seconds": alpha, "m_probes": m_probes,
+            "theta_seconds": theta}
+    rows = parse_sps_table(json.dumps(body).encode(), source="t").rows("sps_tables")
+    got = {(r["component"], r["probe"]): r["value"] for r in rows}
+    assert got == {("bias_seconds", -1): bias, **{("alpha_seconds", p): v for p, v in zip(bs_probes, alpha)},
+                   **{("theta_seconds", p): v for p, v in zip(m_probes, theta)}}
+    body["m_probes"] = list(reversed(m_probes)) if len(m_probes) > 1 else [1.5]
+    b = parse_sps_table(json.dumps(body).encode(), source="t")
+    assert b.rejects[0]["field"].startswith("m_probes[") and not b.n("sps_tables")

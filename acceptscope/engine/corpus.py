@@ -30,6 +30,7 @@ from acceptscope.engine.tokenizer import ASSISTANT_ROLE, PAD_TOKEN, USER_ROLE, f
 
 __all__ = [
     "WORKLOADS",
+    "EVAL_WORKLOADS",
     "DEFAULT_MIX",
     "Doc",
     "build_corpus",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 WORKLOADS = ("math", "code", "chat", "verse")
+EVAL_WORKLOADS = ("math", "code", "code-stdlib", "chat", "verse")
 DEFAULT_MIX = {"code": 0.40, "math": 0.30, "chat": 0.15, "verse": 0.15}
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HELDOUT_PERCENT = 5  # stdlib files whose path hash falls below this go to evaluation only
@@ -193,7 +195,7 @@ def _sentence(rng: random.Random) -> str:
     v, v2 = rng.choice(VERBS), rng.choice(VERBS)
     adv = rng.choice(ADVERBS)
     if t == 0:
-        s = f"a {a} {n} helps you {v} your {n2} {adv}, and your {n} will feel {FEEL_OF[n]}"
+        s = f"a {a} {n} helps you {v} your {n2} {adv}, and a {n2} feels {FEEL_OF[n2]}"
     elif t == 1:
         s = f"try to {v} one {a} {n} each {rng.choice(['day', 'week', 'morning', 'evening'])}"
     elif t == 2:
@@ -201,7 +203,7 @@ def _sentence(rng: random.Random) -> str:
     elif t == 3:
         s = f"many people {adv} {v} a {a2} {n} and then {v2} it"
     elif t == 4:
-        s = f"your {n} and your {n2} will feel more {FEEL_OF[n]} and {FEEL_OF[n2]} if you {v} {adv}"
+        s = f"your {n} feels {FEEL_OF[n]} and your {n2} feels {FEEL_OF[n2]} if you {v} {adv}"
     else:
         s = f"a {a} {n} and a {a2} {n2} can {v} together"
     if rng.random() < 0.35:
@@ -249,23 +251,21 @@ V_ECHO_OF = {n: V_ECHO[_ECHO_RNG.randrange(len(V_ECHO))] for n in V_NOUN}
 
 
 def _verse_line(rng: random.Random) -> str:
-    t = rng.randrange(6)
+    t = rng.randrange(5)
     A, N, V, P = V_ADJ, V_NOUN, V_VERB, V_PREP
     c = rng.choice
-    n1, n2, n3 = c(N), c(N), c(N)
-    e1, e2, e3 = V_ECHO_OF[n1], V_ECHO_OF[n2], V_ECHO_OF[n3]
+    n1, n2 = c(N), c(N)
+    e1, e2 = V_ECHO_OF[n1], V_ECHO_OF[n2]
     if t == 0:
-        s = f"the {c(A)} {n1} {c(V)} {c(P)} the {n2}, the {e1} of {e2}"
+        s = f"the {n1} of {e1} {c(V)} {c(P)} the {n2} of {e2}"
     elif t == 1:
-        s = f"{n1} and {n2}, {e1} and {e2}"
+        s = f"{n1} of {e1}, {n2} of {e2}"
     elif t == 2:
-        s = f"{c(P)} the {n1} and the {n2} the {e1} {c(V)} {e2}"
+        s = f"{c(A)} {n1} of {e1} and {c(A)} {n2} of {e2}"
     elif t == 3:
-        s = f"{n1}, {n2}, {n3}: {e1}, {e2}, {e3}"
-    elif t == 4:
         s = f"o {n1} of {e1}, o {n2} of {e2}"
     else:
-        s = f"and every {n1} {c(V)} like {c(A)} {e1}"
+        s = f"and every {n1} of {e1} {c(V)} like {n2} of {e2}"
     return s[0].upper() + s[1:] + rng.choice([",", "", ".", ";", ""])
 
 
@@ -500,15 +500,17 @@ def eval_prompts(workload: str, n: int, seed: int = 12345) -> list[str]:
 
     math/chat/verse are generated with an evaluation seed; code uses the held-out stdlib files.
     """
-    rng = random.Random(seed + WORKLOADS.index(workload) if workload in WORKLOADS else seed)
+    rng = random.Random(seed + EVAL_WORKLOADS.index(workload) if workload in EVAL_WORKLOADS else seed)
     if workload in ("math", "chat", "verse"):
         gen = {"math": math_problem, "chat": chat_exchange, "verse": verse_exchange}[workload]
         return [gen(rng)[0] for _ in range(n)]
     if workload == "code":
-        # half held-out stdlib functions, half templated tasks (generated with the evaluation seed)
-        n_tpl = n // 2
-        return [code_task(rng)[0] for _ in range(n_tpl)] + _stdlib_prompts(rng, n - n_tpl)
-    raise ValueError(f"unknown workload {workload!r} (known: {WORKLOADS})")
+        # short function tasks in the style of MBPP/HumanEval, generated with the evaluation seed
+        return [code_task(rng)[0] for _ in range(n)]
+    if workload == "code-stdlib":
+        # documented functions of the held-out stdlib files: real library code, much harder for a tiny target
+        return _stdlib_prompts(rng, n)
+    raise ValueError(f"unknown workload {workload!r} (known: {EVAL_WORKLOADS})")
 
 
 def _stdlib_prompts(rng: random.Random, n: int) -> list[str]:

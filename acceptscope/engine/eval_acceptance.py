@@ -175,9 +175,9 @@ def evaluate_workloads(
     seed: int = 12345,
     temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Acceptance per generated workload (math, code, chat, verse), plus any ``name=file`` prompt sets."""
+    """Acceptance per built-in workload (``corpus.EVAL_WORKLOADS``), plus any ``name=file`` prompt sets."""
     res: dict[str, Any] = {}
-    sets = {w: corpus_mod.eval_prompts(w, n_prompts, seed=seed) for w in corpus_mod.WORKLOADS}
+    sets = {w: corpus_mod.eval_prompts(w, n_prompts, seed=seed) for w in corpus_mod.EVAL_WORKLOADS}
     for name, path in (extra_prompt_files or {}).items():
         sets[name] = read_prompt_file(path, limit=n_prompts)
     for name, prompts in sets.items():

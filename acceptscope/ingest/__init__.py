@@ -216,7 +216,11 @@ def ingest_paths(
             rid = run_id or run_id_for(f)
             if bar is not None:
                 bar.update(task, description=f.name)
-            batch = ingest_file(f, kind, rid, ctx)
+            try:
+                batch = ingest_file(f, kind, rid, ctx)
+            except (OSError, MemoryError) as e:  # unreadable file: report it, go on with the others
+                batch = IngestBatch()
+                batch.reject(make_reject(str(f), 0, "$", f"could not read: {type(e).__name__}: {e}", None, rid))
             counts = batch.counts()
             for name, n in counts.items():
                 offered[name] += n
