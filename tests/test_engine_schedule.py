@@ -150,3 +150,26 @@ def test_sts_roundtrip_apply_and_gamma_check(tmp_path):
     p.write_text('{"temperatures":[1.0,-1.0]}')
     with pytest.raises(ValueError, match="> 0"):
         sts_mod.load_sts(p)
+
+
+def test_profiler_fits_recover_a_known_cost_model():
+    from acceptscope.engine.profiler import Cell, _monotone, fit_additive, fit_diagonal
+
+    assert _monotone([0.0, 3.0, 1.0, 2.0, 5.0, 4.0], [1.0] * 6) == [0.0, 2.0, 2.0, 2.0, 4.5, 4.5]
+    rng = np.random.default_rng(0)
+    cells = []
+    for bs in (1, 2, 4, 8, 16):
+        for f in (0.0, 0.25, 0.5, 0.75, 1.0):
+            m = bs + int(f * bs * 7)
+            cells.append(Cell(bs, f, m, 0.01 + 0.002 * bs + 0.0003 * m + rng.uniform(-2e-4, 2e-4), 5))
+    for mono in (False, True):
+        t = fit_additive(cells, mbin=16, monotone=mono)
+        assert t.bias_seconds > 0 and t.bs_probes == [1, 2, 4, 8, 16]
+        for c in cells:  # the fitted table predicts every cell within the noise + binning error
+            assert t.step_seconds(c.bs, c.batch_tokens - c.bs) == pytest.approx(c.median_s, abs=3e-3)
+        if mono:
+            assert all(b >= a for a, b in zip(t.alpha_seconds, t.alpha_seconds[1:]))
+            assert all(b >= a for a, b in zip(t.theta_seconds, t.theta_seconds[1:]))
+    d = fit_diagonal(cells, 7, max_batch_tokens=256)
+    assert d.sample_batch_tokens == [8, 16, 32, 64, 128] and d.max_batch_tokens == 256
+    assert d.lookup(64) == pytest.approx(1 / [c.median_s for c in cells if c.bs == 8 and c.frac == 1.0][0])

@@ -141,3 +141,21 @@ def test_grid_fit_and_json_match_sglang(tmp_path):
     assert np.allclose(ours["temperatures"], theirs["temperatures"])
     assert np.allclose(ours["ece_after"], theirs["ece_after"], atol=1e-9)
     assert np.allclose(ours["ece_before"], theirs["ece_before"], atol=1e-9)
+
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+
+
+@pytest.mark.skipif(not (FIX / "capacc.sts_calibration.json").exists(), reason="SGLang fixtures not present")
+def test_grid_fit_reproduces_sglang_fixture_table():
+    """The committed fixture table was written by SGLang's own dspark_sts_fit from these shards."""
+    torch = pytest.importorskip("torch")
+    shards = sorted(FIX.glob("capacc.sts.*.pt"))
+    data = [torch.load(p, map_location="cpu", weights_only=True) for p in shards]
+    z = np.concatenate([d["logits"].numpy() for d in data]).astype(np.float64)
+    y = np.concatenate([d["prefix_mask"].numpy() for d in data]).astype(np.float64)
+    ref = json.loads((FIX / "capacc.sts_calibration.json").read_text())
+    ours = fit_grid(z, y)
+    assert np.allclose(ours["temperatures"], ref["temperatures"], rtol=1e-6)
+    assert np.allclose(ours["ece_after"], ref["ece_after"], atol=1e-8)
+    assert np.allclose(ours["ece_before"], ref["ece_before"], atol=1e-8)

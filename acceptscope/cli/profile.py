@@ -36,6 +36,8 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(8, "--steps", min=1, help="Timed steps per cell (median kept)."),
         context_len: int = typer.Option(64, "--context-len", min=1, help="Prefilled context per request."),
         mbin: int = typer.Option(16, "--mbin", min=1, help="Verify-token bin width of the additive fit."),
+        monotone: bool = typer.Option(True, "--monotone/--no-monotone",
+                                      help="Non-decreasing alpha/theta (default); --no-monotone = SGLang's raw OLS."),
         target: str = typer.Option("fixtures/models/target", "--target", help="Target model directory."),
         drafter: str = typer.Option("fixtures/models/drafter", "--drafter", help="Drafter model directory."),
         gamma: Optional[int] = typer.Option(None, "--gamma", min=1, help="Block size (<= the drafter's)."),
@@ -59,7 +61,7 @@ def register(app: typer.Typer) -> None:
             task = prog.add_task("profiling cells", total=len(bss) * len(frs))
             try:
                 res = profile_engine(target, drafter, out, fmt=fmt, batch_sizes=bss, fracs=frs, steps=steps,
-                                     context_len=context_len, mbin=mbin, gamma=gamma, threads=threads,
+                                     context_len=context_len, mbin=mbin, monotone=monotone, gamma=gamma, threads=threads,
                                      progress=lambda: prog.advance(task))
             except (FileNotFoundError, ValueError) as e:
                 console.print(f"[red]{e}[/red]")

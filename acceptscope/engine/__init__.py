@@ -118,7 +118,7 @@ def load_models(target: str | Path, drafter: str | Path):
 
 def profile_engine(target: str | Path, drafter: str | Path, out: str | Path, *, fmt: str = "both",
                    batch_sizes=(1, 2, 4, 8, 16, 32), fracs=(0.0, 0.25, 0.5, 0.75, 1.0), steps: int = 8,
-                   context_len: int = 64, mbin: int = 16, gamma: Optional[int] = None,
+                   context_len: int = 64, mbin: int = 16, monotone: bool = True, gamma: Optional[int] = None,
                    threads: Optional[int] = None, progress: Optional[Callable[[], None]] = None) -> dict:
     """Profile the engine's step cost and write SGLang SPS tables; returns paths, hashes and cells."""
     import time
@@ -137,7 +137,7 @@ def profile_engine(target: str | Path, drafter: str | Path, out: str | Path, *, 
     out = Path(out)
     tables = {}
     if fmt in ("additive", "both"):
-        t = profiler.fit_additive(cells, mbin=mbin)
+        t = profiler.fit_additive(cells, mbin=mbin, monotone=monotone)
         tables["additive"] = {"path": str(out), "sha256": sps_mod.write_sps(t, out)}
     if fmt in ("diagonal", "both"):
         t1 = profiler.fit_diagonal(cells, g, max_batch_tokens=max(batch_sizes) * (g + 1))

@@ -102,8 +102,29 @@ def fit_diagonal(cells: Sequence[Cell], gamma: int, max_batch_tokens: Optional[i
     return SpsTable1D(probes, sps, int(max_batch_tokens or probes[-1]))
 
 
-def fit_additive(cells: Sequence[Cell], mbin: int = 16) -> SpsTableAdditive:
-    """OLS on one-hot dummies: ``T = bias + alpha[bs] + theta[bin(M)]``."""
+def _monotone(values: list[float], weights: list[float]) -> list[float]:
+    """Weighted least-squares non-decreasing fit (pool-adjacent-violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, c2 = blocks.pop()
+            m1, w1, c1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    out: list[float] = []
+    for m, _, c in blocks:
+        out.extend([m] * c)
+    return out
+
+
+def fit_additive(cells: Sequence[Cell], mbin: int = 16, monotone: bool = True) -> SpsTableAdditive:
+    """OLS on one-hot dummies: ``T = bias + alpha[bs] + theta[bin(M)]``.
+
+    ``monotone`` (default) then makes alpha and theta non-decreasing (weighted PAV, weights =
+    cells per level): on a shared CPU the raw dummies are noisy, and a cost that *drops* with
+    more tokens makes the planner's argmax chase noise. ``monotone=False`` is SGLang's
+    unconstrained fit.
+    """
     if len(cells) < 4:
         raise ValueError("additive fit needs at least 4 cells")
     bss = sorted({c.bs for c in cells})
@@ -124,6 +145,15 @@ def fit_additive(cells: Sequence[Cell], mbin: int = 16) -> SpsTableAdditive:
     bias = float(coef[0])
     alpha = [0.0] + [float(v) for v in coef[1 : len(bss)]]
     theta = [0.0] + [float(v) for v in coef[len(bss) :]]
+    if monotone:
+        aw = [float(sum(1 for c in cells if c.bs == b)) for b in bss]
+        tw = [float(sum(1 for c in cells if int(round(c.batch_tokens / mbin)) == b)) for b in bins]
+        alpha = _monotone(alpha, aw)
+        theta = _monotone(theta, tw)
+        a0, t0 = alpha[0], theta[0]  # keep the SGLang parametrisation: first levels are 0
+        alpha = [a - a0 for a in alpha]
+        theta = [t - t0 for t in theta]
+        bias += a0 + t0
     # probe = mean M of the cells in the bin (ints, strictly increasing)
     m_probes = []
     for b in bins:
