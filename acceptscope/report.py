@@ -81,7 +81,12 @@ class ReportResult:
 # ---------------------------------------------------------------------------
 def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None) -> list[str]:
     """Explicit runs, else one audit group's runs, else the newest audit group, else every run."""
-    runs = reader.runs()
+    import duckdb
+
+    try:
+        runs = reader.runs()
+    except duckdb.CatalogException:
+        raise ValueError(f"{reader.path}: not an acceptscope telemetry database (it has no runs table)") from None
     if runs.empty:
         return []
     if run_ids:

@@ -79,7 +79,11 @@ def main() -> None:
         return
     reader = Reader(db)
     version = reader.data_version()
-    runs = load(db, version, "runs")
+    try:
+        runs = load(db, version, "runs")
+    except Exception as e:  # e.g. a DuckDB file that is not acceptscope telemetry
+        st.error(f"{db}: cannot read runs ({type(e).__name__}: {e})")
+        return
     with st.sidebar:
         st.caption(f"database: `{db}`")
         if runs.empty:

@@ -1,10 +1,10 @@
 """Reference-engine speed: telemetry overhead (full capture vs off) and tokens/s on CPU, side by side in one run.
 
-Usage:  .venv/bin/python bench/engine.py [--requests 64 --max-new-tokens 48 --repeats 2 --threads 1]
+Usage:  .venv/bin/python bench/engine.py [--requests 64 --max-new-tokens 32 --repeats 5 --threads 1 --json]
 
 The same greedy workload (identical tokens, hence identical steps) is served repeatedly with
-the variants interleaved (off, full, lists-off, off, full, ...), so machine drift hits all
-variants alike:
+the variants interleaved (each repeat runs all three in a shuffled order), so machine drift
+hits all variants alike:
 
 * ``off``: no telemetry sink at all;
 * ``full``: every steps / request_steps / requests row with per-position lists, streamed into
@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="fixtures/models/target")
     ap.add_argument("--drafter", default="fixtures/models/drafter")
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -84,10 +84,15 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_ms_per_step": 1e3 * cpu / eng.decode_steps,
                 "tokens_per_s": toks / wall}
 
+    import random
+
     rows = []
+    order_rng = random.Random(0)
     serve("cap-accept", "off", -1)  # warm-up (allocator, lazy inits)
     for rep in range(a.repeats):
-        for variant in ("off", "full", "lists-off"):
+        variants = ["off", "full", "lists-off"]
+        order_rng.shuffle(variants)  # no variant always runs first/last in a repeat
+        for variant in variants:
             rows.append(serve("cap-accept", variant, rep))
             print(f"  cap-accept {variant:9s} rep {rep}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr)
     for mode in ("compact", "static"):
@@ -109,11 +114,17 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append(v[0] / o[0])
         return statistics.median(ratios)
 
+    def min_of(variant: str) -> float:
+        return min(r["step_ms"] for r in rows if r["mode"] == "cap-accept" and r["variant"] == variant)
+
     summary = {
         "threads": a.threads, "requests": a.requests, "max_new_tokens": a.max_new_tokens, "batch": a.batch,
         "step_ms": {"off": off, "full": full, "lists-off": lists_off},
         "overhead_ratio_full_vs_off": paired("full"),
         "overhead_ratio_lists_off_vs_off": paired("lists-off"),
+        # least-disturbed runs (timeit's rule): robust to other processes' bursts on shared cores
+        "overhead_ratio_min_full_vs_off": min_of("full") / min_of("off"),
+        "overhead_ratio_min_lists_off_vs_off": min_of("lists-off") / min_of("off"),
         "cpu_ratio_full_vs_off": paired("full", "cpu_ms_per_step"),
         "cpu_ratio_lists_off_vs_off": paired("lists-off", "cpu_ms_per_step"),
         "in_step_telemetry_share_full": agg("cap-accept", "full", "telemetry_ms") / full,
@@ -127,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mean decode step (cap-accept): off {off:.1f} ms | full {full:.1f} ms | lists-off {lists_off:.1f} ms")
         print(f"telemetry overhead full/off = {summary['overhead_ratio_full_vs_off']:.3f}  "
               f"(lists-off/off = {summary['overhead_ratio_lists_off_vs_off']:.3f}; median of paired repeats); "
+              f"min-run ratio full/off = {summary['overhead_ratio_min_full_vs_off']:.3f}; "
               f"process CPU per step full/off = {summary['cpu_ratio_full_vs_off']:.3f}; "
               f"in-step telemetry share {100 * summary['in_step_telemetry_share_full']:.1f}%")
         print("tokens/s with full telemetry: " + ", ".join(f"{m} {v:.1f}" for m, v in summary["tokens_per_s"].items())

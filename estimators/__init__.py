@@ -116,7 +116,8 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
         else:
             est = TailEstimator().fit(frame)
             train_note = "no truth-bearing run with this gamma: hazards fitted on this run's observed outcomes"
-    gather = data["estimator_gather"] if len(data["estimator_gather"]) else None
+    gather = ({"gather": data["estimator_gather"], "rows": data["estimator_rows"]}
+              if len(data["estimator_gather"]) else None)
     tail = est.estimate(frame, gather=gather, hazard_boot=0 if frame.has_truth.all() else hazard_boot, seed=seed)
     tail.notes.append(train_note)
     if len(steps):

@@ -95,8 +95,27 @@ def gather_matrix(frame: BlockFrame, gather: pd.DataFrame | None, rows: np.ndarr
     return out
 
 
+def q_matrix(frame: BlockFrame, est_rows: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """SGLang estimator-row ``q_lp`` (draft log-probs of the trimmed tokens) by absolute draft index."""
+    G = frame.gamma
+    out = np.full((len(rows), G), np.nan)
+    if est_rows is None or len(est_rows) == 0:
+        return out
+    er = est_rows[[isinstance(x, (list, tuple, np.ndarray)) for x in est_rows["q_lp"]]]
+    if er.empty:
+        return out
+    key = pd.MultiIndex.from_arrays([frame.df["run_id"].to_numpy()[rows], frame.df["rid"].to_numpy()[rows],
+                                     frame.df["forward_ct"].to_numpy()[rows]])
+    pos = key.get_indexer(pd.MultiIndex.from_arrays([er["run_id"], er["rid"], er["fct"]]))
+    for p, w, q in zip(pos, er["w"].to_numpy(), er["q_lp"]):
+        if p >= 0:
+            q = np.asarray(q, float)[: G - w]
+            out[p, w:w + q.size] = q
+    return out
+
+
 def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exact_first: bool = True,
-         gather: pd.DataFrame | None = None) -> dict:
+         gather=None) -> dict:
     """Known per-position hazards of the trimmed positions of ``rows`` (NaN: unknown).
 
     Returns ``h`` (len(rows), G), ``walked`` (positions observed along the matched path),
@@ -124,12 +143,17 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
     if exact_first:
         first = (k == w) & valid
         h = np.where(first, match.astype(float), h)
+    has_q = ~np.isnan(frame.draft_logprob[rows]).all(1)
     if use_logprobs:
         dlp = frame.draft_logprob[rows]
         lp = np.where(lt["scored_tok"] == d, lt["scored_lp"], np.nan)
         if gather is not None:
-            gm = gather_matrix(frame, gather, rows)
+            pg = gather.get("gather") if isinstance(gather, dict) else gather
+            gm = gather_matrix(frame, pg, rows)
             lp = np.where(np.isnan(lp), gm, lp)
+            if isinstance(gather, dict) and gather.get("rows") is not None:
+                dlp = np.where(np.isnan(dlp), q_matrix(frame, gather["rows"], rows), dlp)
+                has_q = ~np.isnan(np.where(tail, dlp, np.nan)).all(1)
         a = np.minimum(1.0, np.exp(lp - dlp))
         fill = ~greedy & tail & path_ok & np.isnan(h) & ~np.isnan(a)
         h = np.where(fill, a, h)
@@ -137,7 +161,7 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
     mism = tail & valid & ~match
     div_before = np.concatenate([np.zeros((len(rows), 1), bool), np.cumsum(mism, 1)[:, :-1] > 0], 1)
     state = np.where(path_ok, np.where(np.isnan(h), 1, 3), np.where(div_before, 2, 0)).astype(np.int64)
-    return dict(h=h, walked=walked, path_ok=path_ok, state=state)
+    return dict(h=h, walked=walked, path_ok=path_ok, state=state, has_q=has_q)
 
 
 def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None = None) -> dict:
@@ -313,11 +337,12 @@ class TailEstimator:
     interval: str = "randomized"
     exact_first: bool = True
 
-    def fit(self, data, gamma: int | None = None) -> "TailEstimator":
+    def fit(self, data, gamma: int | None = None, gather=None) -> "TailEstimator":
         frame = _as_frame(data, gamma)
         # the walk never reads truth columns, and on a cap-accept frame it sees exactly what the
         # compact view of the same draws would show (later steps' on-path rows are verified in both)
-        wk = walk(frame, np.arange(frame.n), use_logprobs=self.mode != "confidence", exact_first=self.exact_first)
+        wk = walk(frame, np.arange(frame.n), use_logprobs=self.mode != "confidence", exact_first=self.exact_first,
+                  gather=gather)
         self.hazard.fit(frame, wk["h"], wk["state"])
         self.gamma_ = frame.gamma
         return self
@@ -325,7 +350,7 @@ class TailEstimator:
     def _walk(self, frame, rows, gather):
         return walk(frame, rows, use_logprobs=self.mode != "confidence", exact_first=self.exact_first, gather=gather)
 
-    def estimate(self, data, gamma: int | None = None, gather: pd.DataFrame | None = None,
+    def estimate(self, data, gamma: int | None = None, gather=None,
                  hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 250_000) -> TailResult:
         """Predictive ceilings for every request-step of ``data`` (truth columns are never read,
         except to copy them into ``blocks.truth`` for validation).
@@ -372,6 +397,7 @@ class TailEstimator:
         resolved = b_lo == b_hi
         df = frame.df
         has_lp = ~np.isnan(frame.draft_logprob).all(1)
+        has_lp[rows] |= wk["has_q"]
         row_mode = np.where(~cens, "exact-in-window",
                             np.where(frame.greedy, "greedy",
                                      np.where(has_lp & (self.mode != "confidence"), "logprob", "confidence")))

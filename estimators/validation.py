@@ -136,10 +136,13 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         test = truth[fold == f]
         if len(test) == 0 or len(train) == 0:
             continue
+        g = None
+        if jsonl is not None and len(jsonl.get("rows", [])) and "q_lp" in jsonl["rows"]:
+            g = {"gather": jsonl.get("gather"), "rows": jsonl["rows"]}  # SGLang's p/q for the walk
         for mode, lp in (("auto", True), ("confidence", False)):
             est = TailEstimator(hazard=HazardModel(method=hazard_method), mode=mode, levels=levels, interval=interval)
-            est.fit(train)
-            res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed,
+            est.fit(train, gather=g if lp else None)
+            res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed, gather=g if lp else None,
                                hazard_boot=hazard_boot if mode == "auto" else 0)
             b = res.blocks
             if res._boot is not None:
@@ -231,3 +234,63 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
                           our_width=float(a.hi - a.lo), our_covers=bool(a.lo + 1 <= t_al.mean() <= a.hi + 1)))
     notes.append(f"{folds}-fold cross-fitting by request; hazards: {hazard_method}; intervals: {interval}")
     return ValidationResult(per_mode=per_mode, aggregate=agg, bracket=pd.DataFrame(brows), blocks=blocks, notes=notes)
+
+
+def main(argv=None) -> None:
+    """``python -m estimators.validation DB [DB ...] [--run RUN ...] [--synthetic N] [--json out.json]``:
+    validate on every truth-bearing run of the given databases (pooled, cross-fitted by request)."""
+    import argparse
+    import json as _json
+
+    ap = argparse.ArgumentParser(description="Hide the ceiling of truth-bearing runs and validate the tail estimator.")
+    ap.add_argument("db", nargs="*", help="DuckDB telemetry files")
+    ap.add_argument("--run", action="append", default=None, help="only these run ids (repeatable)")
+    ap.add_argument("--synthetic", type=int, default=0, help="validate on N synthetic requests instead")
+    ap.add_argument("--n-boot", type=int, default=300)
+    ap.add_argument("--hazard-boot", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    jsonl = None
+    if a.synthetic:
+        from estimators.synthetic import simulate
+
+        sim = simulate(n_requests=a.synthetic, seed=a.seed + 21)
+        rs, steps = sim.tables["request_steps"], sim.tables["steps"]
+        jsonl = dict(rows=sim.tables["estimator_rows"], gather=sim.tables["estimator_gather"], eos=sim.tables["estimator_eos"])
+    else:
+        from acceptscope.store import Store
+
+        rss, sts, js = [], [], {"rows": [], "gather": [], "eos": []}
+        for db in a.db:
+            st = Store(db)
+            for r in st.runs().run_id:
+                if a.run and r not in a.run:
+                    continue
+                x = st.read_table("request_steps", r)
+                if x.empty or x["ceiling"].isna().any():
+                    continue
+                rss.append(x)
+                sts.append(st.read_table("steps", r))
+                for k, t in (("rows", "estimator_rows"), ("gather", "estimator_gather"), ("eos", "estimator_eos")):
+                    js[k].append(st.read_table(t, r))
+                print(f"{db}: {r}: {len(x)} request-steps, temperature {x.temperature.iloc[0]}")
+        if not rss:
+            raise SystemExit("no truth-bearing runs (cap-accept/static with a ceiling on every row)")
+        rs, steps = pd.concat(rss, ignore_index=True), pd.concat(sts, ignore_index=True)
+        if sum(len(t) for t in js["rows"]):
+            jsonl = {k: pd.concat(v, ignore_index=True) for k, v in js.items()}
+    v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed)
+    with pd.option_context("display.width", 200, "display.max_columns", 40):
+        print(v.per_mode.set_index("mode").T.to_string())
+        print(v.aggregate[["by", "group", "n", "n_censored", "mean_ceiling", "lo", "hi", "truth", "covers"]].to_string())
+        if len(v.bracket):
+            print(v.bracket.T.to_string())
+    print(_json.dumps(v.targets()))
+    if a.json:
+        with open(a.json, "w") as f:
+            _json.dump(v.to_json(), f, default=str, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -97,3 +97,12 @@ def test_live_refresh_sees_new_runs(audit, tmp_path, monkeypatch):
     at.run()
     assert not at.exception
     assert "compact · late-run" in at.multiselect(key="runs").options  # options are the formatted labels
+
+
+def test_missing_file_is_a_clear_error(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("ACCEPTSCOPE_DB", str(tmp_path / "nope.duckdb"))
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception
+    assert any("no such DuckDB file" in e.value for e in at.error)

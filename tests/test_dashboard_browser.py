@@ -124,6 +124,13 @@ def test_dashboard_renders_in_chromium(dashboard, tmp_path):
             page.set_viewport_size({"width": 1400, "height": min(int(height) + 50, 12_000)})
             page.wait_for_timeout(1500)
             page.screenshot(path=str(shot), full_page=True)
+            # live refresh: the body becomes a fragment that re-probes the file every few seconds
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            page.get_by_text("live refresh").click()
+            page.wait_for_selector("text=· live", timeout=30_000)
+            page.wait_for_timeout(4_000)  # at least one timed fragment rerun (refresh every 3 s)
+            assert page.locator("[data-testid=stException]").count() == 0
+            assert page.locator("h2", has_text="Request drill-down").count() == 1
         finally:
             ctx.close()
     _assert_nontrivial_png(shot)

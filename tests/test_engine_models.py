@@ -171,6 +171,13 @@ def test_propose_shapes_greedy_determinism_and_context_sensitivity():
     d.extend_context(b, feats[:12])
     assert a.length == b.length == 12
     assert torch.allclose(a.k[:, :, :12], b.k[:, :, :12], atol=1e-6)
+    # the batched form equals per-request calls
+    e1, e2 = d.new_state(), d.new_state()
+    d.extend_context(e1, feats[:3])
+    d.extend_contexts([e1, e2], [feats[3:12], feats[:7]])
+    assert (e1.length, e2.length) == (12, 7)
+    assert torch.allclose(e1.k[:, :, :12], b.k[:, :, :12], atol=1e-5)
+    assert torch.allclose(e2.v[:, :, :7], b.v[:, :, :7], atol=1e-5)
     anchors = x[0, [12, 12]]
     p = d.propose([a, b], anchors, torch.zeros(2))
     assert isinstance(p, Proposal)

@@ -185,3 +185,45 @@ def test_truncated_final_commit_is_censored_not_rejected():
     r = res.blocks.iloc[0]
     assert not r.resolved and r.bound_lo == 3 and r.bound_hi == 4
     assert math.isclose(r["mean"], 3.5)
+
+
+@pytest.mark.sglang
+def test_bracket_recomputation_matches_sglang_recorder(tmp_path):
+    """Feed SGLang's real BlockAcceptEstimateRecorder a synthetic stream (CPU, .venv-sglang) and check
+    our recomputation of its bracket from the JSONL it wrote equals its own online aggregate."""
+    import importlib.util
+    import json as _json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    py = root / ".venv-sglang" / "bin" / "python"
+    if not py.exists():
+        pytest.skip(".venv-sglang not present")
+    spec = importlib.util.spec_from_file_location("bench_est", root / "bench" / "estimators.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sim = simulate(n_requests=40, seed=7, keep_step_tensors=True)
+    st = sim.meta["step_tensors"]
+    cat = lambda k: np.concatenate([s[k] for s in st])
+    npz = tmp_path / "s.npz"
+    np.savez(npz, gamma=sim.gamma, ptr=np.concatenate([[0], np.cumsum([len(s["rids"]) for s in st])]),
+             fct=np.array([s["forward_ct"] for s in st]), rid=cat("rids"), draft=cat("draft_tokens"),
+             corrected=cat("corrected_logits"), target=cat("target_logits"), temp=cat("temperature"),
+             cl=cat("correct_len"), ct=cat("cap_trim"), bonus=cat("bonus"), prefix=cat("prefix_lens"), vlen=cat("verify_lens"))
+    jl = tmp_path / "e.jsonl"
+    r = subprocess.run([str(py), "-c", bench._SGLANG_TAIL, str(npz), str(jl), "1"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    sg = _json.loads(r.stdout.strip().splitlines()[-1])
+    recs = [_json.loads(x) for x in jl.read_text().splitlines()]
+    rows = pd.DataFrame([dict(run_id="r", rid=x["rid"], fct=x["fct"], w=x["w"], cl=x["cl"], ct=x["ct"],
+                              trimmed_tokens=x.get("trimmed_tokens"), q_lp=x.get("q_lp")) for x in recs if "fct" in x])
+    pg = pd.DataFrame([dict(run_id="r", rid=x["rid"], block_fct=e[0], offset=e[1], p_lp=e[2], trimmed_token=e[3],
+                            realized_token=e[4]) for x in recs if "pg" in x for e in x["pg"]])
+    br = bracket_from_jsonl(rows, pg, gamma=sim.gamma)
+    assert len(br) == sg["online_blocks"]
+    assert math.isclose(br.lo.mean(), sg["online_lo"], rel_tol=1e-9)
+    assert math.isclose(br.hi.mean(), sg["online_hi"], rel_tol=1e-9)
+    # and the synthetic generator's own estimator tables agree with what SGLang wrote
+    ours = bracket_from_jsonl(sim.tables["estimator_rows"], sim.tables["estimator_gather"], gamma=sim.gamma)
+    assert math.isclose(ours.lo.mean(), sg["online_lo"], rel_tol=1e-4)

@@ -53,6 +53,9 @@ def register(app: typer.Typer) -> None:
             except KeyError as e:
                 console.print(f"[red]{e.args[0]}[/red]")
                 raise typer.Exit(EXIT_USAGE)
+            except ValueError as e:
+                console.print(f"[red]{e}[/red]")
+                raise typer.Exit(EXIT_USAGE)
             except LookupError as e:
                 console.print(f"[yellow]{e}[/yellow]")
                 raise typer.Exit(EXIT_NO_DATA)

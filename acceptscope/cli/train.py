@@ -98,6 +98,9 @@ def drafter_cmd(
     intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size"),
     markov_rank: int = typer.Option(64, "--markov-rank", help="0 disables the Markov head."),
     layer_ids: Optional[str] = typer.Option(None, "--layer-ids", help="Target layer taps, e.g. '0,2,4'."),
+    onpolicy_sequences: int = typer.Option(0, "--onpolicy-sequences",
+                                           help="Target-written training sequences (half greedy, half T=1)."),
+    onpolicy_batch: int = typer.Option(512, "--onpolicy-batch"),
     save_dtype: str = typer.Option("bfloat16", "--save-dtype"),
     time_budget: Optional[float] = typer.Option(None, "--time-budget"),
     json_out: bool = JsonOption,
@@ -128,7 +131,8 @@ def drafter_cmd(
         steps=steps, device=device, seed=seed, batch_size=batch_size, seq_len=seq_len, num_anchors=num_anchors,
         lr=lr, corpus_chars=corpus_chars, gamma=gamma, num_layers=num_layers, num_heads=num_heads,
         intermediate_size=intermediate_size, markov_rank=markov_rank, target_layer_ids=ids, save_dtype=save_dtype,
-        time_budget_s=time_budget, target_path_hint=hint,
+        time_budget_s=time_budget, target_path_hint=hint, onpolicy_sequences=onpolicy_sequences,
+        onpolicy_batch=onpolicy_batch,
     )
     prog, cb = _progress("drafter")
     with prog:
@@ -200,7 +204,11 @@ def pair_cmd(
     drafter_steps: int = typer.Option(2000, "--drafter-steps"),
     target_budget: Optional[float] = typer.Option(None, "--target-budget", help="Seconds for target training."),
     drafter_budget: Optional[float] = typer.Option(None, "--drafter-budget", help="Seconds for drafter training."),
-    corpus_chars: int = typer.Option(4_000_000, "--corpus-chars"),
+    corpus_chars: int = typer.Option(4_000_000, "--corpus-chars", help="Target training text (characters)."),
+    drafter_corpus_chars: Optional[int] = typer.Option(None, "--drafter-corpus-chars",
+                                                       help="Drafter training text (default: --corpus-chars)."),
+    onpolicy_sequences: int = typer.Option(0, "--onpolicy-sequences"),
+    onpolicy_batch: int = typer.Option(512, "--onpolicy-batch"),
     target_batch: int = typer.Option(64, "--target-batch"),
     drafter_batch: int = typer.Option(32, "--drafter-batch"),
     num_anchors: int = typer.Option(32, "--num-anchors"),
@@ -210,14 +218,16 @@ def pair_cmd(
 ) -> None:
     """Train the target, then the drafter, then measure acceptance per workload (T=0 and T=1).
 
-    Example: acceptscope train pair --out fixtures/models --device cuda --target-budget 190 --drafter-budget 160
+    Example (the shipped fixture pair, on one H200; see fixtures/models/README.md): acceptscope train pair --out fixtures/models --device cuda --target-steps 3302 --drafter-steps 2112 --corpus-chars 40000000 --drafter-corpus-chars 12000000 --target-batch 128 --drafter-batch 64 --num-anchors 48 --onpolicy-sequences 12288 --onpolicy-batch 1024 --eval-prompts 16 --eval-new-tokens 80
     """
     from acceptscope.engine.train import DrafterTrainConfig, TargetTrainConfig, train_pair
 
     tcfg = TargetTrainConfig(steps=target_steps, device=device, seed=seed, corpus_chars=corpus_chars,
                              batch_size=target_batch, time_budget_s=target_budget)
-    dcfg = DrafterTrainConfig(steps=drafter_steps, device=device, seed=seed, corpus_chars=corpus_chars,
-                              batch_size=drafter_batch, num_anchors=num_anchors, time_budget_s=drafter_budget)
+    dcfg = DrafterTrainConfig(steps=drafter_steps, device=device, seed=seed,
+                              corpus_chars=drafter_corpus_chars or corpus_chars, batch_size=drafter_batch,
+                              num_anchors=num_anchors, time_budget_s=drafter_budget,
+                              onpolicy_sequences=onpolicy_sequences, onpolicy_batch=onpolicy_batch)
     prog, cb = _progress("train")
     with prog:
         m = train_pair(out, tcfg, dcfg, eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens, progress=cb,

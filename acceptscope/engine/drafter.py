@@ -499,6 +499,30 @@ class DSparkDrafter(nn.Module):
         state.length = start + n
 
     @torch.no_grad()
+    def extend_contexts(self, states: Sequence[DraftState], target_hiddens: Sequence[Tensor]) -> None:
+        """Batched :meth:`extend_context` for many requests: one projection over all new rows (context K/V
+        are position-wise, so the result equals per-request calls)."""
+        if len(states) != len(target_hiddens):
+            raise ValueError(f"{len(states)} states but {len(target_hiddens)} hidden-state blocks")
+        hs = [h[0] if h.dim() == 3 and h.shape[0] == 1 else h for h in target_hiddens]
+        pairs = [(st, h) for st, h in zip(states, hs) if int(h.shape[0]) > 0]
+        if not pairs:
+            return
+        ns = [int(h.shape[0]) for _, h in pairs]
+        hctx = self.context_features(torch.cat([h.to(self.device) for _, h in pairs], 0)).unsqueeze(0)
+        pos = torch.cat([torch.arange(st.length, st.length + n, device=self.device) for (st, _), n in zip(pairs, ns)])
+        kvs = self.context_kv(hctx, pos.unsqueeze(0))
+        off = 0
+        for (st, _), n in zip(pairs, ns):
+            a = st.length
+            st._ensure(a + n)
+            for li, (k, v) in enumerate(kvs):
+                st.k[li, :, a : a + n] = k[0, :, off : off + n].to(st.k.dtype)
+                st.v[li, :, a : a + n] = v[0, :, off : off + n].to(st.v.dtype)
+            st.length = a + n
+            off += n
+
+    @torch.no_grad()
     def propose(
         self,
         states: Sequence[DraftState],

@@ -162,6 +162,7 @@ class TargetTrainConfig:
     max_position_embeddings: int = 2048
     save_dtype: str = "bfloat16"
     time_budget_s: float | None = None
+    eval_tokens: int = 40_000  # held-out tokens per workload for the loss report
     mix: dict[str, float] = field(default_factory=lambda: dict(corpus_mod.DEFAULT_MIX))
 
 
@@ -238,10 +239,10 @@ def train_target(cfg: TargetTrainConfig, out_dir: str | Path, progress: Progress
     train_s = time.time() - t_train
 
     # held-out loss per workload (fresh generated docs + held-out stdlib)
-    eval_docs = corpus_mod.build_corpus(cfg.seed + 1000, max(200_000, cfg.corpus_chars // 50), cfg.mix,
-                                         code_split="eval")
+    eval_chars = max(20 * cfg.eval_tokens, cfg.corpus_chars // 50)
+    eval_docs = corpus_mod.build_corpus(cfg.seed + 1000, eval_chars, cfg.mix, code_split="eval")
     model.eval()
-    per_wl = _eval_loss(model, tokenizer, eval_docs, cfg.seq_len, dev)
+    per_wl = _eval_loss(model, tokenizer, eval_docs, cfg.seq_len, dev, max_tokens=cfg.eval_tokens)
 
     model = model.to(_DTYPES[cfg.save_dtype])
     model.config.use_cache = True

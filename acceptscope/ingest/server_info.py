@@ -51,6 +51,7 @@ import pyarrow as pa
 from pyarrow.compute import is_null as pc_is_null
 
 from acceptscope import schema
+from acceptscope.ingest import fast_decode
 from acceptscope.ingest import server_info_arrow as fast
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
 from acceptscope.ingest.rejects import (
@@ -1002,7 +1003,9 @@ class ServerInfoIngestor:
                 lines = [self._record_line(s, j) for j in range(start, n)]
         except (TypeError, msgspec.EncodeError):
             return False
-        tbl = fast.read_records(lines)
+        tbl = fast_decode.decode_records(lines)
+        if tbl is None:
+            tbl = fast.read_records(lines)
         if tbl is None:
             return False
         res = fast.translate(tbl, gamma=s.gamma, mode=s.mode, watermark=rank.watermark)

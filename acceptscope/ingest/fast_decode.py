@@ -1,0 +1,198 @@
+"""Typed msgspec decode of info-dump records straight into Arrow columns.
+
+Why: the ring holds ~30 numbers per request-step; building one Python object per
+number (or running Arrow's generic JSON reader) is what made ingest slow.
+Here msgspec decodes every record into small ``gc=False`` structs whose
+per-position lists (``draft_tokens``, ``confidence``, ``survival``) stay as
+``msgspec.Raw`` JSON text; those texts are then joined into one buffer and
+parsed by Arrow's number parser (``cast(string -> int64/float64)``) in a
+single vectorised pass: every byte that is not part of a number (``[ , ]``,
+whitespace) is overwritten with ``'0'`` and becomes a leading zero of the
+next number, so token boundaries are the only thing numpy has to find.
+
+The result has exactly the shape of :func:`server_info_arrow.read_records`
+(``RECORD_SCHEMA``), so the vectorised validation in
+:func:`server_info_arrow.translate` is shared. Anything unusual (a type
+error, a null inside a list, nested lists, strings, a number Arrow cannot
+parse) returns None and the caller falls back to the Arrow JSON reader and,
+from there, to the exact per-record path; so this module never decides
+whether input is valid, it only declines inputs it cannot represent exactly.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from operator import attrgetter
+from typing import Optional, Sequence
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from acceptscope.ingest.server_info_arrow import OPT_INTS, RECORD_SCHEMA, REQ_TYPE, SENTINELS, TIMES
+
+__all__ = ["decode_records", "parse_number_lists"]
+
+
+class _Req(msgspec.Struct, gc=False):
+    """ReqDetail with its per-position lists kept as raw JSON text."""
+
+    req_pool_index: int
+    prefix_len: int
+    verify_len: int
+    acc_len: int
+    correct_drafts: int
+    cap_trim: int
+    bonus_token: int
+    draft_tokens: msgspec.Raw
+    rid: Optional[str] = None
+    confidence: msgspec.Raw = None  # type: ignore[assignment]
+    survival: msgspec.Raw = None  # type: ignore[assignment]
+
+
+class _Rec(msgspec.Struct, gc=False):
+    """DecodeStepRecord with absent fields as None (the Arrow reader's nulls; translate maps sentinels)."""
+
+    forward_ct: int
+    mode: Optional[str] = None
+    bs: Optional[int] = None
+    num_running_reqs: Optional[int] = None
+    num_verify_tokens: Optional[int] = None
+    verify_tokens_local: Optional[int] = None
+    verify_tokens_dp_synced: Optional[int] = None
+    verify_tokens_graph_key: Optional[int] = None
+    budget: Optional[int] = None
+    lag_steps: Optional[int] = None
+    step_cpu_ms: Optional[float] = None
+    step_gpu_ms: Optional[float] = None
+    draft_gpu_ms: Optional[float] = None
+    target_verify_gpu_ms: Optional[float] = None
+    predicted_step_ms: Optional[float] = None
+    predicted_theta: Optional[float] = None
+    reqs: Optional[list[_Req]] = None
+
+
+_dec_rec = msgspec.json.Decoder(_Rec)
+_INTS = ("req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts", "cap_trim", "bonus_token")
+_get_ints = attrgetter(*_INTS)
+_I64_LIST = pa.list_(pa.int64())
+_F64_LIST = pa.list_(pa.float64())
+_NULL = b"null"
+
+
+def parse_number_lists(raws: list, value_type: pa.DataType) -> Optional[pa.Array]:
+    """JSON arrays of numbers (raw texts; None / ``null`` = NULL row) -> ``list<value_type>``; None if unsure.
+
+    The texts are valid JSON (msgspec validated them as ``Raw``); this declines
+    anything but flat arrays of plain numbers.
+    """
+    n = len(raws)
+    nnull = raws.count(None)
+    if nnull == n:
+        return pa.nulls(n, pa.list_(value_type))
+    valid = None
+    if nnull:
+        valid = np.fromiter((r is not None for r in raws), dtype=bool, count=n)
+        buf = b"".join(r for r in raws if r is not None)
+    else:
+        buf = b"".join(raws)
+    nvalid = n - nnull
+    if len(buf) >= 2**31 - 1:
+        return None
+    a = np.frombuffer(buf, dtype=np.uint8)
+    # flat arrays only (also declines a JSON null, a bare number, a nested list): nvalid '[' in all,
+    # the buffer opens with '[' and ends with ']', and every other '[' directly follows a ']'
+    # (in valid JSON a nested '[' follows '[', ',' or whitespace, a row's first byte follows its
+    # predecessor's last), so each row holds exactly one '[' and opens with it
+    opens = np.flatnonzero(a == 91)
+    if len(opens) != nvalid or opens[0] != 0 or a[-1] != 93 or (a[opens[1:] - 1] != 93).any():
+        return None
+    isnum = (a >= 45) & (a <= 57)  # - . / 0-9
+    other = ~isnum & (a != 44) & (a != 91) & (a != 93)
+    if other.any() or np.count_nonzero(a == 47):
+        # exponents (1e-05) and whitespace are fine; anything else (true, strings, objects) is declined
+        ch = a[other]
+        exp = (ch == 101) | (ch == 69) | (ch == 43)
+        ws = (ch == 32) | (ch == 10) | (ch == 13) | (ch == 9)
+        if np.count_nonzero(a == 47) or not (exp | ws).all():
+            return None
+        if exp.any():
+            isnum |= (a == 101) | (a == 69) | (a == 43)
+    # token t ends where a number byte is followed by a separator; bytes between numbers become '0's
+    tok_end = np.flatnonzero(isnum[:-1] & ~isnum[1:]) + 1
+    data = np.where(isnum, a, np.uint8(48))
+    offsets = np.empty(len(tok_end) + 1, dtype=np.int32)
+    offsets[0] = 0
+    offsets[1:] = tok_end
+    strings = pa.StringArray.from_buffers(len(tok_end), pa.py_buffer(offsets), pa.py_buffer(data))
+    try:
+        values = pc.cast(strings, value_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    bounds = np.empty(nvalid + 1, dtype=np.int64)
+    bounds[:-1] = opens
+    bounds[-1] = len(a)
+    vcounts = np.diff(np.searchsorted(tok_end, bounds))
+    if valid is None:
+        counts = vcounts
+    else:
+        counts = np.zeros(n, dtype=np.int64)
+        counts[valid] = vcounts
+    loffs = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=loffs[1:])
+    mask = None if valid is None else pa.array(~valid)
+    return pa.ListArray.from_arrays(pa.array(loffs), values, mask=mask)
+
+
+def _col(values: list, typ: pa.DataType) -> pa.Array:
+    return pa.array(values, type=typ)
+
+
+def decode_records(lines: Sequence[bytes]) -> Optional[pa.Table]:
+    """Record JSON objects (one per item) -> a ``RECORD_SCHEMA`` table; None when anything is irregular."""
+    if not len(lines):
+        return None
+    try:
+        recs = [_dec_rec.decode(x) for x in lines]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    try:
+        cols: dict[str, pa.Array] = {
+            "forward_ct": _col([r.forward_ct for r in recs], pa.int64()),
+            "mode": _col([r.mode for r in recs], pa.string()),
+        }
+        for name in SENTINELS + OPT_INTS:
+            cols[name] = _col(list(map(attrgetter(name), recs)), pa.int64())
+        for name in TIMES + ("predicted_theta",):
+            cols[name] = _col(list(map(attrgetter(name), recs)), pa.float64())
+    except (pa.ArrowInvalid, OverflowError, TypeError):
+        return None
+    req_lists = [r.reqs for r in recs]
+    has = np.fromiter((q is not None for q in req_lists), dtype=bool, count=len(recs))
+    nreq = np.fromiter((len(q) if q is not None else 0 for q in req_lists), dtype=np.int64, count=len(recs))
+    reqs = list(chain.from_iterable(q for q in req_lists if q))
+    m = len(reqs)
+    roffs = np.zeros(len(recs) + 1, dtype=np.int32)
+    np.cumsum(nreq, out=roffs[1:])
+    try:
+        ints = np.fromiter(chain.from_iterable(map(_get_ints, reqs)), dtype=np.int64, count=7 * m)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    ints = ints.reshape(m, 7)
+    children = [pa.array(ints[:, k]) for k in range(7)]
+    drafts = parse_number_lists(list(map(attrgetter("draft_tokens"), reqs)), pa.int64())
+    if drafts is None:
+        return None
+    try:
+        rid = pa.array(list(map(attrgetter("rid"), reqs)), pa.string())
+    except (pa.ArrowInvalid, TypeError):
+        return None
+    conf = parse_number_lists(list(map(attrgetter("confidence"), reqs)), pa.float64())
+    surv = parse_number_lists(list(map(attrgetter("survival"), reqs)), pa.float64()) if conf is not None else None
+    if conf is None or surv is None:
+        return None
+    struct = pa.StructArray.from_arrays(children + [drafts, rid, conf, surv], fields=list(REQ_TYPE))
+    cols["reqs"] = pa.ListArray.from_arrays(pa.array(roffs), struct,
+                                            mask=None if has.all() else pa.array(~has))
+    return pa.Table.from_arrays([cols[f.name] for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
