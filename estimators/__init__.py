@@ -86,7 +86,8 @@ def _truth_runs(store, gamma: int, exclude: str, audit_group=None) -> list[str]:
     return d.run_id.tolist()
 
 
-def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0) -> dict[str, Any]:
+def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
+            use_sglang_pg: bool = False) -> dict[str, Any]:
     """Every estimator that applies to ``run_id``; see the module docstring."""
     from estimators.bracket import bracket_from_jsonl, trim_counters
     from estimators.calibration import calibration_data, compare
@@ -116,8 +117,9 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
         else:
             est = TailEstimator().fit(frame)
             train_note = "no truth-bearing run with this gamma: hazards fitted on this run's observed outcomes"
+    # SGLang's pg p/q can extend the walk (``use_sglang_pg``); off by default: not validated yet
     gather = ({"gather": data["estimator_gather"], "rows": data["estimator_rows"]}
-              if len(data["estimator_gather"]) else None)
+              if use_sglang_pg and len(data["estimator_gather"]) else None)
     tail = est.estimate(frame, gather=gather, hazard_boot=0 if frame.has_truth.all() else hazard_boot, seed=seed)
     tail.notes.append(train_note)
     if len(steps):

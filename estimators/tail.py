@@ -20,7 +20,10 @@ its conditional acceptance probability ``h_k`` (given ``d_<k`` accepted):
   a later step's verified row scored the same position with the same prefix; where it
   scored the same token, ``h_k = min(1, p/q)`` (Rao-Blackwellised: the exact acceptance
   probability; the later step's coins are independent of the counterfactual coin). SGLang
-  estimator ``pg`` entries can supply ``p`` where our telemetry lacks it;
+  estimator JSONL (``gather={"gather": pg entries, "rows": row records}``) can supply ``p`` and
+  ``q`` where the telemetry lacks them (SGLang's info dump carries no log-probs). That path is
+  experimental: on synthetic truth it lowers MAE but leaves a small negative bias the aggregate
+  intervals do not cover, so the facade and the harness keep it off by default;
 * **everything else** (after a divergence, after the request ended, no log-probs): a
   :class:`~estimators.hazard.HazardModel` conditioned on the block's own confidence (the
   scheduler cut from confidence: conditioning on it handles the informative censoring).

@@ -115,10 +115,12 @@ class ValidationResult:
 def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: int = 2,
              hazard_method: str = "binned", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
              jsonl: dict | None = None, by=("workload", "band"), seed: int = 0,
-             interval: str = "randomized", hazard_boot: int = 30) -> ValidationResult:
+             interval: str = "randomized", hazard_boot: int = 30, use_sglang_pg: bool = False) -> ValidationResult:
     """Cross-fitted validation on a truth-bearing ``request_steps`` frame (see module docstring).
 
-    ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run.
+    ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run (for
+    the bracket comparison; ``use_sglang_pg=True`` also feeds their p/q into the walk, which is
+    not validated yet: see the module notes).
     """
     if "ceiling" not in truth or truth["ceiling"].isna().any():
         raise ValueError("validate needs request_steps with the ceiling on every row (a cap-accept or static run)")
@@ -137,7 +139,7 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         if len(test) == 0 or len(train) == 0:
             continue
         g = None
-        if jsonl is not None and len(jsonl.get("rows", [])) and "q_lp" in jsonl["rows"]:
+        if use_sglang_pg and jsonl is not None and len(jsonl.get("rows", [])) and "q_lp" in jsonl["rows"]:
             g = {"gather": jsonl.get("gather"), "rows": jsonl["rows"]}  # SGLang's p/q for the walk
         for mode, lp in (("auto", True), ("confidence", False)):
             est = TailEstimator(hazard=HazardModel(method=hazard_method), mode=mode, levels=levels, interval=interval)
@@ -249,6 +251,7 @@ def main(argv=None) -> None:
     ap.add_argument("--n-boot", type=int, default=300)
     ap.add_argument("--hazard-boot", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--use-sglang-pg", action="store_true", help="feed SGLang's pg p/q into the walk (experimental)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     jsonl = None
@@ -280,7 +283,8 @@ def main(argv=None) -> None:
         rs, steps = pd.concat(rss, ignore_index=True), pd.concat(sts, ignore_index=True)
         if sum(len(t) for t in js["rows"]):
             jsonl = {k: pd.concat(v, ignore_index=True) for k, v in js.items()}
-    v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed)
+    v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed,
+                 use_sglang_pg=a.use_sglang_pg)
     with pd.option_context("display.width", 200, "display.max_columns", 40):
         print(v.per_mode.set_index("mode").T.to_string())
         print(v.aggregate[["by", "group", "n", "n_censored", "mean_ceiling", "lo", "hi", "truth", "covers"]].to_string())

@@ -136,3 +136,15 @@ def test_sampled_output_distribution_matches_target(mode):
     tv = 0.5 * np.abs(obs / N - joint.reshape(-1)).sum()
     assert chi.pvalue > 1e-3, (chi, tv)
     assert tv < 0.08
+
+
+def test_smaller_gamma_than_the_drafter_block_is_lossless(target):
+    prompts = _prompts(6, 48, seed=4)
+    ref = [hf_greedy(target, p, 12) for p in prompts]
+    specs = [RequestSpec(rid=f"g{i}", prompt_ids=p, max_new_tokens=12) for i, p in enumerate(prompts)]
+    eng = Engine(target, tiny_dspark(target, gamma=4), mode="compact", gamma=2, max_running_requests=3,
+                 max_seq_len=40, sps=TRIM_SPS)
+    res = {r.rid: r.output_tokens for r in eng.run(specs)}
+    assert [res[f"g{i}"] for i in range(len(prompts))] == ref
+    with pytest.raises(ValueError, match="gamma 5 must be in 1..4"):
+        Engine(target, tiny_dspark(target, gamma=4), gamma=5)

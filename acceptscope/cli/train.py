@@ -197,7 +197,8 @@ def eval_cmd(
 
 @train_app.command("pair")
 def pair_cmd(
-    out: Path = typer.Option(Path("fixtures/models"), "--out", help="Writes OUT/target, OUT/drafter, OUT/metrics.json."),
+    out: Path = typer.Option(Path("fixtures/models"), "--out",
+                             help="Writes OUT/target, OUT/drafter, OUT/metrics.json."),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed"),
     target_steps: int = typer.Option(2000, "--target-steps"),

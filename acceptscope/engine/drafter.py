@@ -538,8 +538,13 @@ class DSparkDrafter(nn.Module):
             raise ValueError(f"{B} states but {anchors.numel()} anchor tokens")
         temps = (torch.zeros(B) if temperatures is None else torch.as_tensor(temperatures, dtype=torch.float32))
         temps = temps.to(dev, torch.float32).view(-1)
+        if B == 0:
+            V = c.vocab_size
+            return Proposal(tokens=torch.empty((0, g), dtype=torch.long, device=dev),
+                            logprobs=torch.empty((0, g, V), device=dev),
+                            confidence_logits=torch.empty((0, g), device=dev))
         lens = torch.tensor([s.length for s in states], device=dev, dtype=torch.long)
-        L = int(lens.max().item()) if B else 0
+        L = int(lens.max().item())
 
         # padded context K/V per layer: [B, KV, L, D]
         ctx_kv = []
@@ -573,7 +578,10 @@ class DSparkDrafter(nn.Module):
             lp = torch.log_softmax(logits / safe_t, dim=-1)
             tok = logits.argmax(-1)
             if not bool(greedy.all()):
-                sampled = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)
+                probs = lp.exp()
+                if generator is not None and generator.device != probs.device:
+                    probs = probs.to(generator.device)  # sample where the generator lives
+                sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(dev)
                 tok = torch.where(greedy, tok, sampled)
             tokens[:, k] = tok
             logprobs[:, k] = lp

@@ -615,7 +615,8 @@ def train_pair(
         "target": {k: v for k, v in tm.items() if k != "loss_curve_every_10"},
         "drafter": {k: v for k, v in dm.items() if k != "history"},
         "acceptance": acc,
-        "sizes_bytes": {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()},
+        "sizes_bytes": {p.relative_to(root).as_posix(): p.stat().st_size
+                        for p in sorted(root.rglob("*")) if p.is_file()},
     }
     (root / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics

@@ -108,19 +108,28 @@ def parse_number_lists(raws: list, value_type: pa.DataType) -> Optional[pa.Array
     opens = np.flatnonzero(a == 91)
     if len(opens) != nvalid or opens[0] != 0 or a[-1] != 93 or (a[opens[1:] - 1] != 93).any():
         return None
-    isnum = (a >= 45) & (a <= 57)  # - . / 0-9
-    other = ~isnum & (a != 44) & (a != 91) & (a != 93)
-    if other.any() or np.count_nonzero(a == 47):
+    isnum = np.subtract(a, 45, dtype=np.uint8) <= 12  # - . / 0-9 (uint8 wrap-around: one compare)
+    comma = a == 44
+    close = a == 93
+    n_close = int(np.count_nonzero(close))
+    if n_close == nvalid and len(a) - int(np.count_nonzero(isnum)) == int(np.count_nonzero(comma)) + 2 * nvalid:
+        # compact JSON: the only non-number bytes are ',' '[' ']' (so no strings, hence no '/'), and every
+        # number ends at a ',' or at a ']' that does not close an empty list
+        tok_end = np.flatnonzero(comma | close)
+        tok_end = tok_end[a[tok_end - 1] != 91]
+    else:
+        other = ~isnum & ~comma & ~close & (a != 91)
         # exponents (1e-05) and whitespace are fine; anything else (true, strings, objects) is declined
         ch = a[other]
         exp = (ch == 101) | (ch == 69) | (ch == 43)
         ws = (ch == 32) | (ch == 10) | (ch == 13) | (ch == 9)
-        if np.count_nonzero(a == 47) or not (exp | ws).all():
+        if n_close != nvalid or np.count_nonzero(a == 47) or not (exp | ws).all():
             return None
         if exp.any():
             isnum |= (a == 101) | (a == 69) | (a == 43)
-    # token t ends where a number byte is followed by a separator; bytes between numbers become '0's
-    tok_end = np.flatnonzero(isnum[:-1] & ~isnum[1:]) + 1
+        # token t ends where a number byte is followed by a separator
+        tok_end = np.flatnonzero(isnum[:-1] & ~isnum[1:]) + 1
+    # bytes between numbers become '0's: leading zeros of the next number
     data = np.where(isnum, a, np.uint8(48))
     offsets = np.empty(len(tok_end) + 1, dtype=np.int32)
     offsets[0] = 0
