@@ -117,6 +117,12 @@ def parse_number_lists(raws: list, value_type: pa.DataType) -> Optional[pa.Array
         # number ends at a ',' or at a ']' that does not close an empty list
         tok_end = np.flatnonzero(comma | close)
         tok_end = tok_end[a[tok_end - 1] != 91]
+        # bytes between numbers become '0's (leading zeros of the next number): here, ',' and the brackets
+        data = a.copy()
+        data[tok_end] = 48
+        data[opens] = 48
+        data[opens + 1] = np.maximum(data[opens + 1], 48)  # ']' of an empty list (digits are unchanged)
+        data[-1] = 48
     else:
         other = ~isnum & ~comma & ~close & (a != 91)
         # exponents (1e-05) and whitespace are fine; anything else (true, strings, objects) is declined
@@ -129,8 +135,8 @@ def parse_number_lists(raws: list, value_type: pa.DataType) -> Optional[pa.Array
             isnum |= (a == 101) | (a == 69) | (a == 43)
         # token t ends where a number byte is followed by a separator
         tok_end = np.flatnonzero(isnum[:-1] & ~isnum[1:]) + 1
-    # bytes between numbers become '0's: leading zeros of the next number
-    data = np.where(isnum, a, np.uint8(48))
+        # bytes between numbers become '0's: leading zeros of the next number
+        data = np.where(isnum, a, np.uint8(48))
     offsets = np.empty(len(tok_end) + 1, dtype=np.int32)
     offsets[0] = 0
     offsets[1:] = tok_end
@@ -139,17 +145,19 @@ def parse_number_lists(raws: list, value_type: pa.DataType) -> Optional[pa.Array
         values = pc.cast(strings, value_type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    bounds = np.empty(nvalid + 1, dtype=np.int64)
-    bounds[:-1] = opens
-    bounds[-1] = len(a)
-    vcounts = np.diff(np.searchsorted(tok_end, bounds))
+    # a row's first number is the first token ending after its '['
+    first = np.searchsorted(tok_end, opens).astype(np.int32)
+    loffs = np.empty(n + 1, dtype=np.int32)
+    loffs[-1] = len(tok_end)
     if valid is None:
-        counts = vcounts
-    else:
-        counts = np.zeros(n, dtype=np.int64)
-        counts[valid] = vcounts
-    loffs = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(counts, out=loffs[1:])
+        loffs[:-1] = first
+    else:  # a NULL row is empty: its offset is the next valid row's (or the end)
+        pos = np.full(n + 1, -1, dtype=np.int64)
+        pos[:-1][valid] = first
+        pos[n] = len(tok_end)
+        nxt = np.where(pos >= 0, np.arange(n + 1), n)
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+        loffs[:] = pos[nxt]
     mask = None if valid is None else pa.array(~valid)
     return pa.ListArray.from_arrays(pa.array(loffs), values, mask=mask)
 
