@@ -210,6 +210,20 @@ def _connect(
                 pass
 
 
+@contextmanager
+def open_read_only(path: str | Path, lock_timeout_s: float = 10.0) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short read-only connection with the store's lock discipline, without the schema check.
+
+    For readers next to a live writer (the dashboard): open, query, close; never hold it.
+    """
+    with _process_lock(str(Path(path).resolve())):
+        con = _connect(path, True, lock_timeout_s)
+        try:
+            yield con
+        finally:
+            con.close()
+
+
 def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
     """A query's result as an Arrow table, via the relation API (no extra copy on DuckDB 2.x)."""
     rel = con.sql(sql, params=list(params) if params else None)

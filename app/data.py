@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from acceptscope import schema
-from acceptscope.store import _connect, _process_lock  # short read-only opens, same lock as Store
+from acceptscope.store import open_read_only
 
 RS = schema.REQUEST_STEPS.name
 REQ = schema.REQUESTS.name
@@ -39,14 +39,8 @@ class Reader:
         self.lock_timeout_s = lock_timeout_s
 
     def df(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
-        # the per-file process lock keeps a reader thread and a writer thread of one
-        # process from opening the file with different read_only settings at once
-        with _process_lock(str(self.path.resolve())):
-            con = _connect(self.path, True, self.lock_timeout_s)
-            try:
-                return con.execute(sql, list(params or [])).df()
-            finally:
-                con.close()
+        with open_read_only(self.path, self.lock_timeout_s) as con:
+            return con.execute(sql, list(params or [])).df()
 
     # -- change probe -----------------------------------------------------
     def data_version(self) -> tuple[int, ...]:

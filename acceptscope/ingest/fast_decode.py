@@ -121,7 +121,8 @@ def parse_number_lists(raws: list, value_type: pa.DataType) -> Optional[pa.Array
         data = a.copy()
         data[tok_end] = 48
         data[opens] = 48
-        data[opens + 1] = np.maximum(data[opens + 1], 48)  # ']' of an empty list (digits are unchanged)
+        after = opens + 1
+        data[after[a[after] == 93]] = 48  # the ']' of an empty list
         data[-1] = 48
     else:
         other = ~isnum & ~comma & ~close & (a != 91)

@@ -47,31 +47,15 @@ class Prompt:
 
 
 def read_turns_jsonl(path: str | Path, workload: str | None = None, limit: int | None = None) -> list[Prompt]:
-    """Prompts from a ``{"turns": [...]}`` JSONL (first turn of each line)."""
-    p = Path(path)
-    label = workload or p.stem
-    out: list[Prompt] = []
+    """Prompts from a ``{"turns": [...]}`` JSONL (first turn of each line), labelled ``workload``."""
+    from acceptscope.engine.workloads import read_turns_jsonl as read_first_turns
+
+    label = workload or Path(path).stem
     try:
-        fh = p.open()
-    except FileNotFoundError:
-        raise WorkloadError(f"{p}: workload file not found") from None
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise WorkloadError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
-            turns = obj.get("turns") if isinstance(obj, dict) else None
-            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-                raise WorkloadError(f"{p}:{lineno}: field 'turns' must be a non-empty list of strings")
-            out.append(Prompt(label, len(out), turns[0]))
-    if not out:
-        raise WorkloadError(f"{p}: no prompts")
-    return out
+        texts = read_first_turns(path, limit=limit)
+    except (FileNotFoundError, ValueError) as e:
+        raise WorkloadError(str(e)) from None
+    return [Prompt(label, i, text) for i, text in enumerate(texts)]
 
 
 _ENGINE_NAMES = ("math", "code", "chat", "poetry", "mixed")  # the reference engine's built-in sets
