@@ -168,7 +168,7 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0, repeats: int = 3, vo
 
 
 def bench_sts(seed: int = 0) -> dict:
-    from estimators.calibration import StsCalibrator, calibration_data, fit_grid, survival
+    from estimators.calibration import StsCalibrator, calibration_data, survival
     from estimators.calibration_metrics import ece
     from estimators.synthetic import simulate
 

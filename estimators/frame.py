@@ -173,7 +173,6 @@ class BlockFrame:
         stp = df[step_key].to_numpy(np.int64)
         fct0 = df["forward_ct"].to_numpy(np.int64)
         keyv = [fct0, stp, ep, req0]
-        d_ok = np.ones(len(df) - 1, bool) if len(df) > 1 else np.ones(0, bool)
         sorted_already = True
         eq = np.ones(len(df) - 1, bool)
         for kv in reversed(keyv):  # lexicographic check, most significant first

@@ -183,7 +183,7 @@ class HazardModel:
         if not hasattr(self, "_cell"):
             self._grp = self._group(L["greedy"], L["state"], L["k"])
             self._cell = self._grp * nb + self._bin_index(L["k"], L["x"])
-        cell, grp = self._cell, self._grp
+        cell = self._cell
         wt = L["wt"] if weights is None else L["wt"] * weights[L["req"]]
         n2 = np.bincount(cell, weights=wt, minlength=ngrp * nb).reshape(ngrp, nb)
         a2 = np.bincount(cell, weights=wt * L["y"], minlength=ngrp * nb).reshape(ngrp, nb)
@@ -224,7 +224,6 @@ class HazardModel:
         from sklearn.linear_model import LogisticRegression
 
         L = self._train
-        G = self.gamma_
         self.coef_ = {}
         wt = L["wt"] if weights is None else L["wt"] * weights[L["req"]]
         for g in (False, True):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from estimators.calibration import (StsCalibrator, calibration_data, check_sglang_sts, compare, fit_grid, fit_smooth,
                                     sglang_grid, survival)
-from estimators.calibration_metrics import _Prepared, ece, position_metrics
+from estimators.calibration_metrics import _Prepared, ece
 from estimators.synthetic import simulate
 
 SGLANG_PY = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"

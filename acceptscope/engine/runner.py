@@ -394,7 +394,6 @@ class Engine:
 
     def _emit_request_steps(self, running, prefix_lens, windows, dec, vr, d_tok, d_lp, z, conf, surv, committed, fin_flags, temps):
         B = len(running)
-        G = self.gamma
         correct = dec.correct.numpy()
         cols: dict[str, Any] = {
             "run_id": pa.array([self.run_id] * B, pa.string()),

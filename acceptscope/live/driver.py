@@ -16,7 +16,6 @@ validation path for live and saved responses); bad ones become ``rejects``.
 from __future__ import annotations
 
 import ipaddress
-import json
 import socket
 import threading
 import time
