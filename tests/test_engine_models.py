@@ -108,7 +108,7 @@ def test_fixture_target_loads_offline_with_auto_classes():
 # ---------------------------------------------------------------------------------------------- drafter
 
 
-def _tiny_pair(gamma: int = 4):
+def _tiny_pair(gamma: int = 4, head: str = "vanilla"):
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def _tiny_pair(gamma: int = 4):
     target = Qwen3ForCausalLM(tc).eval()
     cfg = DrafterConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                         intermediate_size=64, target_layer_ids=[0, 1, 2], target_hidden_size=32, mask_token_id=63,
-                        gamma=gamma, markov_rank=8)
+                        gamma=gamma, markov_rank=8, markov_head_type=head)
     drafter = DSparkDrafter(cfg)
     drafter.load_shared_from_target(target)
     with torch.no_grad():  # make every trainable weight matter (zero-initialised heads included)
@@ -200,8 +200,9 @@ def test_propose_shapes_greedy_determinism_and_context_sensitivity():
     assert torch.allclose(pb.logprobs[1], ps.logprobs[0], atol=1e-5)
 
 
-def test_sampling_uses_generator_and_markov_chain():
-    target, d = _tiny_pair()
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_sampling_uses_generator_and_markov_chain(head):
+    target, d = _tiny_pair(head=head)
     x = torch.randint(0, 60, (1, 9))
     s = d.new_state()
     d.extend_context(s, _feats(target, x[:, :8]))
@@ -216,8 +217,15 @@ def test_sampling_uses_generator_and_markov_chain():
                               torch.tensor([[8]]))
     assert torch.allclose(out["logits"][0, 0].log_softmax(-1), p1.logprobs[0], atol=1e-4)
     assert torch.allclose(out["confidence_logits"][0, 0], p1.confidence_logits[0], atol=1e-4)
-    # the Markov head really conditions on the previous token
-    assert not torch.allclose(d.markov_bias(torch.tensor([1])), d.markov_bias(torch.tensor([2])))
+    # the sequential head really conditions on the previous token
+    h = torch.randn(1, d.config.hidden_size)
+    b1, _ = d.sequential_bias(torch.tensor([1]), h, None)
+    b2, _ = d.sequential_bias(torch.tensor([2]), h, None)
+    assert not torch.allclose(b1, b2)
+    if head == "rnn":  # ... and on its state
+        _, st = d.sequential_bias(torch.tensor([1]), h, None)
+        b3, _ = d.sequential_bias(torch.tensor([1]), h, st)
+        assert d.rnn_proj is not None and not torch.allclose(b1, b3)
 
 
 def test_confidence_head_reads_hidden_and_markov_embedding():

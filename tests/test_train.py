@@ -112,6 +112,16 @@ def test_drafter_loss_terms(tiny_pair):
     assert torch.allclose(w[:3], torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5)]))
 
 
+def test_rnn_head_trains(tiny_pair, tmp_path):
+    root, _, _ = tiny_pair
+    cfg = DrafterTrainConfig(seed=1, **{**TINY_DRAFTER, "steps": 2, "onpolicy_sequences": 0,
+                                        "markov_head_type": "rnn"})
+    m = train_drafter(root / "target", tmp_path / "rnn", cfg)
+    assert m["steps_run"] == 2 and math.isfinite(m["final"]["loss"])
+    d = DSparkDrafter.from_pretrained(tmp_path / "rnn")
+    assert d.config.markov_head_type == "rnn" and d.rnn_proj is not None
+
+
 def test_acceptance_eval_greedy_and_sampled(tiny_pair):
     from acceptscope.engine.target import load_target
     from acceptscope.engine.tokenizer import load_tokenizer

@@ -97,6 +97,7 @@ def drafter_cmd(
     num_heads: int = typer.Option(4, "--num-heads"),
     intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size"),
     markov_rank: int = typer.Option(64, "--markov-rank", help="0 disables the Markov head."),
+    markov_head: str = typer.Option("vanilla", "--markov-head", help="vanilla (paper default) or rnn."),
     layer_ids: Optional[str] = typer.Option(None, "--layer-ids", help="Target layer taps, e.g. '0,2,4'."),
     onpolicy_sequences: int = typer.Option(0, "--onpolicy-sequences",
                                            help="Target-written training sequences (half greedy, half T=1)."),
@@ -114,6 +115,9 @@ def drafter_cmd(
     if not (target / "config.json").is_file():
         console.print(f"[red]{target}: no config.json (train the target first)")
         raise typer.Exit(EXIT_USAGE)
+    if markov_head not in ("vanilla", "rnn"):
+        console.print(f"[red]--markov-head {markov_head!r}: use vanilla or rnn")
+        raise typer.Exit(EXIT_USAGE)
     ids = None
     if layer_ids:
         try:
@@ -121,17 +125,12 @@ def drafter_cmd(
         except ValueError:
             console.print(f"[red]--layer-ids {layer_ids!r}: expected comma-separated integers")
             raise typer.Exit(EXIT_USAGE)
-    hint = None
-    try:
-        hint = str(Path(target).resolve().relative_to(Path(out).resolve().parent).as_posix())
-        hint = "../" + hint
-    except ValueError:
-        hint = str(Path(target).resolve())
     cfg = DrafterTrainConfig(
         steps=steps, device=device, seed=seed, batch_size=batch_size, seq_len=seq_len, num_anchors=num_anchors,
         lr=lr, corpus_chars=corpus_chars, gamma=gamma, num_layers=num_layers, num_heads=num_heads,
-        intermediate_size=intermediate_size, markov_rank=markov_rank, target_layer_ids=ids, save_dtype=save_dtype,
-        time_budget_s=time_budget, target_path_hint=hint, onpolicy_sequences=onpolicy_sequences,
+        intermediate_size=intermediate_size, markov_rank=markov_rank, markov_head_type=markov_head,
+        target_layer_ids=ids, save_dtype=save_dtype,
+        time_budget_s=time_budget, onpolicy_sequences=onpolicy_sequences,
         onpolicy_batch=onpolicy_batch,
     )
     prog, cb = _progress("drafter")

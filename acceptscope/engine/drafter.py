@@ -14,7 +14,8 @@ Data flow for one request whose anchor (last committed token) sits at absolute p
   ``s+k+1``.
 * Markov head: ``B(prev) = W2(W1[prev])`` is added to ``U_k`` and tokens are sampled left to right
   (``prev`` = anchor for ``k = 0``, else the previous sampled draft). The corrected softmax is the draft
-  distribution ``q_k`` used for verification.
+  distribution ``q_k`` used for verification. ``markov_head_type="rnn"`` swaps in the paper's RNN head
+  (Eq. 6: a gated state over the block); the shipped fixture uses the vanilla head, the paper's default.
 * confidence head: ``z_k = w^T [h_k ; W1[prev_k]] + b`` (a logit; sigmoid is the conditional probability
   that ``d_k`` survives given that all earlier drafts did).
 
@@ -63,7 +64,7 @@ class DrafterConfig:
     mask_token_id: int
     gamma: int = 7
     markov_rank: int = 64
-    markov_head_type: str = "vanilla"  # "vanilla" | "none"
+    markov_head_type: str = "vanilla"  # "vanilla" | "rnn" | "none"
     confidence_with_markov: bool = True
     num_kv_heads: int | None = None
     rms_norm_eps: float = 1e-6
@@ -82,8 +83,8 @@ class DrafterConfig:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         if self.gamma < 1:
             raise ValueError("gamma must be >= 1")
-        if self.markov_head_type not in ("vanilla", "none"):
-            raise ValueError(f"markov_head_type {self.markov_head_type!r}: supported are 'vanilla' and 'none'")
+        if self.markov_head_type not in ("vanilla", "rnn", "none"):
+            raise ValueError(f"markov_head_type {self.markov_head_type!r}: supported are 'vanilla', 'rnn' and 'none'")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} outside the vocabulary (size {self.vocab_size})")
 
@@ -268,7 +269,7 @@ class DraftLayer(nn.Module):
 
 
 class DSparkDrafter(nn.Module):
-    """DSpark drafter (vanilla Markov head + confidence head). See the module docstring."""
+    """DSpark drafter (vanilla or RNN Markov head + confidence head). See the module docstring."""
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
@@ -287,6 +288,9 @@ class DSparkDrafter(nn.Module):
         else:
             self.markov_w1 = None
             self.markov_w2 = None
+        # RNN head (paper Eq. 6): one joint projection of z_k = [s_{k-1} ; W1[x_{k-1}] ; h_k] split into
+        # gate / candidate / output; the bias of step k is W2 tanh(output(z_k)); s_0 = 0
+        self.rnn_proj = nn.Linear(2 * r + c.hidden_size, 3 * r) if (r and c.markov_head_type == "rnn") else None
         conf_in = c.hidden_size + (r if (r and c.confidence_with_markov) else 0)
         self.confidence_head = nn.Linear(conf_in, 1)
         self._init_weights()
@@ -451,8 +455,26 @@ class DSparkDrafter(nn.Module):
             x = layer(x, cos, sin, ck, cv, mask)
         return self.norm(x)
 
+    def sequential_bias(
+        self, prev_tokens: Tensor, h: Tensor, state: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Bias ``B_k`` of one block step and the head's next state (vanilla: stateless ``W2(W1[prev])``;
+        RNN: Eq. 6 with ``state = s_{k-1}``, zeros when None)."""
+        if self.markov_w1 is None:
+            return None, None
+        e = self.markov_w1(prev_tokens)
+        if self.rnn_proj is None:
+            return self.markov_w2(e), None
+        if state is None:
+            state = e.new_zeros(e.shape)
+        gate, cand, out = self.rnn_proj(torch.cat([state, e, h.to(e.dtype)], dim=-1)).chunk(3, dim=-1)
+        g = torch.sigmoid(gate)
+        new_state = g * state + (1 - g) * torch.tanh(cand)
+        return self.markov_w2(torch.tanh(out)), new_state
+
     def markov_bias(self, prev_tokens: Tensor) -> Tensor | None:
-        """``W2(W1[prev])`` -> ``[..., V]``, or None without a Markov head."""
+        """``W2(W1[prev])`` -> ``[..., V]`` (the vanilla head's bias; for the RNN head this is only the
+        stateless part and not what sampling uses), or None without a Markov head."""
         if self.markov_w1 is None:
             return None
         return self.markov_w2(self.markov_w1(prev_tokens))
@@ -569,10 +591,11 @@ class DSparkDrafter(nn.Module):
         safe_t = torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
         prev = anchors
         prevs = []
+        rnn_state = None
         for k in range(g):
             prevs.append(prev)
             logits = base[:, k]
-            bias = self.markov_bias(prev)
+            bias, rnn_state = self.sequential_bias(prev, h[:, k], rnn_state)
             if bias is not None:
                 logits = logits + bias.float()
             lp = torch.log_softmax(logits / safe_t, dim=-1)
@@ -623,8 +646,15 @@ class DSparkDrafter(nn.Module):
         logits = self.lm_head(h).float()
         prev_pos = block_pos.clamp(max=T - 1)
         prev_tok = input_ids.gather(1, prev_pos.view(B, -1)).view(B, N, g)
-        bias = self.markov_bias(prev_tok)
-        if bias is not None:
-            logits = logits + bias.float()
+        if self.rnn_proj is None:
+            bias = self.markov_bias(prev_tok)
+            if bias is not None:
+                logits = logits + bias.float()
+        else:  # unrolled over the block, teacher-forced
+            st, steps = None, []
+            for k in range(g):
+                b_k, st = self.sequential_bias(prev_tok[:, :, k], h[:, :, k], st)
+                steps.append(b_k.float())
+            logits = logits + torch.stack(steps, dim=2)
         conf = self.confidence_logits(h, prev_tok).float()
         return {"h": h, "logits": logits, "confidence_logits": conf, "label_pos": block_pos + 1}

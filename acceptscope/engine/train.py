@@ -328,6 +328,7 @@ class DrafterTrainConfig:
     head_dim: int | None = None
     intermediate_size: int | None = None
     markov_rank: int = 64
+    markov_head_type: str = "vanilla"
     target_layer_ids: list[int] | None = None
     num_target_taps: int = 3
     ce_alpha: float = 0.1
@@ -336,7 +337,7 @@ class DrafterTrainConfig:
     conf_alpha: float = 1.0
     loss_decay_gamma: float = 4.0
     save_dtype: str = "bfloat16"
-    target_path_hint: str | None = "../target"
+    target_path_hint: str | None = None  # None: the target dir relative to the drafter dir
     # on-policy distillation data (the paper trains on target-generated responses): continuations the
     # target writes after random corpus windows, half greedy and half sampled at T=1
     onpolicy_sequences: int = 0
@@ -367,6 +368,7 @@ def drafter_config_for(target: Any, tokenizer: Any, cfg: DrafterTrainConfig) -> 
         target_layer_ids=ids,
         target_hidden_size=int(tc.hidden_size),
         markov_rank=cfg.markov_rank,
+        markov_head_type=cfg.markov_head_type,
         mask_token_id=sp["mask"],
         rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
         rope_theta=_rope_theta(tc),
@@ -498,6 +500,12 @@ def train_drafter(
     dev = _device(cfg.device)
     target = load_target(target_dir, device=dev, dtype=torch.float32)
     tokenizer = load_tokenizer(target_dir)
+    if cfg.target_path_hint is None:  # a copy, so the caller's config is not modified
+        import dataclasses
+        import os
+
+        rel = os.path.relpath(Path(target_dir).resolve(), Path(out_dir).resolve())
+        cfg = dataclasses.replace(cfg, target_path_hint=Path(rel).as_posix())
     dcfg = drafter_config_for(target, tokenizer, cfg)
     drafter = DSparkDrafter(dcfg)
     drafter.load_shared_from_target(target)
@@ -596,7 +604,6 @@ def train_pair(
     tm = train_target(tcfg, tdir, progress)
     log(f"target: {tm['parameters']:,} params, loss {tm['final_loss']:.3f}, {tm['train_s']} s, "
         f"held-out {tm['heldout_loss_per_workload']}")
-    dcfg.target_path_hint = "../target"
     log("training drafter ...")
     dm = train_drafter(tdir, ddir, dcfg, progress)
     log(f"drafter: {dm['trainable_parameters']:,} params, final {dm['final']}, {dm['train_s']} s")

@@ -490,6 +490,9 @@ class ServerInfoIngestor:
         self._pool_prefix: dict[str, int] = {}
         self.polls = 0
         self.use_fast = True  # vectorised Arrow path; the exact per-record path is the fallback
+        # fast_decode first, Arrow's JSON reader when it declines (or when this is False);
+        # bench/ingest.py compares the two side by side (kind ours-parse-arrowjson)
+        self.use_msgspec_decode = True
 
     # -- resuming from a store ---------------------------------------------
     def resume(self, store: Any) -> bool:
@@ -1003,7 +1006,7 @@ class ServerInfoIngestor:
                 lines = [self._record_line(s, j) for j in range(start, n)]
         except (TypeError, msgspec.EncodeError):
             return False
-        tbl = fast_decode.decode_records(lines)
+        tbl = fast_decode.decode_records(lines) if self.use_msgspec_decode else None
         if tbl is None:
             tbl = fast.read_records(lines)
         if tbl is None:
@@ -1042,7 +1045,9 @@ class ServerInfoIngestor:
             if keep.any():
                 kept_idx = np.flatnonzero(keep)
                 fcts = fast._np(tbl.column("forward_ct"))[res.req_record[kept_idx]]
-                rid_arr = res.reqs.column("rid").combine_chunks().take(pa.array(kept_idx))
+                rid_arr = res.reqs.column("rid").combine_chunks()
+                if len(kept_idx) < len(rid_arr):
+                    rid_arr = rid_arr.take(pa.array(kept_idx))
                 rids, step_index = self._rids_and_steps(rid_arr, res.reqs, kept_idx)
                 cols.fast_reqs.append(fast.request_steps_table(
                     res, keep, run_id=self.run_id, rank=rank.slot, epoch=self.epoch, fcts=fcts, rids=rids,
