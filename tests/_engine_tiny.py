@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from acceptscope.engine.kv import CachedTarget, pack
+from acceptscope.engine.sampling import sample_inverse_cdf
 
 
 def tiny_target(vocab: int = 48, hidden: int = 32, layers: int = 3, seed: int = 0, eos: int | None = None,
@@ -86,10 +87,15 @@ class OracleDrafter:
         out_t = torch.empty(B, G, dtype=torch.long)
         out_lp = torch.empty(B, G, logits.shape[-1])
         conf = torch.empty(B, G)
+        row_u = None  # one generator per row: G uniforms per row per call, inverse-CDF (as DSparkDrafter)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            row_u = torch.stack([torch.rand(G, generator=gn) for gn in generator]) if B else torch.empty(0, G)
         for k in range(G):
             ql = logits + self.bias[prev]
             lp = torch.log_softmax(ql / t, -1)
-            if bool(greedy.all()):
+            if row_u is not None:
+                tok = torch.where(greedy, ql.argmax(-1), sample_inverse_cdf(lp.exp(), row_u[:, k]))
+            elif bool(greedy.all()):
                 tok = ql.argmax(-1)
             else:
                 samp = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)

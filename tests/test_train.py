@@ -140,7 +140,7 @@ def test_acceptance_eval_greedy_and_sampled(tiny_pair):
 def test_read_prompt_file_errors_name_file_and_line(tmp_path):
     p = tmp_path / "w.jsonl"
     p.write_text('{"turns": ["hello"]}\n{"turns": []}\n')
-    with pytest.raises(ValueError, match=r"w\.jsonl:2: field 'turns'"):
+    with pytest.raises(ValueError, match=r"w\.jsonl: line 2: field turns"):
         read_prompt_file(p)
     assert read_prompt_file(p, limit=1) == ["hello"]
 

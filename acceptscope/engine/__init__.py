@@ -8,6 +8,7 @@ DuckDB store. The serving loop itself is :class:`acceptscope.engine.runner.Engin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -21,7 +22,7 @@ DEFAULT_TARGET = "fixtures/models/target"
 DEFAULT_DRAFTER = "fixtures/models/drafter"
 DEFAULT_SPS = PACKAGE_DATA / "sps_reference.json"
 
-__all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_models", "resolve_model_path", "DEFAULT_SPS"]
+__all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_models", "resolve_model_path", "DEFAULT_SPS", "table_rows"]
 
 
 def resolve_model_path(p: str | Path) -> Path:
@@ -148,6 +149,31 @@ def profile_engine(target: str | Path, drafter: str | Path, out: str | Path, *, 
                       for c in cells]}
 
 
+def table_rows(sps_bytes: Optional[bytes], sps_path: Optional[str], sts_bytes: Optional[bytes],
+               sts_path: Optional[str | Path], gamma: int, run_id: str) -> dict[str, list]:
+    """``sps_tables`` / ``sts_tables`` rows for the tables a run uses, built by the ingest parsers.
+
+    Why: the estimators and the planner's audit look a run's tables up by the hash in ``runs``;
+    parsing the same bytes that were hashed gives ``table_hash == runs.sps_hash / sts_hash``
+    (both are sha256 of the file bytes). A table the SGLang-strict parser refuses yields
+    ``rejects`` rows instead (the run itself loaded it with the engine's own loader).
+    """
+    from acceptscope.ingest.sps import parse_sps_table
+    from acceptscope.ingest.sts_table import parse_sts_table
+
+    out: dict[str, list] = {}
+    batches = []
+    if sps_bytes is not None:
+        batches.append(parse_sps_table(sps_bytes, source=str(sps_path), run_id=run_id))
+    if sts_bytes is not None:
+        batches.append(parse_sts_table(sts_bytes, source=str(sts_path), gamma=gamma, run_id=run_id))
+    for b in batches:
+        for name, rows in b.tables.items():
+            if len(rows):
+                out.setdefault(name, []).extend(list(rows))
+    return out
+
+
 def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], None]] = None) -> RunSummary:
     """Run one arm end to end and return its summary (telemetry goes to ``config.db`` if set)."""
     import time
@@ -168,14 +194,16 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
     tok = load_tokenizer(tpath)
     gamma = int(config.gamma or drafter.config.gamma)
 
-    sts_table, sts_hash = None, None
+    sts_table, sts_hash, sts_bytes, sp = None, None, None, None
     if config.sts:
         sp = resolve_model_path(config.sts)
         sts_table = sts_mod.load_sts(sp)
         sts_table.check_gamma(gamma, str(sp))
-        sts_hash = sts_mod.file_sha256(sp)
+        sts_bytes = Path(sp).read_bytes()
+        sts_hash = hashlib.sha256(sts_bytes).hexdigest()  # = sts_mod.file_sha256 = ingest's table_hash
     sps_table, sps_path = _load_sps(config.sps)
-    sps_hash = sts_mod.file_sha256(sps_path) if sps_path else None
+    sps_bytes = Path(sps_path).read_bytes() if sps_path else None
+    sps_hash = hashlib.sha256(sps_bytes).hexdigest() if sps_bytes is not None else None
 
     eos = getattr(model.config, "eos_token_id", None)
     if eos is None:
@@ -211,6 +239,7 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
             "config_json": json.dumps(cfg, sort_keys=True, default=str), "source": "live",
             "audit_group": config.audit_group,
         }]})
+        store.append(table_rows(sps_bytes, sps_path, sts_bytes, sp, gamma, run_id))
     sink = TelemetrySink(store, flush_steps=config.flush_steps) if store is not None else None
     engine = Engine(model, drafter, mode=config.arm, gamma=gamma, max_running_requests=config.max_running_requests,
                     max_seq_len=max_len, eos_token_id=eos, sts=sts_table, sps=sps_table, lag_steps=config.lag_steps,

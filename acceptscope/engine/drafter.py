@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from acceptscope.engine.sampling import sample_inverse_cdf
+
 __all__ = [
     "DrafterConfig",
     "DraftState",
@@ -550,11 +552,25 @@ class DSparkDrafter(nn.Module):
         states: Sequence[DraftState],
         anchor_tokens: Tensor,
         temperatures: Tensor | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
     ) -> Proposal:
-        """Draft one block of ``gamma`` tokens for each request (batched; contexts may differ in length)."""
+        """Draft one block of ``gamma`` tokens for each request (batched; contexts may differ in length).
+
+        ``generator``: a sequence of one ``torch.Generator`` per row makes each row's draws depend on
+        that row's generator only (a request's drafts do not change with its batch companions): every
+        row then takes exactly ``gamma`` uniforms from its generator per call, greedy or not, and
+        samples by inverse CDF. A single generator (or None) keeps the batch-wide ``multinomial``
+        draw, whose per-row result depends on the batch.
+        """
         c, dev = self.config, self.device
         B, g = len(states), c.gamma
+        row_u = None
+        if generator is not None and not isinstance(generator, torch.Generator):
+            gens = list(generator)
+            if len(gens) != B:
+                raise ValueError(f"{B} states but {len(gens)} generators (need one per row)")
+            row_u = (torch.stack([torch.rand(g, generator=gn, device=gn.device).cpu() for gn in gens])
+                     if B else torch.empty((0, g))).to(dev)
         anchors = anchor_tokens.to(dev, torch.long).view(-1)
         if anchors.numel() != B:
             raise ValueError(f"{B} states but {anchors.numel()} anchor tokens")
@@ -600,7 +616,9 @@ class DSparkDrafter(nn.Module):
                 logits = logits + bias.float()
             lp = torch.log_softmax(logits / safe_t, dim=-1)
             tok = logits.argmax(-1)
-            if not bool(greedy.all()):
+            if row_u is not None:
+                tok = torch.where(greedy, tok, sample_inverse_cdf(lp.exp(), row_u[:, k]))
+            elif not bool(greedy.all()):
                 probs = lp.exp()
                 if generator is not None and generator.device != probs.device:
                     probs = probs.to(generator.device)  # sample where the generator lives

@@ -11,7 +11,6 @@ check on the trained pair, not the runtime (which lives in ENGINE-RUNTIME's modu
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -22,6 +21,10 @@ import torch
 from acceptscope.engine import corpus as corpus_mod
 from acceptscope.engine.drafter import DSparkDrafter
 from acceptscope.engine.target import target_hidden_for
+from acceptscope.engine.workloads import read_turns_jsonl
+
+# kept importable under its old name; the one reader is workloads.read_turns_jsonl
+read_prompt_file = read_turns_jsonl
 
 __all__ = ["greedy_acceptance", "evaluate_workloads", "read_prompt_file"]
 
@@ -54,27 +57,6 @@ def _verify(drafts: list[int], q_logprobs: torch.Tensor, t_logits: torch.Tensor,
                 resid = p[k]
             return k, int(torch.multinomial(resid / resid.sum(), 1, generator=gen))
     return g, int(torch.multinomial(p[g], 1, generator=gen))
-
-
-def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
-    """First turns of a ``{"turns": [...]}`` JSONL file; errors name the file and line."""
-    out: list[str] = []
-    p = Path(path)
-    with p.open(encoding="utf-8") as fh:
-        for ln, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{ln}: invalid JSON ({e.msg})") from None
-            turns = row.get("turns") if isinstance(row, dict) else None
-            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-                raise ValueError(f"{p}:{ln}: field 'turns' must be a non-empty list of strings")
-            out.append(turns[0])
-            if limit and len(out) >= limit:
-                break
-    return out
 
 
 @torch.no_grad()
@@ -179,7 +161,7 @@ def evaluate_workloads(
     res: dict[str, Any] = {}
     sets = {w: corpus_mod.eval_prompts(w, n_prompts, seed=seed) for w in corpus_mod.EVAL_WORKLOADS}
     for name, path in (extra_prompt_files or {}).items():
-        sets[name] = read_prompt_file(path, limit=n_prompts)
+        sets[name] = read_turns_jsonl(path, limit=n_prompts)
     for name, prompts in sets.items():
         if progress:
             progress(name)

@@ -9,12 +9,21 @@ Serving semantics follow SGLang 0.5.23's DSpark worker:
   sizes the verify budget from survival ``lag_steps`` decode steps back (fresh requests: 1),
   allocates it with the current survival, verifies (``static`` / ``compact`` / ``cap-accept``)
   and commits accepted drafts + one bonus token;
-* randomness: one ``torch.Generator`` per request, seeded from ``(seed, rid)``, which draws
-  ``2 * gamma + 1`` uniforms per step in every mode (acceptance coins for all gamma
-  positions, sampling uniforms for all gamma + 1 rows) plus one for the prefill token; the
-  drafter samples with one run-level generator seeded from ``seed`` (its API takes one
-  generator per batch). Compact and cap-accept therefore consume randomness identically
-  and commit identical tokens for the same seed.
+* randomness is per request, never per batch: two ``torch.Generator`` per request, seeded
+  from ``(seed, rid)``. The verify generator draws one uniform for the prefill token and
+  ``2 * gamma + 1`` per decode step in every mode (acceptance coins for all gamma positions,
+  sampling uniforms for all gamma + 1 rows); the draft generator is handed to the drafter
+  (one generator per row), which takes exactly the drafter's block size of uniforms from it
+  per step. A request's draws therefore do not depend on which requests share its batch, and
+  compact and cap-accept consume randomness identically and commit identical tokens for the
+  same seed. (A request's tokens still follow its verify windows; those are batch-independent
+  whenever the scheduler verifies everything: static, before the lag warms up, or with an
+  uninitialised SPS table. With a live budget the windows depend on the batch, as in SGLang.)
+* commit at the limits: a step verifies and accepts exactly as SGLang does (``acc_len =
+  correct_drafts + 1``; ``bonus_token`` the real token after the accepted drafts); the tokens
+  appended to the output (``committed_tokens``) are then cut at the first EOS and at
+  ``max_new_tokens``, like SGLang's output check truncates an over-long commit, so they can be
+  fewer than ``acc_len`` on a request's last step.
 
 Timings are host wall times (CPU): ``draft_gpu_ms`` around ``propose``,
 ``target_verify_gpu_ms`` around the target verify forward, ``step_gpu_ms`` from draft
@@ -60,7 +69,8 @@ class RequestSpec:
 @dataclass
 class _Req:
     spec: RequestSpec
-    gen: torch.Generator
+    gen: torch.Generator  # verify uniforms (prefill token, acceptance coins, residual/bonus samples)
+    draft_gen: torch.Generator  # the drafter's sampling uniforms for this request
     slot: int = -1
     state: Any = None
     anchor: int = 0
@@ -95,14 +105,6 @@ class RequestResult:
 def request_seed(seed: int, rid: str) -> int:
     """Stable per-request seed from the run seed and the request id."""
     return (int(seed) * 1_000_003 + zlib.crc32(rid.encode("utf-8"))) % (2**63 - 1)
-
-
-def _supports_batched_extend(drafter: Any) -> bool:
-    try:
-        from acceptscope.engine.drafter import DSparkDrafter
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(drafter, DSparkDrafter) and hasattr(drafter, "context_kv") and hasattr(drafter, "context_features")
 
 
 def _bump(hist: list, i: int) -> None:
@@ -154,6 +156,8 @@ class Engine:
         self.sps = sps if sps is not None else uninitialized_table(self.max_running * (self.gamma + 1))
         self.lag = LaggedSurvival(self.gamma, lag_steps)
         self.seed = int(seed)
+        # run-level generator for callers that draft whole batches outside serving (profiler);
+        # serving uses each request's own draft generator
         self.draft_gen = torch.Generator().manual_seed(self.seed)
         self.per_position = per_position
         self.sink = sink
@@ -166,7 +170,6 @@ class Engine:
         self.executed_tokens = 0
         self.scheduled_tokens = 0
         self.steps_rows = 0
-        self._batched_extend = _supports_batched_extend(drafter)
         self.decode_s = 0.0  # total decode-step wall time (draft start .. telemetry emitted)
         self.telemetry_s = 0.0  # part of it spent building telemetry batches
 
@@ -201,12 +204,10 @@ class Engine:
 
     # --------------------------------------------------------- drafter context
     def extend_contexts(self, states: list, hiddens: list[torch.Tensor]) -> None:
-        """Append committed target hidden states to many draft states in one batched pass.
+        """Append committed target hidden states to many draft states.
 
-        Uses the drafter's ``extend_contexts`` if it has one; for ``DSparkDrafter`` the
-        per-position context K/V are token-wise, so all requests' new rows are projected in
-        one call and scattered into their states (same result as per-request
-        ``extend_context``, which is the fallback for any other drafter).
+        Uses the drafter's public batched ``extend_contexts`` (``DSparkDrafter``: one projection
+        over all requests' new rows); a drafter without it gets per-request ``extend_context``.
         """
         if not states:
             return
@@ -214,31 +215,16 @@ class Engine:
         if hasattr(d, "extend_contexts"):
             d.extend_contexts(states, hiddens)
             return
-        if not self._batched_extend:
-            for st, h in zip(states, hiddens):
-                d.extend_context(st, h)
-            return
-        ns = [int(h.shape[0]) for h in hiddens]
-        with torch.no_grad():
-            hctx = d.context_features(torch.cat(hiddens, 0)).unsqueeze(0)
-            pos = torch.cat([torch.arange(st.length, st.length + n) for st, n in zip(states, ns)]).unsqueeze(0)
-            kvs = d.context_kv(hctx, pos)
-        off = 0
-        for st, n in zip(states, ns):
-            a = st.length
-            st._ensure(a + n)
-            for li, (k, v) in enumerate(kvs):
-                st.k[li, :, a : a + n] = k[0, :, off : off + n].to(st.k.dtype)
-                st.v[li, :, a : a + n] = v[0, :, off : off + n].to(st.v.dtype)
-            st.length = a + n
-            off += n
+        for st, h in zip(states, hiddens):
+            d.extend_context(st, h)
 
     # ---------------------------------------------------------------- prefill
     def _prefill(self, specs: list[RequestSpec], running: list[_Req]) -> list[_Req]:
         self.forward_ct += 1
         reqs = []
         for s in specs:
-            r = _Req(spec=s, gen=torch.Generator().manual_seed(request_seed(s.seed, s.rid)))
+            r = _Req(spec=s, gen=torch.Generator().manual_seed(request_seed(s.seed, s.rid)),
+                     draft_gen=torch.Generator().manual_seed(request_seed(s.seed, "draft/" + s.rid)))
             r.slot = self.target.cache.alloc()
             r.state = self.drafter.new_state()
             reqs.append(r)
@@ -277,7 +263,7 @@ class Engine:
         t0 = time.perf_counter()
         anchors = torch.tensor([r.anchor for r in running], dtype=torch.long)
         temps = torch.tensor([r.spec.temperature for r in running], dtype=torch.float32)
-        prop = self.drafter.propose([r.state for r in running], anchors, temps, self.draft_gen)
+        prop = self.drafter.propose([r.state for r in running], anchors, temps, [r.draft_gen for r in running])
         d_tok = prop.tokens[:, :G]
         d_lp = prop.logprobs[:, :G]
         z = prop.confidence_logits[:, :G].float()
@@ -393,6 +379,20 @@ class Engine:
         return finished
 
     def _emit_request_steps(self, running, prefix_lens, windows, dec, vr, d_tok, d_lp, z, conf, surv, committed, fin_flags, temps):
+        """One ``request_steps`` row per request of this decode step (SGLang ``ReqDetail`` semantics).
+
+        * ``correct_drafts``: accepted drafts after capping at the window; ``acc_len =
+          correct_drafts + 1`` always (SGLang's ``commit_lens``), also on a request's last step;
+        * ``bonus_token``: the real token after the accepted drafts (residual/bonus sample, the
+          target argmax when greedy, or ``d_window`` when ``cap_trim > 0``), never a placeholder,
+          even when it is not appended to the output;
+        * ``committed_tokens``: the tokens actually appended to the output this step, i.e.
+          ``(draft_tokens[:correct_drafts] + [bonus_token])`` cut after the first EOS and at
+          ``max_new_tokens`` (SGLang commits ``acc_len`` tokens, then its finish check truncates
+          the output). Only a row with ``finished = true`` can have ``len(committed_tokens) <
+          acc_len``; ``requests.output_tokens`` is the concatenation of the prefill token and the
+          ``committed_tokens`` of the request's steps.
+        """
         B = len(running)
         correct = dec.correct.numpy()
         cols: dict[str, Any] = {

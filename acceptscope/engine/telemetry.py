@@ -7,6 +7,12 @@ every ``flush_steps`` steps or ``flush_seconds`` (whichever comes first; big bat
 DuckDB's per-commit cost low, the time bound keeps live readers current) the batches go to the
 store's streaming writer
 (``store.writer()``) or, if that does not exist, to ``store.append``.
+
+``request_steps`` at the length limit and at EOS (the runner's ``_emit_request_steps`` has the
+full column semantics): ``acc_len = correct_drafts + 1`` and ``bonus_token`` are what the
+verify step decided, exactly as SGLang records them; ``committed_tokens`` is what reached the
+output, which on a request's finishing step may be shorter than ``acc_len`` because the commit
+is cut at ``max_new_tokens`` and after the first EOS (as SGLang truncates its output).
 """
 
 from __future__ import annotations
