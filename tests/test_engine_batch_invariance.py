@@ -174,3 +174,29 @@ def test_length_limit_records_acc_len_and_the_real_bonus(target, mode):
             truncated += 1
             assert list(long_rs.iloc[len(rs) - 1].committed_tokens)[-1] == last.bonus_token  # real bonus
     assert truncated >= 3
+
+
+def test_audit_subset_replaying_production_windows_commits_identical_tokens(target):
+    """With a trimming SPS table the windows depend on the batch; a subset audit arm that replays the
+    production arm's recorded windows still commits exactly the production tokens."""
+    from tests.test_engine_lossless import TRIM_SPS, _prompts
+
+    specs = [RequestSpec(rid=f"r{i}", prompt_ids=p, max_new_tokens=24, temperature=1.0, seed=11)
+             for i, p in enumerate(_prompts(16, V, seed=1))]
+    cap = _Capture()
+    sink = TelemetrySink(cap)
+    prod = Engine(target, OracleDrafter(target, gamma=G), mode="compact", max_running_requests=6, max_seq_len=64,
+                  sps=TRIM_SPS, seed=11, sink=sink)
+    full = {r.rid: r.output_tokens for r in prod.run(specs)}
+    sink.close()
+    rs = cap.df("request_steps").sort_values(["rid", "step_index"])
+    assert (rs.window < G).any()  # windows really trimmed
+    plan = {rid: g.window.tolist() for rid, g in rs.groupby("rid")}
+    subset = [specs[i] for i in (2, 7, 11)]
+    runs = {}
+    for replay in (None, plan):
+        eng = Engine(target, OracleDrafter(target, gamma=G), mode="cap-accept", max_running_requests=6,
+                     max_seq_len=64, sps=TRIM_SPS, seed=11, window_replay=replay)
+        runs[replay is not None] = {r.rid: (r.output_tokens, r.verify_ct) for r in eng.run(subset)}
+    assert all(runs[True][s.rid] == (full[s.rid], len(plan[s.rid])) for s in subset)
+    assert any(runs[False][s.rid][0] != full[s.rid] for s in subset)  # without replay the subset diverges

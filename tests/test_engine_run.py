@@ -232,3 +232,53 @@ def test_request_keys_serve_a_paired_subset(pair, tmp_path):
     got = Store(path).query_df("SELECT workload, prompt_index, rid FROM requests ORDER BY rid")
     assert sorted(zip(got.workload, got.prompt_index)) == sorted(keys)
     assert sorted(got.rid) == ["math-1", "poetry-0"]
+
+
+def test_runs_record_the_sps_and_sts_table_rows_under_their_hash(db, pair, monkeypatch):
+    from acceptscope.ingest.sps import parse_sps_table
+    from acceptscope.ingest.sts_table import parse_sts_table
+
+    path, _ = db
+    st = Store(path)
+    runs = st.runs().set_index("run_id")
+    sts_path = path.parent / "sts.json"
+    sps_rows = st.query_df("SELECT * FROM sps_tables")
+    sts_rows = st.query_df("SELECT * FROM sts_tables")
+    # one table each, keyed by exactly the hash the runs rows carry (three arms share the SPS table)
+    assert set(sps_rows.table_hash) == set(runs.sps_hash) == {sps_mod.table_hash(pair[2])}
+    assert set(sts_rows.table_hash) == {runs.loc["t-compact"].sts_hash}
+    # the rows are what the ingest parser makes of the same file
+    want_sps = parse_sps_table(pair[2].read_bytes(), source=str(pair[2])).tables["sps_tables"]
+    got = sorted(zip(sps_rows.component, sps_rows.probe, sps_rows.value))
+    assert got == sorted((r["component"], r["probe"], r["value"]) for r in want_sps)
+    assert (sps_rows.kind == "additive").all()
+    want_sts = parse_sts_table(sts_path.read_bytes(), source=str(sts_path)).tables["sts_tables"]
+    assert sorted(zip(sts_rows.position, sts_rows.temperature)) == [(r["position"], r["temperature"]) for r in want_sts]
+    assert st.query_df("SELECT count(*) AS n FROM rejects").n[0] == 0
+    # the estimators read the run's tables from these rows, not from the file
+    import estimators
+
+    monkeypatch.setattr(estimators, "_sps_from_config", lambda *a: pytest.fail("fell back to the SPS file"))
+    data = estimators.load_run(st, "t-compact")
+    assert data["sps_table"] is not None
+    assert list(data["sts_temperatures"]) == [1.0, 1.5, 2.0, 3.0]
+
+
+def test_window_replay_run_gives_a_sampled_subset_audit_parity(pair, tmp_path):
+    td, dd, sps_path = pair
+    path = tmp_path / "replay.duckdb"
+    common = dict(target=str(td), drafter=str(dd), workload="mixed", num_requests=8, max_new_tokens=12,
+                  max_running_requests=8, sps=str(sps_path), db=str(path), threads=1, temperature=1.0, seed=3)
+    run_engine(EngineConfig(arm="compact", run_id="p", **common))
+    keys = [("math", 0), ("chat", 1)]
+    run_engine(EngineConfig(arm="cap-accept", run_id="a", request_keys=keys, window_replay_run="p", **common))
+    st = Store(path)
+    out = {(r.run_id, r.rid): list(r.output_tokens)
+           for r in st.query_df("SELECT run_id, rid, output_tokens FROM requests").itertuples()}
+    for w, i in keys:
+        assert out[("a", f"{w}-{i}")] == out[("p", f"{w}-{i}")]
+    win = st.query_df('SELECT run_id, rid, step_index, "window" AS w FROM request_steps WHERE rid IN (?, ?) '
+                      "ORDER BY run_id, rid, step_index", ["math-0", "chat-1"])
+    assert list(win[win.run_id == "a"].w) == list(win[win.run_id == "p"].w)
+    with pytest.raises(ValueError, match="no request_steps rows"):
+        run_engine(EngineConfig(arm="cap-accept", run_id="b", window_replay_run="nope", **common))

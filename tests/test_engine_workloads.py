@@ -36,3 +36,14 @@ def test_bad_jsonl_names_file_line_and_field(tmp_path):
         read_turns_jsonl(f)
     with pytest.raises(ValueError, match="unknown workload 'nosuch'"):
         load_prompts("nosuch", 3)
+
+
+def test_eval_acceptance_reads_prompt_files_with_the_workload_reader(tmp_path):
+    from acceptscope.engine import eval_acceptance, workloads
+
+    assert eval_acceptance.read_prompt_file is workloads.read_turns_jsonl  # one JSONL reader, not two
+    p = tmp_path / "w.jsonl"
+    p.write_text('{"turns": ["a"]}\n{"turns": ["b", "c"]}\n{"turns": "x"}\n')
+    assert eval_acceptance.read_turns_jsonl(p, limit=2) == ["a", "b"]
+    with pytest.raises(ValueError, match=r"w\.jsonl: line 3: field turns"):
+        eval_acceptance.read_turns_jsonl(p)

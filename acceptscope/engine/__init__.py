@@ -59,6 +59,8 @@ class EngineConfig:
     # serve only these (workload, prompt_index) pairs of the workload list (e.g. an audit sample);
     # rids and prompt indices stay those of the full list, so arms pair by request
     request_keys: Optional[list] = None
+    # run_id (same db) whose per-request verify windows this arm replays (audit arm on a subset)
+    window_replay_run: Optional[str] = None
 
 
 @dataclass
@@ -240,10 +242,20 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
             "audit_group": config.audit_group,
         }]})
         store.append(table_rows(sps_bytes, sps_path, sts_bytes, sp, gamma, run_id))
+    window_replay = None
+    if config.window_replay_run is not None:
+        if store is None:
+            raise ValueError("window_replay_run needs db (the windows are read from that run's request_steps)")
+        wr = store.query_df('SELECT rid, step_index, "window" AS w FROM request_steps WHERE run_id = ? '
+                            "ORDER BY rid, step_index", [config.window_replay_run])
+        if wr.empty:
+            raise ValueError(f"window_replay_run {config.window_replay_run!r}: no request_steps rows in {config.db}")
+        window_replay = {rid: g.w.astype(int).tolist() for rid, g in wr.groupby("rid", sort=False)}
     sink = TelemetrySink(store, flush_steps=config.flush_steps) if store is not None else None
     engine = Engine(model, drafter, mode=config.arm, gamma=gamma, max_running_requests=config.max_running_requests,
                     max_seq_len=max_len, eos_token_id=eos, sts=sts_table, sps=sps_table, lag_steps=config.lag_steps,
-                    seed=config.seed, per_position=config.per_position, sink=sink, run_id=run_id)
+                    seed=config.seed, per_position=config.per_position, sink=sink, run_id=run_id,
+                    window_replay=window_replay)
     t0 = time.perf_counter()
     results = engine.run(specs, progress=progress)
     wall = time.perf_counter() - t0

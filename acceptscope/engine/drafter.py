@@ -536,13 +536,15 @@ class DSparkDrafter(nn.Module):
         hctx = self.context_features(torch.cat([h.to(self.device) for _, h in pairs], 0)).unsqueeze(0)
         pos = torch.cat([torch.arange(st.length, st.length + n, device=self.device) for (st, _), n in zip(pairs, ns)])
         kvs = self.context_kv(hctx, pos.unsqueeze(0))
+        # all layers at once: [L, KV, n_total, D], so each state takes one copy for K and one for V
+        ks = torch.stack([k[0] for k, _ in kvs])
+        vs = torch.stack([v[0] for _, v in kvs])
         off = 0
         for (st, _), n in zip(pairs, ns):
             a = st.length
             st._ensure(a + n)
-            for li, (k, v) in enumerate(kvs):
-                st.k[li, :, a : a + n] = k[0, :, off : off + n].to(st.k.dtype)
-                st.v[li, :, a : a + n] = v[0, :, off : off + n].to(st.v.dtype)
+            st.k[:, :, a : a + n] = ks[:, :, off : off + n]
+            st.v[:, :, a : a + n] = vs[:, :, off : off + n]
             st.length = a + n
             off += n
 

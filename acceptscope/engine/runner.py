@@ -37,7 +37,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -133,6 +133,7 @@ class Engine:
         per_position: bool = True,
         sink: Optional[TelemetrySink] = None,
         run_id: str = "run",
+        window_replay: Optional[Mapping[str, Sequence[int]]] = None,
     ):
         self.mode = check_mode(mode)
         self.drafter = drafter
@@ -162,6 +163,10 @@ class Engine:
         self.per_position = per_position
         self.sink = sink
         self.run_id = run_id
+        # rid -> windows of its decode steps in order (another arm's request_steps.window): an audit
+        # arm that serves a subset of the traffic replays the production arm's windows, so each
+        # request verifies and commits exactly what it did there (the budget is batch-dependent)
+        self.window_replay = window_replay
         self.forward_ct = 0
         self.decode_steps = 0
         self.results: list[RequestResult] = []
@@ -279,6 +284,15 @@ class Engine:
         else:
             sched = schedule_step(surv_np, self.lag.lagged(rids), self.sps, warm=self.decode_steps >= self.lag.lag_steps)
             windows, budget, pred_s, pred_theta = sched.windows, sched.budget, sched.predicted_step_seconds, sched.predicted_theta
+            if self.window_replay:
+                windows, replayed = windows.copy(), False
+                for i, r in enumerate(running):
+                    plan = self.window_replay.get(r.spec.rid)
+                    if plan is not None and r.step_index < len(plan):
+                        windows[i] = min(max(int(plan[r.step_index]), 0), G)
+                        replayed = True
+                if replayed:  # record the budget actually spent; no prediction was made for it
+                    budget, pred_s, pred_theta = int(windows.sum()), None, None
         self.lag.push(rids, surv_np.copy())
         u = torch.stack([torch.rand(2 * G + 1, generator=r.gen) for r in running])
         u_acc, u_samp = u[:, :G], u[:, G:]
