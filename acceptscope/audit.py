@@ -18,11 +18,10 @@ token stream. One audit therefore
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import uuid
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from acceptscope.cli._common import EXIT_FAILURE, EXIT_OK
 
@@ -85,40 +84,14 @@ def new_audit_group() -> str:
 # ---------------------------------------------------------------------------
 # reference engine
 # ---------------------------------------------------------------------------
-@contextlib.contextmanager
-def _only_requests(keep: Optional[set]) -> Iterator[None]:
-    """Restrict the reference engine's prompt list to ``keep`` = {(workload, prompt_index)}.
-
-    Local adapter: ``EngineConfig`` has no request filter, so the audit sample is
-    applied by filtering what ``acceptscope.engine.workloads.load_prompts`` returns
-    (``run_engine`` looks the function up at call time). Prompt indices and rids stay
-    those of the full workload, so the sampled requests pair with production.
-    """
-    if keep is None:
-        yield
-        return
-    from acceptscope.engine import workloads
-
-    original = workloads.load_prompts
-
-    def filtered(spec: str, num_requests: int):
-        return [p for p in original(spec, num_requests) if (p.workload, p.prompt_index) in keep]
-
-    workloads.load_prompts = filtered
-    try:
-        yield
-    finally:
-        workloads.load_prompts = original
-
-
-def _engine_config(cfg: AuditConfig, arm: str, group: str) -> Any:
+def _engine_config(cfg: AuditConfig, arm: str, group: str, **overrides: Any) -> Any:
     from acceptscope.engine import EngineConfig
 
     known = {f.name for f in fields(EngineConfig)}
     unknown = sorted(set(cfg.engine_options) - known)
     if unknown:
         raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
-    opts = dict(cfg.engine_options)
+    opts = {**cfg.engine_options, **overrides}
     return EngineConfig(arm=arm, workload=cfg.workload, db=str(cfg.db), audit_group=group,
                         run_id=f"{group}-{arm}", **opts)
 
@@ -139,18 +112,21 @@ def _run_reference(cfg: AuditConfig, group: str, progress: Optional[Callable[[st
     s = run_engine(_engine_config(cfg, PRODUCTION_ARM, group), progress=prog(PRODUCTION_ARM, n_total))
     out[PRODUCTION_ARM] = s.to_dict()
     n_audit = s.requests
-    keep = None
+    subset: dict = {}
     if cfg.audit_fraction < 1:
+        # The audit arm serves a seeded sample of the traffic. Its batches differ from
+        # production's, so its own planner would pick other windows; it replays the
+        # production windows instead, which is what the audit must measure.
         keys = audit_sampling.keys_of(Reader(cfg.db), s.run_id)
         sample = audit_sampling.sample_keys(keys, cfg.audit_fraction, cfg.sample_seed)
-        keep = {(w, int(i)) for w, i in zip(sample["workload"], sample["prompt_index"])}
-        n_audit = len(keep)
-    with _only_requests(keep):
-        a = run_engine(_engine_config(cfg, AUDIT_ARM, group), progress=prog(AUDIT_ARM, n_audit))
+        subset["request_keys"] = [(w, int(i)) for w, i in zip(sample["workload"], sample["prompt_index"])]
+        n_audit = len(subset["request_keys"])
+    a = run_engine(_engine_config(cfg, AUDIT_ARM, group, **subset,
+                                  **({"window_replay_run": s.run_id} if subset else {})),
+                   progress=prog(AUDIT_ARM, n_audit))
     out[AUDIT_ARM] = a.to_dict()
     if cfg.with_static:
-        with _only_requests(keep):
-            st = run_engine(_engine_config(cfg, "static", group), progress=prog("static", n_audit))
+        st = run_engine(_engine_config(cfg, "static", group, **subset), progress=prog("static", n_audit))
         out["static"] = st.to_dict()
     return out
 

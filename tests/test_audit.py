@@ -154,14 +154,17 @@ def test_sampled_inference_coverage():
     assert np.mean(widths) < 0.5 * np.mean(direct_widths)
 
 
-def test_sampled_audit_cli(tmp_path):
-    """`--audit-fraction` replays a seeded sample in the audit arm and reports intervals."""
+@pytest.mark.parametrize("temperature", ["0", "1.0"])
+def test_sampled_audit_cli(tmp_path, temperature):
+    """`--audit-fraction` serves a seeded sample in the audit arm (replaying production's windows,
+    so parity holds under sampling too) and reports intervals."""
     why = _engine_ready()
     if why:
         pytest.skip(why)
     db = tmp_path / "sampled.duckdb"
     res = CliRunner().invoke(app, ["audit", "--db", str(db), "--no-report", "--json", "--workload", "math,chat",
                                    "--requests", "8", "--max-new-tokens", "16", "--audit-fraction", "0.5",
+                                   "--temperature", temperature,
                                    "--sample-seed", "7", "--no-estimators", *MODEL_ARGS])
     assert res.exit_code == EXIT_OK, res.output
     s = json.loads(res.stdout[res.stdout.index("{"):])
