@@ -292,10 +292,21 @@ class TailResult:
             num = np.bincount(cl_group, weights=wts * s, minlength=ng)
             den = np.bincount(cl_group, weights=wts * cnt, minlength=ng)
             reps[i] = num / np.maximum(den, 1e-12)
-        est = np.bincount(gcode, weights=b["mean"].to_numpy(), minlength=ng) / np.bincount(gcode, minlength=ng)
+        n_per_group = np.bincount(gcode, minlength=ng)
+        est = np.bincount(gcode, weights=b["mean"].to_numpy(), minlength=ng) / n_per_group
         a = (1 - level) / 2
         lo, hi = np.quantile(reps, [a, 1 - a], axis=0)
-        out = pd.DataFrame({"group": gnames, "n": np.bincount(gcode, minlength=ng),
+        # Greedy blocks the data leave unresolved (cut off by the end of the request) are
+        # partially identified: the walk gives bounds, not a distribution, so their
+        # identification width widens the interval rather than a hazard-model guess.
+        if {"bound_lo", "bound_hi", "resolved", "mode"} <= set(b.columns):
+            ident = (b["mode"].eq("greedy") & ~b["resolved"].astype(bool)).to_numpy()
+            if ident.any():
+                below = np.where(ident, b["mean"].to_numpy(float) - b["bound_lo"].to_numpy(float), 0.0)
+                above = np.where(ident, b["bound_hi"].to_numpy(float) - b["mean"].to_numpy(float), 0.0)
+                lo = lo - np.bincount(gcode, weights=np.maximum(below, 0), minlength=ng) / n_per_group
+                hi = hi + np.bincount(gcode, weights=np.maximum(above, 0), minlength=ng) / n_per_group
+        out = pd.DataFrame({"group": gnames, "n": n_per_group,
                             "n_censored": np.bincount(gcode, weights=b.censored.to_numpy(float), minlength=ng).astype(int),
                             "mean_ceiling": est, "lo": lo, "hi": hi, "level": level, "target": target})
         if "truth" in b:
