@@ -17,14 +17,12 @@ would describe nothing the server can load). Probes must be JSON ints.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
 
-import msgspec
-
 from acceptscope.ingest.batch import IngestBatch
+from acceptscope.ingest.jsontext import decode_document
 from acceptscope.ingest.rejects import describe_number, make_reject
 
 ADDITIVE_MARKER = b'"bias_seconds"'
@@ -74,10 +72,7 @@ def _values(obj: dict, name: str, n: int, positive: bool) -> tuple[Optional[list
 def parse_sps_table(text: bytes, *, source: str, run_id: Optional[str] = None) -> IngestBatch:
     batch = IngestBatch()
     try:
-        try:
-            obj = msgspec.json.decode(text)
-        except msgspec.DecodeError:
-            obj = json.loads(text)  # NaN / Infinity tokens: parse, then reject the field
+        obj = decode_document(text)
     except (ValueError, UnicodeDecodeError) as e:
         batch.reject(make_reject(source, 0, "$", f"malformed or truncated JSON: {e}", text, run_id))
         return batch

@@ -12,14 +12,12 @@ while the temperatures are kept.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
 
-import msgspec
-
 from acceptscope.ingest.batch import IngestBatch
+from acceptscope.ingest.jsontext import decode_document
 from acceptscope.ingest.rejects import describe_number, make_reject
 
 
@@ -32,10 +30,7 @@ def parse_sts_table(text: bytes, *, source: str, gamma: Optional[int] = None,
     batch = IngestBatch()
     rej = lambda f, why, raw=None: batch.reject(make_reject(source, 1, f, why, raw, run_id))  # noqa: E731
     try:
-        try:
-            obj = msgspec.json.decode(text)
-        except msgspec.DecodeError:
-            obj = json.loads(text)  # NaN / Infinity tokens: parse, then reject the field
+        obj = decode_document(text)
     except (ValueError, UnicodeDecodeError) as e:
         batch.reject(make_reject(source, 0, "$", f"malformed or truncated JSON: {e}", text, run_id))
         return batch
