@@ -70,17 +70,21 @@ def _need_pos(o: dict, name: str) -> Optional[str]:
     return None
 
 
+def _first_bad_int(o: dict, fields: tuple[tuple[str, int], ...]) -> Optional[tuple[str, str]]:
+    """(field, reason) of the first field that is not an int >= its minimum, else None."""
+    for name, mn in fields:
+        why = _need_int(o, name, mn)
+        if why:
+            return name, why
+    return None
+
+
 def parse_profile_records(data: bytes, *, source: str, run_id: str) -> IngestBatch:
     batch = IngestBatch()
     seen = set()
     for line, o, raw in _lines(data, source, run_id, batch):
-        prob = None
-        for name, mn in (("repeat", 0), ("batch_size", 1), ("batch_size_per_rank", 1), ("dp_rank", 0),
-                         ("forward_ct", 0), ("num_running_reqs", 0), ("num_verify_tokens", 0)):
-            why = _need_int(o, name, mn)
-            if why:
-                prob = (name, why)
-                break
+        prob = _first_bad_int(o, (("repeat", 0), ("batch_size", 1), ("batch_size_per_rank", 1), ("dp_rank", 0),
+                                  ("forward_ct", 0), ("num_running_reqs", 0), ("num_verify_tokens", 0)))
         if prob is None:
             why = _need_pos(o, "step_time")
             if why:
@@ -105,13 +109,8 @@ def parse_profile_rounds(data: bytes, *, source: str, run_id: str) -> IngestBatc
     batch = IngestBatch()
     seen = set()
     for line, o, raw in _lines(data, source, run_id, batch):
-        prob = None
-        for name, mn in (("repeat", 0), ("batch_size", 1), ("batch_size_per_rank", 1), ("batch_tokens", 1),
-                         ("num_steady_steps", 0)):
-            why = _need_int(o, name, mn)
-            if why:
-                prob = (name, why)
-                break
+        prob = _first_bad_int(o, (("repeat", 0), ("batch_size", 1), ("batch_size_per_rank", 1), ("batch_tokens", 1),
+                                  ("num_steady_steps", 0)))
         frac = o.get("frac")
         if prob is None and frac is not None and (not _num(frac) or not (0.0 <= frac <= 1.0)):
             prob = ("frac", f"expected null or a number in [0, 1], got {frac!r}")
