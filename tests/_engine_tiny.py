@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from acceptscope.engine.kv import CachedTarget, pack
@@ -177,3 +178,21 @@ def save_tiny_pair(root, gamma: int = 4, vocab: int = 320, hidden: int = 32, see
         torch.nn.init.normal_(d.confidence_head.weight, std=0.5)
     d.save_pretrained(str(ddir))
     return tdir, ddir
+
+
+TINY_VOCAB = 48
+
+
+@pytest.fixture(scope="module")
+def single_torch_thread():
+    """Engine tests compare token streams; one thread keeps the float reductions reproducible."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The tiny random target shared by the engine property tests."""
+    return tiny_target(vocab=TINY_VOCAB, seed=0)

@@ -17,26 +17,17 @@ import torch
 from acceptscope.engine.runner import Engine, RequestSpec
 from acceptscope.engine.sps import SpsTable1D
 from acceptscope.engine.telemetry import TelemetrySink
-from tests._engine_tiny import OracleDrafter, tiny_dspark, tiny_target
+from tests._engine_tiny import single_torch_thread, target  # noqa: F401 (fixtures)
+from tests._engine_tiny import TINY_VOCAB, OracleDrafter, tiny_dspark
 
-V = 48
+V = TINY_VOCAB
 G = 4
 # an initialised table with a flat cost: the scheduler runs (warm budget, allocation), and its
 # optimum verifies every draft, so windows do not depend on the batch
 FLAT_SPS = SpsTable1D([1, 512], [1.0, 1.0], 512)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target(vocab=V, seed=0)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 class _Capture:

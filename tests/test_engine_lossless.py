@@ -16,6 +16,7 @@ from scipy import stats
 
 from acceptscope.engine.runner import Engine, RequestSpec
 from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive
+from tests._engine_tiny import single_torch_thread, target  # noqa: F401 (fixtures)
 from tests._engine_tiny import OracleDrafter, hf_greedy, tiny_dspark, tiny_target
 
 MODES = ("static", "compact", "cap-accept")
@@ -26,17 +27,7 @@ TRIM_SPS = SpsTableAdditive(0.001, [1, 256], [0.0, 0.0], [1, 512], [0.0, 0.05])
 CLIFF_SPS = SpsTable1D([1, 160], [1.0, 0.01], 512)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target(vocab=48, seed=0)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def _prompts(n: int, V: int, seed: int = 0) -> list[list[int]]:
