@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from acceptscope import schema
 
@@ -31,41 +32,63 @@ _LIST_FLOAT = ("confidence", "survival", "confidence_logit", "draft_logprob", "t
 
 
 def padded(values, width: int, fill: float | int = np.nan, dtype=np.float64) -> np.ndarray:
-    """Ragged list column (Arrow or pandas) -> ``(n, width)`` array; missing/NULL entries -> ``fill``."""
+    """Ragged list column (Arrow or pandas) -> ``(n, width)`` array; missing/NULL entries -> ``fill``.
+
+    Each Arrow chunk is copied straight into its rows of the output (no ``combine_chunks``):
+    one reshape when every list has ``width`` entries (the engine's draft columns), one masked
+    fill when none has more, else a scatter by flat destination index."""
     arr = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(list(values), from_pandas=True)
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], type=arr.type)
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
     n = len(arr)
-    out = np.full((n, width), fill, dtype=dtype)
     if n == 0 or pa.types.is_null(arr.type):
-        return out
+        return np.full((n, width), fill, dtype=dtype)
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
         raise TypeError(f"expected a list column, got {arr.type}")
-    offsets = np.asarray(arr.offsets, dtype=np.int64)
-    flat = arr.values
-    if (arr.null_count == 0 and offsets[-1] - offsets[0] == n * width and np.all(np.diff(offsets) == width)):
-        # fixed-length fast path (the engine always writes gamma entries); NULL elements -> fill
-        sl = flat.slice(offsets[0], n * width)
-        if sl.null_count:
-            sl = pa.compute.fill_null(sl.cast(pa.float64()), float(fill))
-        vals = np.asarray(sl.to_numpy(zero_copy_only=False), dtype=np.float64)
-        return vals.reshape(n, width).astype(dtype, copy=False)
-    lens = np.diff(offsets)
-    if arr.null_count:
-        lens = np.where(np.asarray(arr.is_null(), dtype=bool), 0, lens)
-    flat = arr.values
-    fvals = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64)
-    fnull = np.asarray(flat.is_null(), dtype=bool) if flat.null_count else None
-    row = np.repeat(np.arange(n), lens)
-    pos = np.arange(row.size) - np.repeat(np.cumsum(lens) - lens, lens)
-    src = offsets[:-1][row] + pos
-    keep = pos < width
-    if fnull is not None:
-        keep &= ~fnull[src]
-    row, pos = row[keep], pos[keep]
-    vals = fvals[src[keep]]
-    out[row, pos] = vals
+    offsets = [np.asarray(c.offsets, dtype=np.int64) for c in chunks]
+    fixed = [c.null_count == 0 and bool(np.all(np.diff(o) == width)) for c, o in zip(chunks, offsets)]
+    out = np.empty((n, width), dtype=dtype) if all(fixed) else np.full((n, width), fill, dtype=dtype)
+    at = 0
+    for c, o, fx in zip(chunks, offsets, fixed):
+        m, at = len(c), at + len(c)
+        if m == 0:
+            continue
+        dst = out[at - m:at]
+        vals = c.values.slice(o[0], o[-1] - o[0])
+        if vals.null_count:  # NULL -> fill in Arrow, so the numpy view below stays zero-copy
+            nan_into_int = pa.types.is_integer(vals.type) and not float(fill).is_integer()
+            vals = pc.fill_null(vals.cast(pa.float64()) if nan_into_int else vals, fill)
+        flat = vals.to_numpy(zero_copy_only=False)
+        if fx:
+            dst[:] = flat.reshape(m, width)
+            continue
+        lens = np.diff(o)
+        if c.null_count == 0 and lens.max() <= width:  # short lists (committed_tokens): fill row prefixes
+            dst[np.arange(width)[None, :] < lens[:, None]] = flat
+            continue
+        row_at = np.arange(m) * width
+        dest = np.arange(flat.size) + np.repeat(row_at - (o[:-1] - o[0]), lens)
+        keep = dest < np.repeat(row_at + width, lens)  # entries past width are dropped
+        if c.null_count:
+            keep &= np.repeat(~np.asarray(c.is_null(), dtype=bool), lens)
+        dst.reshape(-1)[dest[keep]] = flat[keep]
     return out
+
+
+def _request_codes(df: pd.DataFrame) -> np.ndarray:
+    """Code per row of (run_id, rid), numbered in sorted key order.
+
+    Rows arriving sorted by a string ``rid`` (as the store returns them) are coded by one
+    adjacent comparison instead of a hash-and-sort factorize."""
+    run = df["run_id"]
+    one_run = bool((run == run.iloc[0]).all()) or run.nunique() <= 1  # the cheap test first
+    key = df["rid"] if one_run else df["run_id"].astype(str) + "\x00" + df["rid"].astype(str)
+    if len(key) > 1 and pd.api.types.is_string_dtype(key.dtype) and not key.hasnans:
+        a = pa.array(key.array)
+        if pa.types.is_string(a.type) or pa.types.is_large_string(a.type):
+            prev, nxt = a.slice(0, len(a) - 1), a.slice(1)
+            if not pc.any(pc.less(nxt, prev)).as_py():
+                return np.concatenate([[0], np.cumsum(pc.not_equal(nxt, prev).to_numpy(zero_copy_only=False))])
+    return pd.factorize(key, sort=True)[0]
 
 
 def _col(df: pd.DataFrame, name: str, fill, dtype) -> np.ndarray:
@@ -167,8 +190,7 @@ class BlockFrame:
                 notes.append(f"gamma not given and no draft_tokens: using max(window)={gamma}")
         G = int(gamma)
         step_key = "step_index" if "step_index" in df.columns and df["step_index"].notna().all() else "forward_ct"
-        req0 = pd.factorize(df["run_id"].astype(str) + "\x00" + df["rid"].astype(str), sort=True)[0] \
-            if df["run_id"].nunique() > 1 else pd.factorize(df["rid"], sort=True)[0]
+        req0 = _request_codes(df)
         ep = df["epoch"].to_numpy(np.int64)
         stp = df[step_key].to_numpy(np.int64)
         fct0 = df["forward_ct"].to_numpy(np.int64)
@@ -186,6 +208,8 @@ class BlockFrame:
             df = df.iloc[order].reset_index(drop=True)
 
         def take(name, width, fill, dtype):
+            if name in skip:  # not needed by the caller: a read-only view of ``fill``, no memory
+                return np.broadcast_to(np.array(fill, dtype), (len(df), width))
             if name not in list_cols:
                 return np.full((len(df), width), fill, dtype=dtype)
             col = list_cols[name]
@@ -194,7 +218,7 @@ class BlockFrame:
                     col = col.take(pa.array(order))
                 else:
                     col = col.iloc[order] if isinstance(col, pd.Series) else [col[i] for i in order]
-            return padded(col, width, fill, np.float64).astype(dtype) if dtype != np.float64 else padded(col, width, fill, dtype)
+            return padded(col, width, fill, dtype)
 
         draft = take("draft_tokens", G, -1, np.int64)
         committed = take("committed_tokens", G + 1, -1, np.int64)
@@ -220,8 +244,8 @@ class BlockFrame:
         if np.isnan(temperature).any():
             notes.append("temperature missing on some rows: treated as sampled (T>0)")
             temperature = np.where(np.isnan(temperature), 1.0, temperature)
-        request = (req0[order] if not sorted_already else req0).astype(np.int64)
-        request = pd.factorize(request)[0].astype(np.int64)
+        # codes by first appearance in row order (sorted rows: req0 already is)
+        request = req0.astype(np.int64) if sorted_already else pd.factorize(req0[order])[0].astype(np.int64)
         # continuity: next prefix == prefix + correct + 1 within a request (and epoch)
         new_req = np.ones(len(df), bool)
         new_req[1:] = (request[1:] != request[:-1]) | (df["epoch"].to_numpy()[1:] != df["epoch"].to_numpy()[:-1])
@@ -256,14 +280,20 @@ class BlockFrame:
         G = self.gamma
         # committed positions per row: correct + 1, fewer when the request hit its token limit
         # mid-step and the engine committed a truncated list (missing entries are -1)
-        cnt = np.minimum(self.correct + 1, (self.committed >= 0).sum(1))
-        row = np.repeat(np.arange(self.n), cnt)
-        j = np.arange(row.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        realized = self.committed[row, np.minimum(j, G)]
-        jd = np.minimum(j, G - 1)
-        has_draft = j < G
-        scored_tok = np.where(has_draft, self.draft[row, jd], -1)
-        scored_lp = np.where(has_draft, self.target_logprob[row, jd], np.nan)
+        present = self.committed >= 0
+        cnt = present[:, 0].astype(np.int64)
+        for j in range(1, G + 1):  # column by column: a row-wise sum over G + 1 entries is slower
+            cnt += present[:, j]
+        np.minimum(cnt, self.correct + 1, out=cnt)
+        on = np.arange(G + 1)[None, :] < cnt[:, None]  # (row, j) committed; row-major = stream order
+        realized = self.committed[on]
+        # the drafts scored at j < G in stream order, then -1 / NaN put back at each bonus entry
+        # (j == G: no draft there), i.e. after the G drafted entries of every row with cnt > G
+        drafted = np.arange(G)[None, :] < np.minimum(cnt, G)[:, None]
+        full = np.flatnonzero(cnt > G)
+        bonus_at = np.cumsum(cnt)[full] - 1 - np.arange(full.size)
+        scored_tok = np.insert(self.draft[drafted], bonus_at, -1)
+        scored_lp = np.insert(self.target_logprob[drafted], bonus_at, np.nan)
         nseg = int(self.segment.max()) + 1 if self.n else 0
         seg_first_row = np.searchsorted(self.segment, np.arange(nseg))
         seg_first_pos = self.prefix[seg_first_row] + 1
@@ -282,19 +312,15 @@ class BlockFrame:
         st = self.stream()
         G = self.gamma
         seg = self.segment[rows]
-        P = self.prefix[rows][:, None] + np.arange(G)[None, :] + 1
-        rel = P - st["seg_first_pos"][seg][:, None]
-        valid = (rel >= 0) & (rel < st["seg_len"][seg][:, None])
-        idx = np.where(valid, st["seg_offset"][seg][:, None] + rel, 0)
+        k = np.arange(G)[None, :]
+        rel0 = self.prefix[rows] + 1 - st["seg_first_pos"][seg]  # stream offset of k = 0 in the segment
+        valid = (rel0 >= 0)[:, None] & (k < (st["seg_len"][seg] - rel0)[:, None])
+        idx = (st["seg_offset"][seg] + rel0)[:, None] + k  # out of range only where not valid
         out = {"valid": valid}
-        for k in ("realized", "scored_tok", "scored_lp"):
-            a = st[k]
-            if a.size == 0:
-                v = np.full(idx.shape, -1 if k != "scored_lp" else np.nan)
-            else:
-                v = a[idx]
-            fill = np.nan if k == "scored_lp" else -1
-            out[k] = np.where(valid, v, fill)
+        for name, fill in (("realized", -1), ("scored_tok", -1), ("scored_lp", np.nan)):
+            a = st[name]
+            out[name] = v = a.take(idx, mode="clip") if a.size else np.full(idx.shape, fill)
+            np.putmask(v, ~valid, fill)
         return out
 
     def logits(self, temperatures: np.ndarray | None = None, clip: float = 1e-4) -> tuple[np.ndarray, str]:

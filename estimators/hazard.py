@@ -15,12 +15,34 @@ the position). Censoring then depends only on covariates, so the likelihood is v
 
 Methods:
 
-* ``binned`` (default): per position, quantile bins of ``logit(c)``, Jeffreys-smoothed
-  rates shrunk toward the position's pooled rate, made monotone in confidence by
-  weighted isotonic regression. Refits under request-bootstrap weights are a bincount,
+* ``logistic`` (default): per greedy/sampled, a logistic regression on an intercept and a
+  ``logit(c)`` slope per cell index plus an intercept and a slope per walk state (additive in
+  logit: the confidence slope is shared, so small cells keep it). Cross-fitted on the
+  reference engine it is calibrated (reliability within a few points in every hazard decile;
+  unresolved-block bias ~0) where the binned table, shrunk toward flat cell means, was
+  under-confident (predicted 0.3 / 0.85 hazards were 0.1 / 0.92 empirically). Refits under
+  request-bootstrap weights are one lbfgs fit each (~0.04 s on 10k training positions).
+* ``binned``: per (greedy, walk state, offset ``k - window`` into the trimmed
+  tail), quantile bins of ``logit(c)``, rates shrunk toward the (greedy, walk state) rate
+  pooled over offsets, made monotone in confidence by weighted isotonic regression. The
+  number of bins (``n_bins='auto'``) is chosen by request-grouped cross-validated
+  log-likelihood on the training data, on the positions the model is used for (those the
+  walk left unknown): confidence is informative for a real drafter and pure noise in some
+  toy decodes (SGLang's fixture). Refits under request-bootstrap weights are a bincount,
   which is what makes the aggregate bootstrap cheap.
-* ``logistic``: per-position intercept and slope on ``logit(c)``.
 * ``confidence``: the (calibrated) confidence itself, no fit.
+
+Cells follow what the walk knew (:func:`estimators.tail.walk`). Walk states: 1 the realized
+tokens matched the trimmed drafts so far, 2 a realized token diverged earlier, 0 the stream
+ended earlier, 3 known (never predicted); refined here into 4 (the *first* trimmed position
+unobserved: a last step without a recorded bonus) and 5-7 (states 0-2 two or more positions
+past the first trimmed one, which the walk knew only softly or not at all). The index is the
+offset into the trimmed tail rather than the absolute position (models fitted on observed
+in-window outcomes, without truth, keep the absolute position). The old layout (absolute
+position, prior pooled over states per position) mixed populations with very different
+hazards: the rare unknown states were pulled toward the first-trimmed-position rate, which
+the scheduler keeps low (~0.18), so unresolved sampled blocks were underestimated by ~0.17
+drafts on the reference engine.
 
 Example::
 
@@ -95,18 +117,44 @@ def known_hazards(frame: BlockFrame, walk: np.ndarray | None = None) -> np.ndarr
 class HazardModel:
     """Per-position hazard of acceptance given confidence (see module docstring)."""
 
-    method: str = "binned"
-    n_bins: int = 16
+    method: str = "logistic"
+    n_bins: int | str = "auto"  # or an int; 'auto': cross-validated over bin_candidates
     prior_strength: float = 4.0
+    bin_candidates: tuple = (1, 2, 4, 8, 16)
+    cv_folds: int = 3
+    index: str = "offset"  # cells by offset into the trimmed tail (k - window) or absolute "position" k
+    prior: str = "nested"  # cell prior: "nested" (cell -> cell index -> state) or "additive" (index + confidence, in logit)
     source: str = "auto"  # truth | observed | auto (truth rows if any, else observed)
     fitted_: bool = False
     info_: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------
+    def _eff_state(self, frame: BlockFrame, rows: np.ndarray, state: np.ndarray | None) -> np.ndarray:
+        """The walk state refined by where the walk's knowledge ends: 4 the first trimmed position
+        unobserved; states 0-2 one position past the first trimmed one (whose outcome is exact)
+        stay 0-2, deeper ones become 5-7 (the positions before them were known only softly,
+        or not at all). 3 (known) is never predicted."""
+        G = frame.gamma
+        st = np.zeros((len(rows), G), np.int64) if state is None else np.array(state, np.int64)
+        kw = np.arange(G)[None, :] - frame.window[rows][:, None]
+        st = np.where((kw >= 2) & (st != 3), st + 5, st)
+        return np.where((kw == 0) & (st != 3), 4, st)
+
+    def _kidx(self, frame: BlockFrame, rows: np.ndarray, source: str | None = None) -> np.ndarray:
+        """Cell index of every position of ``rows``: the offset ``k - window`` into the trimmed tail
+        (truth-fitted models; what the walk knew depends on it: the first trimmed position is exact,
+        later ones soft or unknown), or the absolute position ``k`` (``index='position'``, and
+        models fitted on observed in-window outcomes)."""
+        G = frame.gamma
+        k = np.broadcast_to(np.arange(G)[None, :], (len(rows), G))
+        if self.index == "position" or (source or self.info_.get("source")) == "observed":
+            return k
+        return np.clip(k - frame.window[rows][:, None], 0, G - 1)
+
     def _long(self, frame: BlockFrame, walk: np.ndarray | None, state: np.ndarray | None):
         G = frame.gamma
         k = np.arange(G)[None, :]
-        st = np.zeros((frame.n, G), np.int64) if state is None else state
+        st = self._eff_state(frame, np.arange(frame.n), state)
         if self.source == "truth" or (self.source == "auto" and frame.has_truth.any()):
             # the population the model is used on: trimmed positions of censored blocks, reached
             K = frame.ceiling[:, None]
@@ -126,7 +174,8 @@ class HazardModel:
             st = np.zeros((frame.n, G), np.int64)  # no unobserved-state data without truth
             used = "observed"
         x = conf_feature(frame.confidence[r, kk])
-        return dict(row=r, k=kk, x=x, y=y, wt=wt, greedy=frame.greedy[r], state=st[r, kk],
+        ki = self._kidx(frame, np.arange(frame.n), used)[r, kk]
+        return dict(row=r, k=ki, x=x, y=y, wt=wt, greedy=frame.greedy[r], state=st[r, kk],
                     req=frame.request[r], n_req=int(frame.request.max()) + 1), used
 
     def fit(self, frame: BlockFrame, walk: np.ndarray | None = None, state: np.ndarray | None = None,
@@ -146,15 +195,9 @@ class HazardModel:
         if L["k"].size == 0:
             raise ValueError("no training positions for the hazard model (no truth rows and nothing observed)")
         if self.method == "binned":
-            # bin edges per (greedy, k) from the unweighted training features
-            self.edges_ = {}
-            for k in range(G):
-                xs = L["x"][L["k"] == k]
-                if xs.size >= 2 * self.n_bins:
-                    e = np.unique(np.quantile(xs, np.linspace(0, 1, self.n_bins + 1)[1:-1]))
-                else:
-                    e = np.array([])
-                self.edges_[k] = e
+            self.n_bins_ = self._select_bins(L) if self.n_bins == "auto" else int(self.n_bins)
+            self.info_["n_bins"] = self.n_bins_
+            self._set_edges()
             self._table(weights=sample_weight_by_request)
         elif self.method == "logistic":
             self._fit_logistic(sample_weight_by_request)
@@ -163,23 +206,63 @@ class HazardModel:
         self.fitted_ = True
         return self
 
-    def _bin_index(self, k: np.ndarray, x: np.ndarray) -> np.ndarray:
-        out = np.zeros(x.shape, np.int64)
-        for kk in range(self.gamma_):
-            m = k == kk
-            if m.any():
-                out[m] = np.searchsorted(self.edges_[kk], x[m], side="right")
-        return out
+    def _set_edges(self) -> None:
+        """Bin edges from the unweighted training features: shared by every cell index for the
+        additive prior (a bin is the same confidence range everywhere), per index otherwise."""
+        L, nb = self._train, self.n_bins_
+        self.edges_ = {}
+        for k in range(self.gamma_):
+            xs = L["x"] if self.prior == "additive" else L["x"][L["k"] == k]
+            if nb > 1 and xs.size >= 2 * nb:
+                e = np.unique(np.quantile(xs, np.linspace(0, 1, nb + 1)[1:-1]))
+            else:
+                e = np.array([])
+            self.edges_[k] = e
 
-    NSTATE = 4
+    def _select_bins(self, L: dict) -> int:
+        """Number of confidence bins by request-grouped K-fold log-likelihood on the training
+        positions the model is used for (walk state != 3); ties -> fewer bins."""
+        cands = [int(c) for c in self.bin_candidates]
+        use = L["state"] != 3
+        if len(cands) == 1 or use.sum() < 50:
+            return max(cands)
+        fold = np.random.default_rng(0).integers(0, self.cv_folds, L["n_req"])[L["req"]]
+        score = np.zeros(len(cands))
+        for j in range(self.cv_folds):
+            tr, te = fold != j, (fold == j) & use
+            if not te.any() or not tr.any():
+                continue
+            sub = {key: (v[tr] if isinstance(v, np.ndarray) and v.shape == L["k"].shape else v) for key, v in L.items()}
+            y, wt = L["y"][te], L["wt"][te]
+            for i, nb in enumerate(cands):
+                m = HazardModel(method="binned", n_bins=nb, prior_strength=self.prior_strength)
+                m.gamma_, m.n_bins_, m._train = self.gamma_, nb, sub
+                m._set_edges()
+                m._table()
+                p = m.table_[m._group(L["greedy"][te], L["state"][te], L["k"][te]), m._bin_index(L["k"][te], L["x"][te])]
+                score[i] += np.sum(wt * (y * np.log(p) + (1 - y) * np.log1p(-p)))
+        self.info_["bins_cv_loglik"] = dict(zip(cands, np.round(score, 3).tolist()))
+        return cands[int(np.flatnonzero(score >= score.max() - 1e-9)[0])]
+
+    def _bin_index(self, k: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """``searchsorted(edges_[k], x, 'right')`` elementwise, in one pass: locate ``x`` among the
+        union of all edges, then count each position's own edges up to there (exact: every edge is
+        in the union)."""
+        edges = [np.asarray(self.edges_[kk], float) for kk in range(self.gamma_)]
+        union = np.unique(np.concatenate(edges))
+        below = np.concatenate([[-np.inf], union])  # the largest union value <= x, by slot
+        counts = np.stack([np.searchsorted(e, below, side="right") for e in edges])  # (gamma, slots)
+        return counts[k, np.searchsorted(union, x, side="right")]
+
+    NSTATE = 8
 
     def _group(self, g, st, k):
         return (g.astype(np.int64) * self.NSTATE + st) * self.gamma_ + k
 
     def _table(self, weights=None) -> None:
         L = self._train
-        G, nb = self.gamma_, self.n_bins
-        ngrp = 2 * self.NSTATE * G
+        G, nb, S = self.gamma_, self.n_bins_, self.NSTATE
+        ngrp = 2 * S * G
         if not hasattr(self, "_cell"):
             self._grp = self._group(L["greedy"], L["state"], L["k"])
             self._cell = self._grp * nb + self._bin_index(L["k"], L["x"])
@@ -187,13 +270,15 @@ class HazardModel:
         wt = L["wt"] if weights is None else L["wt"] * weights[L["req"]]
         n2 = np.bincount(cell, weights=wt, minlength=ngrp * nb).reshape(ngrp, nb)
         a2 = np.bincount(cell, weights=wt * L["y"], minlength=ngrp * nb).reshape(ngrp, nb)
-        # hierarchical shrinkage: cell -> (greedy, state, k) -> (greedy, k) -> (greedy)
+        if self.prior == "additive":
+            return self._table_additive(n2, a2)
+        # hierarchical shrinkage: cell -> (greedy, state, k) -> (greedy, state) -> (greedy)
         ng, ag = n2.sum(1), a2.sum(1)
-        gk_n = ng.reshape(2, self.NSTATE, G).sum(1)
-        gk_a = ag.reshape(2, self.NSTATE, G).sum(1)
-        g_rate = (gk_a.sum(1) + 0.5) / (gk_n.sum(1) + 1.0)
-        gk_rate = (gk_a + self.prior_strength * g_rate[:, None]) / (gk_n + self.prior_strength)
-        prior = np.repeat(gk_rate[:, None, :], self.NSTATE, 1).reshape(ngrp)
+        gs_n = ng.reshape(2, S, G).sum(2)
+        gs_a = ag.reshape(2, S, G).sum(2)
+        g_rate = (gs_a.sum(1) + 0.5) / (gs_n.sum(1) + 1.0)
+        gs_rate = (gs_a + self.prior_strength * g_rate[:, None]) / (gs_n + self.prior_strength)
+        prior = np.repeat(gs_rate[:, :, None], G, 2).reshape(ngrp)
         grp_rate = (ag + self.prior_strength * prior) / (ng + self.prior_strength)
         rate = (a2 + self.prior_strength * grp_rate[:, None]) / (n2 + self.prior_strength)
         out = np.empty_like(rate)
@@ -211,6 +296,43 @@ class HazardModel:
         self.table_ = np.clip(out, 1e-6, 1 - 1e-6)
         self.counts_ = n2
 
+    def _table_additive(self, n2: np.ndarray, a2: np.ndarray) -> None:
+        """Cell rates shrunk toward an additive-logit prior: the (greedy, state, index) rate and the
+        (greedy, state, confidence bin) rate, each shrunk toward (greedy, state), combined as
+        ``logit(prior) = logit(r_index) + logit(r_bin) - logit(r_state)``; then monotone in
+        confidence per (greedy, state, index). Small cells keep the confidence dependence of their
+        state instead of being flattened to their mean (which made the predictive distributions
+        over-dispersed: predicted 0.3 / 0.85 hazards were 0.1 / 0.92 empirically)."""
+        G, nb, S, P = self.gamma_, self.n_bins_, self.NSTATE, self.prior_strength
+        n3, a3 = n2.reshape(2, S, G, nb), a2.reshape(2, S, G, nb)
+        lg = lambda r: np.log(np.clip(r, 1e-6, 1 - 1e-6) / (1 - np.clip(r, 1e-6, 1 - 1e-6)))
+        g_rate = (a3.sum((1, 2, 3)) + 0.5) / (n3.sum((1, 2, 3)) + 1.0)
+        gs = (a3.sum((2, 3)) + P * g_rate[:, None]) / (n3.sum((2, 3)) + P)
+        gsk = (a3.sum(3) + P * gs[:, :, None]) / (n3.sum(3) + P)
+        gsb = (a3.sum(2) + P * gs[:, :, None]) / (n3.sum(2) + P)
+        z = lg(gsk)[:, :, :, None] + lg(gsb)[:, :, None, :] - lg(gs)[:, :, None, None]
+        prior = 1 / (1 + np.exp(-z))
+        rate = ((a3 + P * prior) / (n3 + P)).reshape(2 * S * G, nb)
+        wts = (n2 + P)
+        out = np.empty_like(rate)
+        for i in range(rate.shape[0]):
+            out[i] = _pava(rate[i], wts[i]) if nb > 1 else rate[i]
+        self.table_ = np.clip(out, 1e-6, 1 - 1e-6)
+        self.counts_ = n2
+
+    def _linear(self, k, x, st, coef):
+        """``_design(k, x, st) @ coef`` (to float rounding) read off the one-hot structure, without
+        building the ``(n, 2G + 2S)`` design matrix."""
+        G, S = self.gamma_, self.NSTATE
+        return coef[k] + coef[2 * G + st] + x * (coef[G + k] + coef[2 * G + S + st])
+
+    def _flat_coef(self, accepted: float, total: float) -> np.ndarray:
+        """Logistic coefficients of a constant hazard (accepted + 0.5) / (total + 1) at every position."""
+        rate = (accepted + 0.5) / (total + 1.0)
+        coef = np.zeros(2 * self.gamma_ + 2 * self.NSTATE)
+        coef[: self.gamma_] = np.log(rate / (1 - rate))
+        return coef
+
     def _design(self, k, x, st):
         G = self.gamma_
         X = np.zeros((k.size, 2 * G + 2 * self.NSTATE))
@@ -224,6 +346,7 @@ class HazardModel:
         from sklearn.linear_model import LogisticRegression
 
         L = self._train
+        previous = getattr(self, "coef_", {})  # a refit keeps these where a replicate is degenerate
         self.coef_ = {}
         wt = L["wt"] if weights is None else L["wt"] * weights[L["req"]]
         for g in (False, True):
@@ -236,6 +359,11 @@ class HazardModel:
             yd = np.concatenate([np.ones(k.size), np.zeros(k.size)])
             wd = np.concatenate([w * y, w * (1 - y)])
             keep = wd > 0
+            if np.unique(yd[keep]).size < 2:
+                # every (weighted) position accepted, or none: a logistic fit has no solution. Keep the
+                # full-data fit in a bootstrap replicate, else a flat hazard at the smoothed rate.
+                self.coef_[g] = previous[g] if g in previous else self._flat_coef((w * y).sum(), w.sum())
+                continue
             lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500)
             lr.fit(Xd[keep], yd[keep], sample_weight=wd[keep])
             self.coef_[g] = lr.coef_[0]
@@ -253,19 +381,19 @@ class HazardModel:
         if G != self.gamma_:
             raise ValueError(f"hazard model fitted for gamma={self.gamma_}, frame has gamma={G}")
         x = conf_feature(c)
-        st = np.zeros(x.shape, np.int64) if state is None else state
+        st = self._eff_state(frame, rows, state)
         if self.info_.get("source") == "observed":
             st = np.zeros(x.shape, np.int64)
         g = np.broadcast_to(frame.greedy[rows][:, None], x.shape)
-        k = np.broadcast_to(np.arange(G)[None, :], x.shape)
+        k = self._kidx(frame, rows)
         if self.method == "binned":
             b = self._bin_index(k.ravel(), x.ravel()).reshape(x.shape)
-            return self.table_[self._group(g, st, k), b]
+            return self.table_.reshape(-1).take(self._group(g, st, k) * self.table_.shape[1] + b)  # table_[grp, b]
         out = np.empty(x.shape)
         for gg in (False, True):
+            m = g[:, 0] == gg
             coef = self.coef_.get(gg, self.coef_.get(not gg))
-            z = self._design(k.ravel(), x.ravel(), st.ravel()) @ coef
-            out = np.where(g == gg, 1 / (1 + np.exp(-z.reshape(x.shape))), out)
+            out[m] = 1 / (1 + np.exp(-self._linear(k[m], x[m], st[m], coef)))
         return out
 
     def refit(self, request_weights: np.ndarray) -> "HazardModel":

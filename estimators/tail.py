@@ -11,7 +11,9 @@ its conditional acceptance probability ``h_k`` (given ``d_<k`` accepted):
 
 * **first trimmed position** (``k = window``): the bonus row was verified, and the capped
   bonus equals ``d_w`` exactly when ``d_w`` was accepted (greedy argmax; residual
-  resampling puts no mass on a rejected draft), so ``h_w = 1[bonus == d_w]`` is exact;
+  resampling puts no mass on a rejected draft), so ``h_w = 1[bonus == d_w]`` is exact (read
+  from ``bonus_token`` when a last step's output was cut before the bonus: the verify still
+  recorded it);
 * **greedy requests**: walk the request's later committed tokens against the trimmed
   drafts; acceptance is deterministic given the prefix, so ``h_k = 1[realized == d_k]``
   while the earlier trimmed drafts matched. A walk that runs off the end of the request
@@ -56,25 +58,8 @@ from estimators.frame import BlockFrame
 from estimators.hazard import HazardModel
 
 LEVELS = (0.8, 0.9, 0.95)
-
-
-def _request_chunks(tbl: pa.Table, chunk_rows: int):
-    """Row bounds splitting ``tbl`` at request boundaries, or None if rows are not grouped by request."""
-    key = tbl.column("rid").cast(pa.string())
-    if "run_id" in tbl.column_names:
-        key = pa.compute.binary_join_element_wise(tbl.column("run_id").cast(pa.string()), key, "\x00")
-    codes = np.asarray(pa.compute.dictionary_encode(key).combine_chunks().indices)
-    change = np.flatnonzero(np.diff(codes) != 0) + 1
-    if np.unique(codes).size != change.size + 1:
-        return None  # a request's rows are not contiguous
-    starts = np.concatenate([[0], change])
-    bounds = [0]
-    for target in range(chunk_rows, tbl.num_rows, chunk_rows):
-        i = np.searchsorted(starts, target)
-        if i < starts.size and starts[i] > bounds[-1]:
-            bounds.append(int(starts[i]))
-    bounds.append(tbl.num_rows)
-    return bounds
+_MODES = ("exact-in-window", "greedy", "logprob", "confidence")  # blocks.mode, by code
+_STATE = np.array([0, 2, 0, 2, 3, 3, 1, 1], np.int64)  # walk state by 4*path_ok + 2*unknown + diverged
 
 
 def _as_frame(data, gamma=None) -> BlockFrame:
@@ -135,20 +120,17 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
     valid = lt["valid"] & (d >= 0)
     match = valid & (lt["realized"] == d)
     tail = k >= w
-    step_ok = np.where(tail, match, True)
-    path_ok = np.concatenate([np.ones((len(rows), 1), bool), np.cumprod(step_ok, 1)[:, :-1].astype(bool)], 1)
-    reach = tail & path_ok & valid
-    h = np.full((len(rows), G), np.nan)
+    path_ok = _before_all(~tail | match)
     greedy = frame.greedy[rows][:, None]
-    # greedy: exact indicator along the matched path
-    h = np.where(greedy & reach, match.astype(float), h)
-    # first trimmed position: exact via the capped bonus (all modes)
+    # greedy: exact indicator along the matched path; first trimmed position: exact via the
+    # capped bonus (all modes)
+    exact = greedy & tail & path_ok & valid
     if exact_first:
-        first = (k == w) & valid
-        h = np.where(first, match.astype(float), h)
-    has_q = ~np.isnan(frame.draft_logprob[rows]).all(1)
+        exact |= (k == w) & valid
+    h = np.where(exact, match, np.nan)
+    dlp = frame.draft_logprob[rows]
+    has_q = ~np.isnan(dlp).all(1)
     if use_logprobs:
-        dlp = frame.draft_logprob[rows]
         lp = np.where(lt["scored_tok"] == d, lt["scored_lp"], np.nan)
         if gather is not None:
             pg = gather.get("gather") if isinstance(gather, dict) else gather
@@ -158,13 +140,26 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
                 dlp = np.where(np.isnan(dlp), q_matrix(frame, gather["rows"], rows), dlp)
                 has_q = ~np.isnan(np.where(tail, dlp, np.nan)).all(1)
         a = np.minimum(1.0, np.exp(lp - dlp))
-        fill = ~greedy & tail & path_ok & np.isnan(h) & ~np.isnan(a)
-        h = np.where(fill, a, h)
-    walked = (tail & path_ok & ~np.isnan(h)).sum(1)
-    mism = tail & valid & ~match
-    div_before = np.concatenate([np.zeros((len(rows), 1), bool), np.cumsum(mism, 1)[:, :-1] > 0], 1)
-    state = np.where(path_ok, np.where(np.isnan(h), 1, 3), np.where(div_before, 2, 0)).astype(np.int64)
+        h = np.where(~greedy & tail & path_ok & ~exact, a, h)  # h is NaN there, as is a where unknown
+    unknown = np.isnan(h)
+    walked = np.count_nonzero(tail & path_ok & ~unknown, axis=1)
+    diverged = ~_before_all(~(tail & valid & ~match))
+    # state by lookup of (path_ok, unknown, diverged): matched -> 3 known / 1 unknown; else 2 / 0
+    state = _STATE.take(path_ok * np.int8(4) + unknown * np.int8(2) + diverged)
     return dict(h=h, walked=walked, path_ok=path_ok, state=state, has_q=has_q)
+
+
+def _before_all(ok: np.ndarray) -> np.ndarray:
+    """``out[:, j] = ok[:, :j].all(1)`` (True at ``j = 0``), one column at a time (G is small)."""
+    out = np.ones(ok.shape, bool)
+    for j in range(1, ok.shape[1]):
+        np.logical_and(out[:, j - 1], ok[:, j - 1], out=out[:, j])
+    return out
+
+
+def _pick(X: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``X[i, j[i]]`` for every row ``i``, as one flat take (a 2-D fancy index is several times slower)."""
+    return X.reshape(-1).take(np.arange(len(j)) * X.shape[1] + j)
 
 
 def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None = None) -> dict:
@@ -184,7 +179,7 @@ def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None
             # making the interval's total mass nearest L (ties -> shorter)
             cand = np.where(support, np.abs(Fm - a2), np.inf)
             lo = np.argmin(cand, 1)
-            mass = F - Fm[np.arange(len(lo)), lo][:, None]
+            mass = F - _pick(Fm, lo)[:, None]
             vv = np.arange(G1)[None, :]
             cand2 = np.where((vv >= lo[:, None]) & support, np.abs(mass - L), np.inf)
             hi = np.argmin(cand2 + 1e-9 * vv, 1)
@@ -195,17 +190,17 @@ def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None
             # cannot hit a nominal level otherwise). Uniforms come from ``u`` (seeded per block).
             cand = np.where(support, np.abs(Fm - a2), np.inf)
             lo = np.argmin(cand, 1)
-            base = Fm[np.arange(len(lo)), lo][:, None]
+            base = _pick(Fm, lo)[:, None]
             mass = F - base
             vv = np.arange(G1)[None, :]
             above = np.argmax((mass >= L - 1e-12) & (vv >= lo[:, None]), 1)
-            m_above = mass[np.arange(len(lo)), above]
+            m_above = _pick(mass, above)
             below = np.maximum(above - 1, lo)
-            m_below = np.where(above > lo, mass[np.arange(len(lo)), below], 0.0)
+            m_below = np.where(above > lo, _pick(mass, below), 0.0)
             pi = np.where(m_above > m_below, (L - m_below) / np.maximum(m_above - m_below, 1e-12), 1.0)
             take_below = (u >= pi) & (above > lo)
             hi = np.where(take_below, below, above)
-        m = F[np.arange(len(hi)), hi] - Fm[np.arange(len(lo)), lo]
+        m = _pick(F, hi) - _pick(Fm, lo)
         out[L] = (lo, hi, m)
     return out
 
@@ -219,8 +214,9 @@ def _block_uniforms(frame: BlockFrame, rows: np.ndarray, seed: int) -> np.ndarra
         h = frame.df["forward_ct"].to_numpy(np.int64)[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         h ^= frame.prefix[rows].astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         h ^= frame.window[rows].astype(np.uint64) * np.uint64(0x165667B19E3779F9)
+        d = frame.draft[rows].astype(np.uint64)
         for k in range(frame.gamma):
-            h = (h ^ frame.draft[rows, k].astype(np.uint64)) * np.uint64(0x100000001B3)
+            h = (h ^ d[:, k]) * np.uint64(0x100000001B3)
         h ^= np.uint64(seed) * np.uint64(0xD6E8FEB86659FD93)
         h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -355,105 +351,98 @@ class TailEstimator:
         frame = _as_frame(data, gamma)
         # the walk never reads truth columns, and on a cap-accept frame it sees exactly what the
         # compact view of the same draws would show (later steps' on-path rows are verified in both)
-        wk = walk(frame, np.arange(frame.n), use_logprobs=self.mode != "confidence", exact_first=self.exact_first,
-                  gather=gather)
+        wk = self._walk(frame, np.arange(frame.n), gather)
         self.hazard.fit(frame, wk["h"], wk["state"])
         self.gamma_ = frame.gamma
         return self
 
     def _walk(self, frame, rows, gather):
-        return walk(frame, rows, use_logprobs=self.mode != "confidence", exact_first=self.exact_first, gather=gather)
+        wk = walk(frame, rows, use_logprobs=self.mode != "confidence", exact_first=self.exact_first, gather=gather)
+        if self.exact_first:
+            _first_from_bonus(frame, rows, wk)
+        return wk
 
     def estimate(self, data, gamma: int | None = None, gather=None,
-                 hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 250_000) -> TailResult:
+                 hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 1 << 19) -> TailResult:
         """Predictive ceilings for every request-step of ``data`` (truth columns are never read,
         except to copy them into ``blocks.truth`` for validation).
 
-        An Arrow table grouped by request (as the store returns it ordered by rid) larger than
-        ``chunk_rows`` is processed in request-aligned chunks (cache-friendly, bounded memory)."""
-        G0 = gamma or getattr(self, "gamma_", None)
-        if isinstance(data, pa.Table) and data.num_rows > chunk_rows and not hazard_boot:
-            bounds = _request_chunks(data, chunk_rows)
-            if bounds is not None:
-                parts = [self.estimate(data.slice(a, b - a), G0, gather, 0, seed, chunk_rows=1 << 62)
-                         for a, b in zip(bounds[:-1], bounds[1:])]
-                return TailResult(blocks=pd.concat([p.blocks for p in parts], ignore_index=True),
-                                  pmf=np.concatenate([p.pmf for p in parts]), gamma=parts[0].gamma,
-                                  levels=parts[0].levels, hazard_info=parts[0].hazard_info,
-                                  notes=sorted({n for p in parts for n in p.notes}))
+        Only censored blocks need the walk, the hazards and the intervals: whole-array passes over
+        them, ``chunk_rows`` censored blocks at a time (bounded memory; fewer, larger passes are
+        faster). Every step is row-wise, so the result does not depend on the chunking."""
         if isinstance(data, BlockFrame):
             frame = data
         else:
+            G0 = gamma or getattr(self, "gamma_", None)
             frame = BlockFrame.from_request_steps(data, gamma=G0, skip=("confidence_logit", "survival"))
-        G = frame.gamma
-        n = frame.n
+        G, n = frame.gamma, frame.n
         cens = frame.censored
         rows = np.flatnonzero(cens)
-        wk = self._walk(frame, rows, gather)
-        Hk = wk["h"]
-        Hm = self.hazard.predict(frame, rows, wk["state"])
+        parts = [self._censored(frame, r, gather, seed)
+                 for r in np.array_split(rows, max(1, -(-rows.size // chunk_rows)))]
+        c = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+        def fill(exact, values):  # a column over all rows: ``exact`` (uncensored rows), ``values`` (censored)
+            out = np.full(n, exact, dtype=values.dtype) if np.ndim(exact) == 0 else exact.copy()
+            out[rows] = values
+            return out
+
         pmf = np.zeros((n, G + 1))
-        pmf[np.flatnonzero(~cens), frame.correct[~cens]] = 1.0
-        pm, mean_c, var_c = self._pmf(frame, rows, Hk, Hm)
-        pmf[rows] = pm
-        mean = frame.correct.astype(float)
-        var = np.zeros(n)
-        mean[rows], var[rows] = mean_c, var_c
-        k = np.arange(G)[None, :]
-        w = frame.window[rows][:, None]
-        tail = k >= w
-        known = ~np.isnan(Hk)
-        # identification bounds: leading exact accepts / first exact rejection
-        lead1 = np.cumprod(np.where(tail, known & (Hk == 1.0), True), 1).astype(bool) & tail
-        notzero = np.cumprod(np.where(tail, ~(known & (Hk == 0.0)), True), 1).astype(bool) & tail
-        b_lo = frame.window[rows] + lead1.sum(1)
-        b_hi = frame.window[rows] + notzero.sum(1)
-        resolved = b_lo == b_hi
+        pmf.reshape(-1)[np.arange(n) * (G + 1) + frame.correct] = 1.0  # exact: all mass on correct
+        pmf[rows] = c["pmf"]
+        has_lp = ~np.isnan(frame.draft_logprob[rows]).all(1) | c["has_q"]
+        mode = np.zeros(n, np.int8)  # exact-in-window
+        mode[rows] = np.where(frame.greedy[rows], 1, np.where(has_lp & (self.mode != "confidence"), 2, 3))
         df = frame.df
-        has_lp = ~np.isnan(frame.draft_logprob).all(1)
-        has_lp[rows] |= wk["has_q"]
-        row_mode = np.where(~cens, "exact-in-window",
-                            np.where(frame.greedy, "greedy",
-                                     np.where(has_lp & (self.mode != "confidence"), "logprob", "confidence")))
-        blocks = pd.DataFrame({
+        cols = {
             "run_id": df["run_id"].array, "rid": df["rid"].array, "forward_ct": df["forward_ct"].to_numpy(),
             "rank": df["rank"].to_numpy(), "epoch": df["epoch"].to_numpy(),
             "workload": df["workload"].array if "workload" in df else None,
             "temperature": frame.temperature, "window": frame.window, "correct": frame.correct,
-            "acc_len": frame.correct + 1, "censored": cens, "mode": row_mode, "mean": mean, "var": var,
-        })
-        bl = frame.correct.copy()
-        bh = frame.correct.copy()
-        bl[rows], bh[rows] = b_lo, b_hi
-        blocks["bound_lo"], blocks["bound_hi"] = bl, bh
-        res_all = np.ones(n, bool)
-        res_all[rows] = resolved
-        blocks["resolved"] = res_all
-        wk_all = np.zeros(n, np.int64)
-        wk_all[rows] = wk["walked"]
-        blocks["walked"] = wk_all
-        u = _block_uniforms(frame, rows, seed)
-        for L, (lo, hi, m) in _quantile_intervals(pmf[rows], self.levels, self.interval, u).items():
+            "acc_len": frame.correct + 1, "censored": cens,
+            "mode": pa.array(_MODES).take(pa.array(mode)).to_pandas(),
+            "mean": fill(frame.correct.astype(float), c["mean"]), "var": fill(0.0, c["var"]),
+            "bound_lo": fill(frame.correct, c["bound_lo"]), "bound_hi": fill(frame.correct, c["bound_hi"]),
+            "resolved": fill(True, c["bound_lo"] == c["bound_hi"]), "walked": fill(0, c["walked"]),
+        }
+        for L in self.levels:
             tag = int(round(L * 100))
-            lo_all, hi_all, m_all = frame.correct.copy(), frame.correct.copy(), np.ones(n)
-            lo_all[rows], hi_all[rows], m_all[rows] = lo, hi, m
-            blocks[f"lo{tag}"], blocks[f"hi{tag}"], blocks[f"mass{tag}"] = lo_all, hi_all, m_all
+            for name, base in (("lo", frame.correct), ("hi", frame.correct), ("mass", 1.0)):
+                cols[f"{name}{tag}"] = fill(base, c[f"{name}{tag}"])
         if frame.has_truth.any():
-            blocks["truth"] = np.where(frame.has_truth, frame.ceiling, np.nan)
-        res = TailResult(blocks=blocks, pmf=pmf, gamma=G, levels=tuple(self.levels),
+            cols["truth"] = np.where(frame.has_truth, frame.ceiling, np.nan)
+        res = TailResult(blocks=pd.DataFrame(cols, copy=False), pmf=pmf, gamma=G, levels=tuple(self.levels),
                          hazard_info=dict(self.hazard.info_), notes=list(frame.notes))
         if hazard_boot and hasattr(self.hazard, "_train"):
             rng = np.random.default_rng(seed)
             nreq = self.hazard._train["n_req"]
+            mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()
             means = np.empty((hazard_boot, n))
             vars_ = np.empty((hazard_boot, n))
             for i in range(hazard_boot):
-                hm = self.hazard.refit(rng.poisson(1.0, nreq).astype(float)).predict(frame, rows, wk["state"])
-                _, mc, vc = self._pmf(frame, rows, Hk, hm)
+                hm = self.hazard.refit(rng.poisson(1.0, nreq).astype(float)).predict(frame, rows, c["state"])
+                _, mc, vc = self._pmf(frame, rows, c["h"], hm)
                 means[i], vars_[i] = mean, var
                 means[i, rows], vars_[i, rows] = mc, vc
             res._boot = dict(means=means, vars=vars_)
         return res
+
+    def _censored(self, frame: BlockFrame, rows: np.ndarray, gather, seed: int) -> dict:
+        """Walk, hazards, predictive pmf, identification bounds and intervals of censored ``rows``."""
+        wk = self._walk(frame, rows, gather)
+        Hk = wk["h"]
+        pm, mean, var = self._pmf(frame, rows, Hk, self.hazard.predict(frame, rows, wk["state"]))
+        # identification bounds: leading exact accepts / first exact rejection
+        tail = np.arange(frame.gamma)[None, :] >= frame.window[rows][:, None]
+        lead1 = np.logical_and.accumulate(~tail | (Hk == 1.0), 1) & tail
+        notzero = np.logical_and.accumulate(~tail | (Hk != 0.0), 1) & tail
+        out = dict(h=Hk, state=wk["state"], walked=wk["walked"], has_q=wk["has_q"], pmf=pm, mean=mean, var=var,
+                   bound_lo=frame.window[rows] + lead1.sum(1), bound_hi=frame.window[rows] + notzero.sum(1))
+        u = _block_uniforms(frame, rows, seed)
+        for L, (lo, hi, m) in _quantile_intervals(pm, self.levels, self.interval, u).items():
+            tag = int(round(L * 100))
+            out[f"lo{tag}"], out[f"hi{tag}"], out[f"mass{tag}"] = lo, hi, m
+        return out
 
     @staticmethod
     def _pmf(frame, rows, Hk, Hm):
@@ -469,3 +458,27 @@ class TailEstimator:
         mean = (pm * v).sum(1)
         var = np.maximum((pm * v * v).sum(1) - mean ** 2, 0)
         return pm, mean, var
+
+
+def _first_from_bonus(frame: BlockFrame, rows: np.ndarray, wk: dict) -> dict:
+    """First trimmed position from the recorded bonus where the committed stream does not reach it.
+
+    On a request's last step the output can be cut (``max_new_tokens``, EOS) before the bonus,
+    so the walk, which reads the committed stream, leaves ``d_w`` unknown. The verify still
+    produced the capped bonus (``bonus_token`` is the real one, never a placeholder: reference
+    engine and SGLang's dump alike), and ``bonus == d_w`` iff ``d_w`` was accepted, so the
+    first trimmed position stays exact. A missing bonus (NULL) leaves it unknown. In place."""
+    G = frame.gamma
+    w = frame.window[rows]
+    i = np.flatnonzero(w < G)
+    if i.size == 0:
+        return wk
+    wi = w[i]
+    b = frame.bonus[rows[i]]
+    d = frame.draft[rows[i], wi]
+    ok = np.isnan(wk["h"][i, wi]) & (b >= 0) & (d >= 0)
+    i, wi = i[ok], wi[ok]
+    wk["h"][i, wi] = (b[ok] == d[ok]).astype(float)
+    wk["state"][i, wi] = 3
+    wk["walked"][i] += 1
+    return wk

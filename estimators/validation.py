@@ -8,15 +8,24 @@ mode all log-probs), fits the hazards on one split of requests and estimates on 
 other (cross-fitting), and reports per mode (greedy / sampled-with-logprobs /
 confidence-only): bias, MAE, coverage at nominal 80/90/95% (over all censored blocks and
 over the *unresolved* ones, whose ceiling the data do not determine), interval width;
-aggregate 95% intervals per group against the true group mean; and SGLang's bracket on
-the same blocks where it exists.
+aggregate 95% intervals per group (run, workload, batch band) against the true group mean,
+with the count of covering groups and its binomial reading; and SGLang's bracket on the same
+blocks where it exists (pooled and per run).
+
+Randomized intervals (the default; see :class:`~estimators.tail.TailEstimator`) are reported
+twice: ``cov*`` is the coverage of the drawn intervals, ``ecov*`` its expectation over the
+interval's own randomization given the truths (the same coverage probability, without the
+Monte Carlo noise of one draw per block: on a few hundred blocks that noise alone is about
+one percentage point of standard error).
+
+Folds are by prompt (``rid``): runs of one workload mix share prompts across seeds and arms.
 
 Example::
 
     >>> from estimators.synthetic import simulate
     >>> from estimators.validation import validate
     >>> sim = simulate(n_requests=120, seed=5)
-    >>> v = validate(sim.tables["request_steps"], steps=sim.tables["steps"], n_boot=50, hazard_boot=5)
+    >>> v = validate(sim.tables["request_steps"], steps=sim.tables["steps"], folds=2, n_boot=50, hazard_boot=3)
     >>> g = v.per_mode.set_index("mode").loc["greedy"]
     >>> bool(g.resolved_exact == g.n_resolved)
     True
@@ -75,6 +84,67 @@ def _cov(t, lo, hi):
     return float(np.mean((t >= lo) & (t <= hi))) if len(t) else float("nan")
 
 
+def expected_cover(pmf: np.ndarray, truth: np.ndarray, levels, rule: str = "randomized") -> dict:
+    """Per block, the probability that its ``rule`` interval covers ``truth``, over the interval's
+    randomization (``randomized``: the upper end is ``above`` with probability ``pi``, else
+    ``below``); deterministic rules give the 0/1 cover."""
+    from estimators.tail import _quantile_intervals
+
+    t = np.asarray(truth, float)
+    out = {}
+    if rule != "randomized":
+        for L, (lo, hi, _) in _quantile_intervals(pmf, levels, rule).items():
+            out[L] = ((t >= lo) & (t <= hi)).astype(float)
+        return out
+    n = len(pmf)
+    up = _quantile_intervals(pmf, levels, rule, np.zeros(n))
+    dn = _quantile_intervals(pmf, levels, rule, np.ones(n))
+    for L in levels:
+        lo, a, ma = up[L]
+        _, b, mb = dn[L]
+        pi = np.where(ma > mb + 1e-12, np.clip((L - mb) / np.maximum(ma - mb, 1e-12), 0, 1), 1.0)
+        out[L] = pi * ((t >= lo) & (t <= a)) + (1 - pi) * ((t >= lo) & (t <= b))
+    return out
+
+
+def binom_reading(k: int, n: int, p: float = 0.95) -> str:
+    """'k/n covered; P(X <= k | n, p) = ...' (lower tail: how surprising so few covers would be)."""
+    from scipy.stats import binom
+
+    if n == 0:
+        return "no groups"
+    pv = float(binom.cdf(k, n, p))
+    verdict = "consistent with" if pv >= 0.05 else "below"
+    return f"{k}/{n} groups covered (nominal {p:.0%}); P(X <= {k} | n={n}, p={p}) = {pv:.3f}: {verdict} nominal"
+
+
+def _mode_rows(cens: pd.DataFrame, levels) -> list[dict]:
+    sel = {
+        "greedy": cens[(cens.variant == "auto") & (cens["mode"] == "greedy")],
+        "logprob": cens[(cens.variant == "auto") & (cens["mode"] == "logprob")],
+        "confidence": cens[(cens.variant == "confidence") & (cens["mode"] == "confidence")],
+    }
+    rows = []
+    for m, g in sel.items():
+        if not len(g):
+            continue
+        u = g[~g.resolved]
+        r = dict(mode=m, n_blocks=len(g), n_resolved=int(g.resolved.sum()), n_unresolved=len(u),
+                 resolved_exact=int((g.resolved & (g["mean"] == g.truth)).sum()),
+                 bias=float((g["mean"] - g.truth).mean()), mae=float((g["mean"] - g.truth).abs().mean()),
+                 bias_unresolved=float((u["mean"] - u.truth).mean()) if len(u) else float("nan"),
+                 mae_unresolved=float((u["mean"] - u.truth).abs().mean()) if len(u) else float("nan"))
+        for L in levels:
+            t = int(round(L * 100))
+            r[f"cov{t}"] = _cov(g.truth, g[f"lo{t}"], g[f"hi{t}"])
+            r[f"cov{t}_unresolved"] = _cov(u.truth, u[f"lo{t}"], u[f"hi{t}"])
+            r[f"ecov{t}_unresolved"] = float(u[f"ecov{t}"].mean()) if len(u) else float("nan")
+            r[f"mass{t}_unresolved"] = float(u[f"mass{t}"].mean()) if len(u) else float("nan")
+            r[f"width{t}"] = float((g[f"hi{t}"] - g[f"lo{t}"]).mean())
+        rows.append(r)
+    return rows
+
+
 @dataclass
 class ValidationResult:
     per_mode: pd.DataFrame
@@ -82,6 +152,13 @@ class ValidationResult:
     bracket: pd.DataFrame
     blocks: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    per_run: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def aggregate_reading(self, variant: str = "auto") -> str:
+        a = self.aggregate
+        if "variant" in a:
+            a = a[a.variant == variant]
+        return binom_reading(int(a.covers.sum()), len(a), 0.95)
 
     def targets(self) -> dict:
         """The acceptance targets, evaluated."""
@@ -94,9 +171,17 @@ class ValidationResult:
             if m in pm.index:
                 c = pm.loc[m, "cov90_unresolved"]
                 out[f"{m}_cov90_unresolved_in_88_92"] = bool(0.88 <= c <= 0.92)
+                if "ecov90_unresolved" in pm:
+                    e = pm.loc[m, "ecov90_unresolved"]
+                    out[f"{m}_ecov90_unresolved_in_88_92"] = bool(0.88 <= e <= 0.92)
         agg = self.aggregate
         if len(agg):
-            out["aggregate95_cover_rate"] = float(agg.covers.mean())
+            a = agg[agg.variant == "auto"] if "variant" in agg else agg
+            out["aggregate95_cover_rate"] = float(a.covers.mean())
+            out["aggregate95_covered"] = f"{int(a.covers.sum())}/{len(a)}"
+            from scipy.stats import binom
+
+            out["aggregate95_binom_p"] = float(binom.cdf(int(a.covers.sum()), len(a), 0.95))
         if len(self.bracket):
             b = self.bracket
             out["aggregate_narrower_than_sglang_bracket"] = bool((b.our_width < b.sglang_width).all())
@@ -104,35 +189,87 @@ class ValidationResult:
 
     def to_json(self) -> dict:
         return dict(per_mode=self.per_mode.to_dict("records"), aggregate=self.aggregate.to_dict("records"),
-                    bracket=self.bracket.to_dict("records"), targets=self.targets(), notes=self.notes)
+                    bracket=self.bracket.to_dict("records"), per_run=self.per_run.to_dict("records"),
+                    targets=self.targets(), notes=self.notes)
 
     def figure(self):
         from estimators.figures import coverage_figure
 
         return coverage_figure(self.per_mode)
 
+    def report(self) -> str:
+        """The must-show tables as text (pooled per mode, per run, aggregate groups, bracket)."""
+        cols = ["n_blocks", "n_unresolved", "resolved_exact", "bias", "mae", "bias_unresolved", "mae_unresolved",
+                "cov80_unresolved", "cov90_unresolved", "cov95_unresolved", "ecov80_unresolved",
+                "ecov90_unresolved", "ecov95_unresolved", "cov90", "width90"]
+        out = []
+        with pd.option_context("display.width", 250, "display.max_columns", 60, "display.float_format", "{:.4f}".format):
+            pm = self.per_mode.set_index("mode")
+            out.append("== per mode (pooled; censored blocks; *_unresolved: ceiling not determined by the data)")
+            out.append(pm[[c for c in cols if c in pm]].T.to_string())
+            if len(self.per_run):
+                out.append("== per run")
+                out.append(self.per_run.to_string(index=False))
+            a = self.aggregate
+            out.append("== aggregate 95% intervals (mean ceiling, drafts) vs the true group mean")
+            out.append(a[[c for c in ("variant", "by", "group", "n", "n_censored", "mean_ceiling", "lo", "hi", "truth",
+                                      "width", "covers") if c in a]].to_string(index=False))
+            for v in (a.variant.unique() if "variant" in a else ["auto"]):
+                out.append(f"aggregate [{v}]: " + self.aggregate_reading(v))
+            if len(self.bracket):
+                out.append("== SGLang bracket vs ours (accept-length units; sampled rows)")
+                out.append(self.bracket.to_string(index=False))
+        return "\n".join(out)
 
-def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: int = 2,
-             hazard_method: str = "binned", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
-             jsonl: dict | None = None, by=("workload", "band"), seed: int = 0,
+
+def _agg_table(blocks: pd.DataFrame, boots: list, groups, levels, n_boot: int, seed: int) -> pd.DataFrame:
+    from estimators.tail import TailResult
+
+    tr = TailResult(blocks=blocks.reset_index(drop=True), pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
+    if boots:
+        nb = min(x["means"].shape[0] for x in boots)
+        tr._boot = dict(means=np.concatenate([x["means"][:nb] for x in boots], 1),
+                        vars=np.concatenate([x["vars"][:nb] for x in boots], 1))
+    aggs = []
+    for grp in groups:
+        a = tr.aggregate(by=grp, level=0.95, n_boot=n_boot, target="run", seed=seed)
+        a["by"] = "all" if grp is None else grp[0]
+        key = blocks[grp[0]].astype(str) if grp else pd.Series(np.zeros(len(blocks)), index=blocks.index)
+        a["truth"] = blocks.groupby(key)["truth"].mean().reindex(a[grp[0]] if grp else [0]).to_numpy()
+        aggs.append(a)
+    agg = pd.concat(aggs, ignore_index=True)
+    agg["covers"] = (agg.truth >= agg.lo) & (agg.truth <= agg.hi)
+    agg["width"] = agg.hi - agg.lo
+    return agg, tr
+
+
+def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: int = 5,
+             hazard_method: str = "logistic", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
+             jsonl: dict | None = None, by=("run_id", "workload", "band", "rank"), seed: int = 0,
              interval: str = "randomized", hazard_boot: int = 30, use_sglang_pg: bool = False) -> ValidationResult:
     """Cross-fitted validation on a truth-bearing ``request_steps`` frame (see module docstring).
 
     ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run (for
     the bracket comparison; ``use_sglang_pg=True`` also feeds their p/q into the walk, which is
-    not validated yet: see the module notes).
+    not validated yet: see the module notes). ``hazard_boot``: hazard refits under request-bootstrap
+    weights of the training fold (model uncertainty in the aggregate intervals), for both variants.
     """
     if "ceiling" not in truth or truth["ceiling"].isna().any():
         raise ValueError("validate needs request_steps with the ceiling on every row (a cap-accept or static run)")
     rng = np.random.default_rng(seed)
     truth = truth.reset_index(drop=True)
-    reqs = (truth["run_id"].astype(str) + "\x00" + truth["rid"].astype(str)).to_numpy()
+    # folds by prompt (rid), not by (run, rid): runs of one workload mix share prompts across seeds
+    # and arms, and a prompt seen in training would leak its acceptance profile into the test fold
+    reqs = truth["rid"].astype(str).to_numpy()
     ureq = np.unique(reqs)
-    fold_of = dict(zip(ureq, rng.integers(0, folds, len(ureq))))
+    folds = max(2, min(folds, len(ureq)))
+    perm = rng.permutation(len(ureq))
+    fold_of = dict(zip(ureq[perm], np.arange(len(ureq)) % folds))
     fold = np.array([fold_of[r] for r in reqs])
     outs = []
-    boots = []
+    boots = {"auto": [], "confidence": []}
     notes = []
+    hinfo = []
     for f in range(folds):
         train = truth[fold != f]
         test = truth[fold == f]
@@ -144,67 +281,57 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         for mode, lp in (("auto", True), ("confidence", False)):
             est = TailEstimator(hazard=HazardModel(method=hazard_method), mode=mode, levels=levels, interval=interval)
             est.fit(train, gather=g if lp else None)
+            hinfo.append(est.hazard.info_.get("n_bins"))
             res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed, gather=g if lp else None,
-                               hazard_boot=hazard_boot if mode == "auto" else 0)
+                               hazard_boot=hazard_boot)
             b = res.blocks
             if res._boot is not None:
-                boots.append(res._boot)
+                boots[mode].append(res._boot)
             tb = BlockFrame.from_request_steps(test, gamma=est.gamma_)
             b["truth"] = tb.ceiling.astype(float)
+            ec = expected_cover(res.pmf, b["truth"].to_numpy(), levels, interval)
+            for L, v in ec.items():
+                b[f"ecov{int(round(L * 100))}"] = v
             b["fold"] = f
             b["variant"] = mode
             outs.append(b)
     blocks = pd.concat(outs, ignore_index=True)
     if steps is not None and len(steps):
         key = ["run_id", "rank", "epoch", "forward_ct"]
-        blocks = blocks.merge(steps[key + ["bs"]], on=key, how="left")
+        st = steps[key + ["bs"]].drop_duplicates(key)
+        blocks = blocks.merge(st, on=key, how="left")
         blocks["band"] = batch_band(blocks["bs"])
     else:
         blocks["band"] = "unknown"
-    rows = []
     cens = blocks[blocks.censored]
-    sel = {
-        "greedy": cens[(cens.variant == "auto") & (cens["mode"] == "greedy")],
-        "logprob": cens[(cens.variant == "auto") & (cens["mode"] == "logprob")],
-        "confidence": cens[(cens.variant == "confidence") & (cens["mode"] == "confidence")],
-    }
-    for m, g in sel.items():
-        if not len(g):
-            continue
-        u = g[~g.resolved]
-        r = dict(mode=m, n_blocks=len(g), n_resolved=int(g.resolved.sum()),
-                 resolved_exact=int((g.resolved & (g["mean"] == g.truth)).sum()),
-                 bias=float((g["mean"] - g.truth).mean()), mae=float((g["mean"] - g.truth).abs().mean()),
-                 bias_unresolved=float((u["mean"] - u.truth).mean()) if len(u) else float("nan"),
-                 mae_unresolved=float((u["mean"] - u.truth).abs().mean()) if len(u) else float("nan"))
-        for L in levels:
-            t = int(round(L * 100))
-            r[f"cov{t}"] = _cov(g.truth, g[f"lo{t}"], g[f"hi{t}"])
-            r[f"cov{t}_unresolved"] = _cov(u.truth, u[f"lo{t}"], u[f"hi{t}"])
-            r[f"mass{t}_unresolved"] = float(u[f"mass{t}"].mean()) if len(u) else float("nan")
-            r[f"width{t}"] = float((g[f"hi{t}"] - g[f"lo{t}"]).mean())
-        rows.append(r)
-    per_mode = pd.DataFrame(rows)
-    # aggregate 95% intervals per group (auto variant), against the true group mean
-    auto = blocks[blocks.variant == "auto"].reset_index(drop=True)
-    aggs = []
-    from estimators.tail import TailResult
-
-    tr = TailResult(blocks=auto.reset_index(drop=True), pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
-    if boots:
-        nb = min(x["means"].shape[0] for x in boots)
-        tr._boot = dict(means=np.concatenate([x["means"][:nb] for x in boots], 1),
-                        vars=np.concatenate([x["vars"][:nb] for x in boots], 1))
-    groups = [None] + [[c] for c in by if c in auto and auto[c].notna().any()]
-    for grp in groups:
-        a = tr.aggregate(by=grp, level=0.95, n_boot=n_boot, target="run", seed=seed)
-        a["by"] = "run" if grp is None else grp[0]
-        a["truth"] = (auto.groupby(auto[grp[0]].astype(str) if grp else np.zeros(len(auto)))["truth"].mean()
-                      .reindex(a[grp[0]] if grp else [0]).to_numpy())
+    per_mode = pd.DataFrame(_mode_rows(cens, levels))
+    # aggregate 95% intervals per group, per variant, against the true group mean
+    aggs, trs = [], {}
+    for v in ("auto", "confidence"):
+        vb = blocks[blocks.variant == v].reset_index(drop=True)
+        groups = [None] + [[c] for c in by if c in vb and vb[c].notna().any() and vb[c].nunique() > 1]
+        a, trs[v] = _agg_table(vb, boots[v], groups, levels, n_boot, seed)
+        a["variant"] = v
         aggs.append(a)
     agg = pd.concat(aggs, ignore_index=True)
-    agg["covers"] = (agg.truth >= agg.lo) & (agg.truth <= agg.hi)
-    agg["width"] = agg.hi - agg.lo
+    # per run: the must-show numbers for every run
+    prow = []
+    for rid_, cb in cens.groupby("run_id"):
+        for r in _mode_rows(cb, levels):
+            r = {"run_id": rid_, **r}
+            var = "confidence" if r["mode"] == "confidence" else "auto"
+            ar = agg[(agg.variant == var) & (agg.by == "run_id") & (agg.group == str(rid_))]
+            if not len(ar) and agg[(agg.variant == var) & (agg.by == "all")].shape[0] and cens.run_id.nunique() == 1:
+                ar = agg[(agg.variant == var) & (agg.by == "all")]
+            if len(ar):
+                ar = ar.iloc[0]
+                r.update(agg_est=ar.mean_ceiling, agg_lo=ar.lo, agg_hi=ar.hi, agg_truth=ar.truth, agg_covers=bool(ar.covers))
+            prow.append(r)
+    keep = ["run_id", "mode", "n_blocks", "n_unresolved", "resolved_exact", "bias", "mae", "bias_unresolved",
+            "mae_unresolved", "cov80_unresolved", "cov90_unresolved", "cov95_unresolved", "ecov90_unresolved",
+            "agg_est", "agg_lo", "agg_hi", "agg_truth", "agg_covers"]
+    per_run = pd.DataFrame(prow)
+    per_run = per_run[[c for c in keep if c in per_run]] if len(per_run) else per_run
     # SGLang bracket on the same (sampled) rows: JSONL if given, else recomputed from our telemetry
     if jsonl is not None and len(jsonl.get("rows", [])):
         br = bracket_from_jsonl(jsonl["rows"], jsonl.get("gather"), jsonl.get("eos"))
@@ -213,41 +340,82 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         br = bracket_from_frame(BlockFrame.from_request_steps(hide(truth)))
         src = "recomputed from telemetry (SGLang recipe)"
     brows = []
+    auto = blocks[blocks.variant == "auto"].reset_index(drop=True)
+    tr = trs["auto"]
     samp = auto[auto.temperature > 0].rename(columns={"forward_ct": "fct"})
+    samp = samp.reset_index().rename(columns={"index": "_pos"})
     m = samp.merge(br, on=["run_id", "rid", "fct"], how="inner")
     if len(m):
-        t_al = m.truth + 1  # accept-length units
-        opened = m.category != "exact_in_window"
-        sub = TailResult(blocks=m.rename(columns={"fct": "forward_ct"}).reset_index(drop=True), pmf=np.zeros((0, 1)),
-                         gamma=0, levels=levels, hazard_info={})
-        if tr._boot is not None:
-            pos = samp.index.to_numpy()[samp.reset_index(drop=True).reset_index().merge(
-                br, left_on=["run_id", "rid", "fct"], right_on=["run_id", "rid", "fct"])["index"].to_numpy()]
-            sub._boot = dict(means=tr._boot["means"][:, pos], vars=tr._boot["vars"][:, pos])
-        a = sub.aggregate(level=0.95, n_boot=n_boot, target="run", seed=seed).iloc[0]
-        brows.append(dict(source=src, n_rows=len(m), n_opened=int(opened.sum()),
-                          block_cover_rate_sglang=_cov(t_al[opened], m.lo[opened] - 1e-9, m.hi[opened] + 1e-9),
-                          block_cover_rate_ours90=_cov(m.truth[opened], m.lo90[opened], m.hi90[opened]),
-                          truth_mean_accept_length=float(t_al.mean()),
-                          sglang_lo=float(m.lo.mean()), sglang_hi=float(m.hi.mean()), sglang_mid=float(m.mid.mean()),
-                          sglang_width=float(m.hi.mean() - m.lo.mean()),
-                          sglang_covers=bool(m.lo.mean() - 1e-9 <= t_al.mean() <= m.hi.mean() + 1e-9),
-                          our_est=float(a.mean_ceiling + 1), our_lo=float(a.lo + 1), our_hi=float(a.hi + 1),
-                          our_width=float(a.hi - a.lo), our_covers=bool(a.lo + 1 <= t_al.mean() <= a.hi + 1)))
-    notes.append(f"{folds}-fold cross-fitting by request; hazards: {hazard_method}; intervals: {interval}")
-    return ValidationResult(per_mode=per_mode, aggregate=agg, bracket=pd.DataFrame(brows), blocks=blocks, notes=notes)
+        from estimators.tail import TailResult
+
+        parts = [("all", m)] + ([(r, x) for r, x in m.groupby("run_id")] if m.run_id.nunique() > 1 else [])
+        for name, mm in parts:
+            t_al = mm.truth + 1  # accept-length units
+            opened = mm.category != "exact_in_window"
+            sub = TailResult(blocks=mm.rename(columns={"fct": "forward_ct"}).reset_index(drop=True),
+                             pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
+            if tr._boot is not None:
+                pos = mm["_pos"].to_numpy()
+                sub._boot = dict(means=tr._boot["means"][:, pos], vars=tr._boot["vars"][:, pos])
+            a = sub.aggregate(level=0.95, n_boot=n_boot, target="run", seed=seed).iloc[0]
+            brows.append(dict(run=name, source=src, n_rows=len(mm), n_opened=int(opened.sum()),
+                              block_cover_rate_sglang=_cov(t_al[opened], mm.lo[opened] - 1e-9, mm.hi[opened] + 1e-9),
+                              block_cover_rate_ours90=_cov(mm.truth[opened], mm.lo90[opened], mm.hi90[opened]),
+                              truth_mean_accept_length=float(t_al.mean()),
+                              sglang_lo=float(mm.lo.mean()), sglang_hi=float(mm.hi.mean()), sglang_mid=float(mm.mid.mean()),
+                              sglang_width=float(mm.hi.mean() - mm.lo.mean()),
+                              sglang_covers=bool(mm.lo.mean() - 1e-9 <= t_al.mean() <= mm.hi.mean() + 1e-9),
+                              our_est=float(a.mean_ceiling + 1), our_lo=float(a.lo + 1), our_hi=float(a.hi + 1),
+                              our_width=float(a.hi - a.lo), our_covers=bool(a.lo + 1 <= t_al.mean() <= a.hi + 1)))
+    bins = sorted(set(x for x in hinfo if x is not None))
+    notes.append(f"{folds}-fold cross-fitting by prompt (rid); hazards: {hazard_method}"
+                 + (f" (confidence bins chosen per fit: {bins})" if bins else "")
+                 + f"; intervals: {interval}; aggregate: {hazard_boot} hazard refits x imputation noise")
+    return ValidationResult(per_mode=per_mode, aggregate=agg, bracket=pd.DataFrame(brows), blocks=blocks,
+                            notes=notes, per_run=per_run)
+
+
+def load_truth_runs(dbs, runs=None, verbose: bool = True):
+    """``(request_steps, steps, jsonl)`` of every truth-bearing run (ceiling on every row) in ``dbs``."""
+    from acceptscope.store import Store
+
+    rss, sts, js = [], [], {"rows": [], "gather": [], "eos": []}
+    for db in dbs:
+        st = Store(db)
+        for r in st.runs().run_id:
+            if runs and r not in runs:
+                continue
+            x = st.read_table("request_steps", r)
+            if x.empty or x["ceiling"].isna().any():
+                continue
+            rss.append(x)
+            sts.append(st.read_table("steps", r))
+            for k, t in (("rows", "estimator_rows"), ("gather", "estimator_gather"), ("eos", "estimator_eos")):
+                js[k].append(st.read_table(t, r))
+            if verbose:
+                print(f"{db}: {r}: {len(x)} request-steps, temperature {x.temperature.iloc[0]}")
+    if not rss:
+        raise SystemExit("no truth-bearing runs (cap-accept/static with a ceiling on every row)")
+    rs, steps = pd.concat(rss, ignore_index=True), pd.concat(sts, ignore_index=True)
+    jsonl = {k: pd.concat(v, ignore_index=True) for k, v in js.items()} if sum(len(t) for t in js["rows"]) else None
+    return rs, steps, jsonl
 
 
 def main(argv=None) -> None:
-    """``python -m estimators.validation DB [DB ...] [--run RUN ...] [--synthetic N] [--json out.json]``:
-    validate on every truth-bearing run of the given databases (pooled, cross-fitted by request)."""
+    """``python -m estimators.validation DB [DB ...] [--run RUN ...] [--sglang DIR] [--synthetic N] [--json out.json]``:
+    validate on every truth-bearing run of the given databases (pooled, cross-fitted by prompt), or
+    on SGLang artifacts (``--sglang fixtures/sglang``: ingested into a temporary database first)."""
     import argparse
     import json as _json
+    import tempfile
 
     ap = argparse.ArgumentParser(description="Hide the ceiling of truth-bearing runs and validate the tail estimator.")
     ap.add_argument("db", nargs="*", help="DuckDB telemetry files")
     ap.add_argument("--run", action="append", default=None, help="only these run ids (repeatable)")
+    ap.add_argument("--sglang", default=None, help="a directory of SGLang artifacts (acceptscope ingest) to validate on")
     ap.add_argument("--synthetic", type=int, default=0, help="validate on N synthetic requests instead")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--hazard-method", default="logistic", help="logistic | binned (HazardModel.method)")
     ap.add_argument("--n-boot", type=int, default=300)
     ap.add_argument("--hazard-boot", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
@@ -262,34 +430,21 @@ def main(argv=None) -> None:
         rs, steps = sim.tables["request_steps"], sim.tables["steps"]
         jsonl = dict(rows=sim.tables["estimator_rows"], gather=sim.tables["estimator_gather"], eos=sim.tables["estimator_eos"])
     else:
-        from acceptscope.store import Store
+        dbs = list(a.db)
+        if a.sglang:
+            from acceptscope.ingest import ingest_paths
+            from acceptscope.store import Store
 
-        rss, sts, js = [], [], {"rows": [], "gather": [], "eos": []}
-        for db in a.db:
-            st = Store(db)
-            for r in st.runs().run_id:
-                if a.run and r not in a.run:
-                    continue
-                x = st.read_table("request_steps", r)
-                if x.empty or x["ceiling"].isna().any():
-                    continue
-                rss.append(x)
-                sts.append(st.read_table("steps", r))
-                for k, t in (("rows", "estimator_rows"), ("gather", "estimator_gather"), ("eos", "estimator_eos")):
-                    js[k].append(st.read_table(t, r))
-                print(f"{db}: {r}: {len(x)} request-steps, temperature {x.temperature.iloc[0]}")
-        if not rss:
-            raise SystemExit("no truth-bearing runs (cap-accept/static with a ceiling on every row)")
-        rs, steps = pd.concat(rss, ignore_index=True), pd.concat(sts, ignore_index=True)
-        if sum(len(t) for t in js["rows"]):
-            jsonl = {k: pd.concat(v, ignore_index=True) for k, v in js.items()}
+            tmp = tempfile.mkdtemp(prefix="acceptscope-val-")
+            db = f"{tmp}/sglang.duckdb"
+            ingest_paths([a.sglang], Store(db), progress=False)
+            dbs.append(db)
+        rs, steps, jsonl = load_truth_runs(dbs, a.run)
     v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed,
-                 use_sglang_pg=a.use_sglang_pg)
-    with pd.option_context("display.width", 200, "display.max_columns", 40):
-        print(v.per_mode.set_index("mode").T.to_string())
-        print(v.aggregate[["by", "group", "n", "n_censored", "mean_ceiling", "lo", "hi", "truth", "covers"]].to_string())
-        if len(v.bracket):
-            print(v.bracket.T.to_string())
+                 use_sglang_pg=a.use_sglang_pg, folds=a.folds, hazard_method=a.hazard_method)
+    print(v.report())
+    for n in v.notes:
+        print("note:", n)
     print(_json.dumps(v.targets()))
     if a.json:
         with open(a.json, "w") as f:
