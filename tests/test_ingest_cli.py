@@ -122,3 +122,40 @@ def test_second_invocation_resumes_rank_slots(tmp_path):
         assert len(a) == len(b) and [(r["rank"], r["forward_ct"]) for r in a] == [(r["rank"], r["forward_ct"]) for r in b]
     rs = two.query_df("SELECT DISTINCT rank, split_part(rid, '-', 1) AS r FROM request_steps")
     assert all(f"rank{x.rank}" == x.r for x in rs.itertuples())
+
+
+def test_reingest_and_overlapping_poll_write_each_row_once(tmp_path):
+    """Bulk append on new keys, semi-join on old ones: re-ingest and an overlapping later poll add no duplicates."""
+    import msgspec
+
+    from acceptscope.ingest.synth import make_server_info
+
+    full = make_server_info(ranks=2, n_steps=60, bs=4, gamma=4, seed=7)
+    first = json.loads(json.dumps(full))
+    later = json.loads(json.dumps(full))
+    for s_first, s_later in zip(first["internal_states"], later["internal_states"]):
+        recs = s_first["dspark_info_record"]["records"]
+        s_first["dspark_info_record"]["records"] = recs[:40]
+        s_later["dspark_info_record"]["records"] = recs[20:]  # the ring dropped 20, holds 40 new
+    for name, payload in (("run.first.json", first), ("run.later.json", later), ("whole.all.json", full)):
+        (tmp_path / name).write_bytes(msgspec.json.encode(payload))
+    store = Store(tmp_path / "s.duckdb")
+    a = ingest_paths([tmp_path / "run.first.json"], store, progress=False)
+    n_first = store.counts()
+    assert a["tables"]["request_steps"]["written"] == n_first["request_steps"] == 2 * 40 * 4
+    again = ingest_paths([tmp_path / "run.first.json"], store, progress=False)
+    assert all(t["written"] == 0 for t in again["tables"].values()) and store.counts() == n_first
+    b = ingest_paths([tmp_path / "run.later.json"], store, progress=False)
+    rs = b["tables"]["request_steps"]
+    assert rs["written"] == 2 * 20 * 4 and rs["duplicates_ignored"] == 2 * 20 * 4
+    assert store.counts()["request_steps"] == n_first["request_steps"] + rs["written"]
+    c = ingest_paths([tmp_path / "run.later.json", tmp_path / "run.first.json"], store, progress=False)
+    assert all(t["written"] == 0 for t in c["tables"].values())
+    key = "run_id, rank, epoch, forward_ct, rid"
+    dups = store.query_df(f"SELECT count(*) - count(DISTINCT ({key})) AS d FROM request_steps")["d"][0]
+    assert dups == 0 and not store.counts()["gaps"] and not store.counts()["rejects"]
+    whole = Store(tmp_path / "w.duckdb")
+    ingest_paths([tmp_path / "whole.all.json"], whole, run_id="run", progress=False)
+    q = "SELECT * EXCLUDE (run_id) FROM {} ORDER BY ALL"
+    for t in ("steps", "request_steps"):
+        assert store.query_df(q.format(t)).equals(whole.query_df(q.format(t))), t

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,3 +62,62 @@ def test_mutated_records_agree_or_decline(seed, mutation, which):
         return  # declined: the reference reader (or the exact path) handles it
     assert ref is not None, f"{mutation}: fast decoder accepted what Arrow's reader rejects"
     assert fast.equals(ref.cast(fast.schema)), f"{mutation}: fast decoder disagrees with Arrow's reader"
+
+
+@pytest.mark.parametrize(
+    "texts, value_type, want",
+    [
+        ([b"[1,2]", b"[]", b"[30]"], pa.int64(), [[1, 2], [], [30]]),
+        ([b"[1, 2]", b"[ 3 ]", b"[\n4,5\n]"], pa.int64(), [[1, 2], [3], [4, 5]]),  # pretty-printed
+        ([b"[1e-05,0.5]", None, b"[2E+1, 0]"], pa.float64(), [[1e-05, 0.5], None, [20.0, 0.0]]),
+        ([b"[0.25]", b"[7]"], pa.float64(), [[0.25], [7.0]]),  # an int is a valid float
+        ([b"[1e3]"], pa.int64(), None),  # an exponent is not an int
+        ([b"[1.5]"], pa.int64(), None),
+        ([b"[1,null]"], pa.int64(), None),
+        ([b'["1"]'], pa.int64(), None),
+        ([b"[true]"], pa.float64(), None),
+        ([b"[[1]]"], pa.int64(), None),
+        ([b"[3,-5]"], pa.int64(), None),  # declined (a negative value is invalid here: the exact path names it)
+    ],
+)
+def test_parse_number_lists_parses_or_declines(texts, value_type, want):
+    """Compact arrays go through the fast tokenizer, spaced ones through the general one; the rest is declined."""
+    from acceptscope.ingest.fast_decode import parse_number_lists
+
+    got = parse_number_lists(texts, value_type)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and got.type == pa.list_(value_type) and got.to_pylist() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.one_of(st.none(), st.lists(st.integers(-5, 2**40), max_size=6)),
+        min_size=1, max_size=12,
+    ),
+    floats=st.booleans(),
+    spaced=st.booleans(),
+)
+def test_parse_number_lists_matches_msgspec(rows, floats, spaced):
+    """The in-place compact tokenizer (and the spaced fallback) give msgspec's values, or decline.
+
+    Declines only where a value is negative (the exact path names it); empty lists and NULL rows
+    anywhere, first and last included, must parse.
+    """
+    import msgspec
+
+    from acceptscope.ingest.fast_decode import parse_number_lists
+
+    vt = pa.float64() if floats else pa.int64()
+    vals = [None if r is None else [x / 8 if floats else x for x in r] for r in rows]
+    enc = (lambda v: json.dumps(v).encode()) if spaced else msgspec.json.encode
+    texts = [None if v is None else enc(v) for v in vals]
+    got = parse_number_lists(texts, vt)
+    negative = any(x < 0 for v in vals if v for x in v)
+    if negative:
+        assert got is None or got.to_pylist() == vals
+        return
+    assert got is not None, texts
+    assert got.type == pa.list_(vt) and got.to_pylist() == vals

@@ -345,3 +345,74 @@ def test_pretty_printed_and_bare_dump_documents():
     assert pretty.arrow("request_steps").equals(ref.arrow("request_steps"))
     bare = ServerInfoIngestor("r").feed_bytes(json.dumps(p["internal_states"][0]["dspark_info_record"]).encode())
     assert bare.n("request_steps") == 24 and not bare.rejects
+
+
+def test_typed_document_pass_matches_raw_and_exact_paths():
+    """The one-pass typed decode gives the rows, rejects (field, reason, raw item) and duplicates of the
+    raw-records pass and of the exact per-record path, for valid rows, semantically bad ones (typed pass
+    succeeds, rejects need the raw item), list-typed bad ones (typed pass declines), and an overlapping poll."""
+    p = make_server_info(ranks=2, n_steps=12, bs=3, seed=21)
+    recs = p["internal_states"][1]["dspark_info_record"]["records"]
+    recs[4]["reqs"][1]["correct_drafts"] = recs[4]["reqs"][1]["verify_len"]  # > window
+    recs[7]["reqs"][0]["draft_tokens"] = recs[7]["reqs"][0]["draft_tokens"][:3]  # != gamma
+    bad_list = copy.deepcopy(p)
+    bad_list["internal_states"][0]["dspark_info_record"]["records"][5]["reqs"][2]["draft_tokens"][1] = 1.5
+    later = copy.deepcopy(p)
+    for st_ in later["internal_states"]:
+        st_["dspark_info_record"]["records"] = st_["dspark_info_record"]["records"][6:] + make_records(
+            n_steps=4, gamma=7, bs=3, seed=22, first_fct=st_["dspark_info_record"]["records"][-1]["forward_ct"] + 1,
+            rid_prefix="late-")
+
+    def run(variant, payloads):
+        ing = ServerInfoIngestor("r", source="d.json")
+        ing.use_msgspec_decode = variant != "raw-arrow"
+        ing.use_fast = variant != "exact"
+        out = []
+        for i, x in enumerate(payloads):
+            b = ing.feed_bytes(msgspec.json.encode(x), line=i + 1)
+            rej = sorted((r["field"], r["reason"], r["raw"]) for r in b.rejects)
+            # (row order across ranks differs where one rank takes the exact path: compare sorted)
+            steps = b.arrow("steps").sort_by([("rank", "ascending"), ("forward_ct", "ascending")])
+            rs = b.arrow("request_steps").sort_by([("rank", "ascending"), ("forward_ct", "ascending"),
+                                                   ("rid", "ascending")])
+            out.append((steps, rs, rej, dict(b.duplicates)))
+        return out, [(r.slot, r.watermark, r.last_fp) for r in ing.ranks]
+
+    from acceptscope.ingest.fast_decode import records_table
+    from acceptscope.ingest.server_info import _dec_top_typed
+
+    def rank0_table(x):  # the typed pass takes both documents; its table declines a float token id
+        return records_table(_dec_top_typed.decode(msgspec.json.encode(x)).internal_states[0]
+                             .dspark_info_record.records)
+
+    assert rank0_table(p) is not None and rank0_table(bad_list) is None
+    for payloads in ([p, later], [bad_list, later]):
+        ref, ref_ranks = run("typed", payloads)
+        assert len(ref[0][2]) >= 2 and ref[1][3]["request_steps"] == 2 * 6 * 3
+        for variant in ("raw-arrow", "exact"):
+            got, ranks = run(variant, payloads)
+            assert ranks == ref_ranks, variant
+            for (s1, r1, j1, d1), (s2, r2, j2, d2) in zip(ref, got):
+                assert s1.equals(s2) and r1.equals(r2) and j1 == j2 and d1 == d2, variant
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 40), gamma=st.integers(1, 8),
+       corrupt=st.lists(st.tuples(st.sampled_from(["c", "s"]), st.integers(0, 10_000),
+                                  st.sampled_from([1.5, -0.1, float("nan"), 0.0, 1.0, 0.999])), max_size=4))
+def test_vector_float_rows_match_the_row_rules(seed, n, gamma, corrupt):
+    """``_bad_float_rows`` (whole-matrix checks first) flags exactly the rows of the per-row formula."""
+    from acceptscope.ingest.server_info_arrow import _bad_float_rows
+
+    rng = np.random.default_rng(seed)
+    c = np.round(rng.uniform(0.2, 1.0, (n, gamma)), 4)
+    s = np.round(np.cumprod(c.astype(np.float32), axis=1, dtype=np.float32).astype(np.float64), 4)
+    for which, pos, v in corrupt:
+        (c if which == "c" else s).flat[pos % (n * gamma)] = v
+    with np.errstate(invalid="ignore"):
+        want = ~((c >= 0) & (c <= 1)).all(axis=1)
+        want |= ~((s >= 0) & (s <= 1)).all(axis=1)
+        want |= (np.diff(s, axis=1, prepend=1.0) > 0).any(axis=1)
+        want |= (np.abs(s - np.cumprod(c, axis=1)) > 5e-5 * (np.arange(gamma) + 2) + 1e-6).any(axis=1)
+    got = _bad_float_rows(c.copy(), s.copy(), gamma)
+    assert np.array_equal(np.zeros(n, bool) if got is None else got, want)

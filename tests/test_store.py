@@ -197,3 +197,54 @@ def test_arrival_order_is_kept(store: Store) -> None:
     store.append({"steps": [H.steps(1, start_forward_ct=k)[0] for k in order[:6]]})
     store.append({"steps": [H.steps(1, start_forward_ct=k)[0] for k in order]})  # 6 dups, 4 new
     assert list(store.read_table("steps")["forward_ct"]) == order
+
+
+def test_bulk_path_probe_sees_only_rows_inside_the_batch_key_box(store: Store) -> None:
+    """The semi-join is skipped exactly when no stored row lies in the batch's key box."""
+    from acceptscope.store import _may_collide
+
+    t = schema.REQUEST_STEPS
+    first = H.request_steps(800, start_forward_ct=0)
+    later = H.request_steps(800, start_forward_ct=1_000)  # forward_ct range past the stored one
+    with store.connect() as con:
+        assert not _may_collide(con, t, first)  # empty table
+    assert store.write_arrow({"request_steps": first}) == {"request_steps": 800}
+    with store.connect() as con:
+        assert _may_collide(con, t, first)
+        assert not _may_collide(con, t, later)
+        assert not _may_collide(con, t, H.request_steps(800, run_id="run-b"))
+    assert store.write_arrow({"request_steps": later}) == {"request_steps": 800}
+    # a batch past the stored range with repeats inside it: the bulk path still drops them
+    more = H.request_steps(400, start_forward_ct=5_000)
+    assert store.write_arrow({"request_steps": pa.concat_tables([more, more.slice(100, 50)])}) == {
+        "request_steps": 400}
+    assert store.write_arrow({"request_steps": pa.concat_tables([first, later, more])}) == {"request_steps": 0}
+    n = store.counts()["request_steps"]
+    distinct = store.query_df(f"SELECT count(*) AS n FROM (SELECT DISTINCT {', '.join(KEY)} FROM request_steps)")
+    assert n == 2_000 == distinct["n"][0]
+
+
+def test_dedupe_batch_packed_keys_and_group_by_fallback_agree() -> None:
+    """The packed-int64 uniqueness check and the Arrow group-by keep the same (first) rows."""
+    from acceptscope.store import _packed_keys, dedupe_batch
+
+    t = schema.REQUEST_STEPS
+    data = H.request_steps(600, seed=4)
+    assert dedupe_batch(t, data) is data  # unique keys: returned as is
+    dup = pa.concat_tables([data.slice(0, 300), data.slice(100, 50), data.slice(300)])
+    got = dedupe_batch(t, dup)
+    assert got.equals(data)
+    # keys too wide to pack (forward_ct spanning int64) fall back to the group-by, same result
+    wide = data.set_column(t.names.index("forward_ct"), "forward_ct",
+                           pa.array([0, 2**62] * 300, pa.int64()))
+    assert _packed_keys(t, wide.select(KEY)) is None
+    wide_dup = pa.concat_tables([wide, wide.slice(10, 5)])
+    assert dedupe_batch(t, wide_dup).num_rows == dedupe_batch(t, wide).num_rows
+    # distinct keys never pack to one value: (rank, forward_ct) = (0, 1) vs (1, 0)
+    two = H.request_steps(2, seed=5)
+    two = two.set_column(t.names.index("rank"), "rank", pa.array([0, 1], pa.int32()))
+    two = two.set_column(t.names.index("forward_ct"), "forward_ct", pa.array([1, 0], pa.int64()))
+    two = two.set_column(t.names.index("rid"), "rid", pa.array(["x", "x"]))
+    packed = _packed_keys(t, two.select(KEY))
+    assert packed is not None and packed[0] != packed[1]
+    assert dedupe_batch(t, two) is two

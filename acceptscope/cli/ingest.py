@@ -35,13 +35,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.table import Table
 
-        from acceptscope.ingest import ingest_paths
+        from acceptscope.ingest import ingest_paths, tune_allocator_for_bulk_ingest
         from acceptscope.store import Store
 
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
             console.print(f"[red]no such file or directory:[/] {', '.join(missing)}")
             raise typer.Exit(EXIT_USAGE)
+        tune_allocator_for_bulk_ingest()  # this process ingests, then exits (see the function's docstring)
         store = Store(db)
         summary = ingest_paths(paths, store, run_id=run_id, progress=not json_out)
         summary["db"] = str(db)
