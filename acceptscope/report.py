@@ -374,7 +374,8 @@ def build_report(
                 page.note("tail", "computed from raw tables (estimators.tail unavailable: "
                           f"{html.escape(est_status)}).")
             findings.append(Finding("warn" if abs(rel) > 0.1 else "ok", "tail",
-                                    f"confidence-only ceiling estimate is off by {rel:+.0%} on {worst.workload} "
+                                    "the confidence head's own ceiling forecast (Σ survival + 1 per block) is off "
+                                    f"by {rel:+.0%} on {worst.workload} "
                                     f"({worst.conf_only:.2f} vs truth {worst.truth:.2f})"))
     elif not shown:
         page.note("tail", "needs a compact run and a cap-accept (or static) run of the same workload.")
