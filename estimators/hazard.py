@@ -123,7 +123,6 @@ class HazardModel:
     bin_candidates: tuple = (1, 2, 4, 8, 16)
     cv_folds: int = 3
     index: str = "offset"  # cells by offset into the trimmed tail (k - window) or absolute "position" k
-    prior: str = "nested"  # cell prior: "nested" (cell -> cell index -> state) or "additive" (index + confidence, in logit)
     source: str = "auto"  # truth | observed | auto (truth rows if any, else observed)
     fitted_: bool = False
     info_: dict = field(default_factory=dict)
@@ -207,12 +206,11 @@ class HazardModel:
         return self
 
     def _set_edges(self) -> None:
-        """Bin edges from the unweighted training features: shared by every cell index for the
-        additive prior (a bin is the same confidence range everywhere), per index otherwise."""
+        """Bin edges per cell index, from the unweighted training features."""
         L, nb = self._train, self.n_bins_
         self.edges_ = {}
         for k in range(self.gamma_):
-            xs = L["x"] if self.prior == "additive" else L["x"][L["k"] == k]
+            xs = L["x"][L["k"] == k]
             if nb > 1 and xs.size >= 2 * nb:
                 e = np.unique(np.quantile(xs, np.linspace(0, 1, nb + 1)[1:-1]))
             else:
@@ -270,8 +268,6 @@ class HazardModel:
         wt = L["wt"] if weights is None else L["wt"] * weights[L["req"]]
         n2 = np.bincount(cell, weights=wt, minlength=ngrp * nb).reshape(ngrp, nb)
         a2 = np.bincount(cell, weights=wt * L["y"], minlength=ngrp * nb).reshape(ngrp, nb)
-        if self.prior == "additive":
-            return self._table_additive(n2, a2)
         # hierarchical shrinkage: cell -> (greedy, state, k) -> (greedy, state) -> (greedy)
         ng, ag = n2.sum(1), a2.sum(1)
         gs_n = ng.reshape(2, S, G).sum(2)
@@ -293,30 +289,6 @@ class HazardModel:
                 out[i] = np.where((lower >= 0) & ~m, fitted[np.clip(lower, 0, None)], out[i])
             else:
                 out[i] = grp_rate[i]
-        self.table_ = np.clip(out, 1e-6, 1 - 1e-6)
-        self.counts_ = n2
-
-    def _table_additive(self, n2: np.ndarray, a2: np.ndarray) -> None:
-        """Cell rates shrunk toward an additive-logit prior: the (greedy, state, index) rate and the
-        (greedy, state, confidence bin) rate, each shrunk toward (greedy, state), combined as
-        ``logit(prior) = logit(r_index) + logit(r_bin) - logit(r_state)``; then monotone in
-        confidence per (greedy, state, index). Small cells keep the confidence dependence of their
-        state instead of being flattened to their mean (which made the predictive distributions
-        over-dispersed: predicted 0.3 / 0.85 hazards were 0.1 / 0.92 empirically)."""
-        G, nb, S, P = self.gamma_, self.n_bins_, self.NSTATE, self.prior_strength
-        n3, a3 = n2.reshape(2, S, G, nb), a2.reshape(2, S, G, nb)
-        lg = lambda r: np.log(np.clip(r, 1e-6, 1 - 1e-6) / (1 - np.clip(r, 1e-6, 1 - 1e-6)))
-        g_rate = (a3.sum((1, 2, 3)) + 0.5) / (n3.sum((1, 2, 3)) + 1.0)
-        gs = (a3.sum((2, 3)) + P * g_rate[:, None]) / (n3.sum((2, 3)) + P)
-        gsk = (a3.sum(3) + P * gs[:, :, None]) / (n3.sum(3) + P)
-        gsb = (a3.sum(2) + P * gs[:, :, None]) / (n3.sum(2) + P)
-        z = lg(gsk)[:, :, :, None] + lg(gsb)[:, :, None, :] - lg(gs)[:, :, None, None]
-        prior = 1 / (1 + np.exp(-z))
-        rate = ((a3 + P * prior) / (n3 + P)).reshape(2 * S * G, nb)
-        wts = (n2 + P)
-        out = np.empty_like(rate)
-        for i in range(rate.shape[0]):
-            out[i] = _pava(rate[i], wts[i]) if nb > 1 else rate[i]
         self.table_ = np.clip(out, 1e-6, 1 - 1e-6)
         self.counts_ = n2
 
