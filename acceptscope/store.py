@@ -64,6 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from acceptscope import schema
+from acceptscope.arrow_columns import one_array
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR",
@@ -378,8 +379,7 @@ def _packed_keys(t: schema.Table, keys: pa.Table) -> np.ndarray | None:
     packed = np.zeros(keys.num_rows, dtype=np.int64)
     span = 1
     for k in t.key:
-        col = keys.column(k)
-        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()  # (combine copies one chunk too)
+        col = one_array(keys.column(k))
         if col.null_count:
             return None
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):

@@ -80,7 +80,7 @@ def _request_codes(df: pd.DataFrame) -> np.ndarray:
     Rows arriving sorted by a string ``rid`` (as the store returns them) are coded by one
     adjacent comparison instead of a hash-and-sort factorize."""
     run = df["run_id"]
-    one_run = bool((run == run.iloc[0]).all()) or run.nunique() <= 1  # the cheap test first
+    one_run = bool((run == run.iloc[0]).all())  # (the caller refuses an empty frame)
     key = df["rid"] if one_run else df["run_id"].astype(str) + "\x00" + df["rid"].astype(str)
     if len(key) > 1 and pd.api.types.is_string_dtype(key.dtype) and not key.hasnans:
         a = pa.array(key.array)

@@ -353,9 +353,10 @@ class HazardModel:
         if G != self.gamma_:
             raise ValueError(f"hazard model fitted for gamma={self.gamma_}, frame has gamma={G}")
         x = conf_feature(c)
-        st = self._eff_state(frame, rows, state)
-        if self.info_.get("source") == "observed":
+        if self.info_.get("source") == "observed":  # fitted without truth: no unobserved states
             st = np.zeros(x.shape, np.int64)
+        else:
+            st = self._eff_state(frame, rows, state)
         g = np.broadcast_to(frame.greedy[rows][:, None], x.shape)
         k = self._kidx(frame, rows)
         if self.method == "binned":

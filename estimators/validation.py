@@ -107,13 +107,18 @@ def expected_cover(pmf: np.ndarray, truth: np.ndarray, levels, rule: str = "rand
     return out
 
 
-def binom_reading(k: int, n: int, p: float = 0.95) -> str:
-    """'k/n covered; P(X <= k | n, p) = ...' (lower tail: how surprising so few covers would be)."""
+def _binom_lower_p(k: int, n: int, p: float = 0.95) -> float:
+    """P(X <= k) for X ~ Binomial(n, p): how surprising so few covering groups would be."""
     from scipy.stats import binom
 
+    return float(binom.cdf(k, n, p))
+
+
+def binom_reading(k: int, n: int, p: float = 0.95) -> str:
+    """'k/n covered; P(X <= k | n, p) = ...' (lower tail: how surprising so few covers would be)."""
     if n == 0:
         return "no groups"
-    pv = float(binom.cdf(k, n, p))
+    pv = _binom_lower_p(k, n, p)
     verdict = "consistent with" if pv >= 0.05 else "below"
     return f"{k}/{n} groups covered (nominal {p:.0%}); P(X <= {k} | n={n}, p={p}) = {pv:.3f}: {verdict} nominal"
 
@@ -179,9 +184,7 @@ class ValidationResult:
             a = agg[agg.variant == "auto"] if "variant" in agg else agg
             out["aggregate95_cover_rate"] = float(a.covers.mean())
             out["aggregate95_covered"] = f"{int(a.covers.sum())}/{len(a)}"
-            from scipy.stats import binom
-
-            out["aggregate95_binom_p"] = float(binom.cdf(int(a.covers.sum()), len(a), 0.95))
+            out["aggregate95_binom_p"] = _binom_lower_p(int(a.covers.sum()), len(a), 0.95)
         if len(self.bracket):
             b = self.bracket
             out["aggregate_narrower_than_sglang_bracket"] = bool((b.our_width < b.sglang_width).all())
@@ -431,15 +434,15 @@ def main(argv=None) -> None:
         jsonl = dict(rows=sim.tables["estimator_rows"], gather=sim.tables["estimator_gather"], eos=sim.tables["estimator_eos"])
     else:
         dbs = list(a.db)
-        if a.sglang:
-            from acceptscope.ingest import ingest_paths
-            from acceptscope.store import Store
+        with tempfile.TemporaryDirectory(prefix="acceptscope-val-") as tmp:  # the --sglang ingest, dropped after
+            if a.sglang:
+                from acceptscope.ingest import ingest_paths
+                from acceptscope.store import Store
 
-            tmp = tempfile.mkdtemp(prefix="acceptscope-val-")
-            db = f"{tmp}/sglang.duckdb"
-            ingest_paths([a.sglang], Store(db), progress=False)
-            dbs.append(db)
-        rs, steps, jsonl = load_truth_runs(dbs, a.run)
+                db = f"{tmp}/sglang.duckdb"
+                ingest_paths([a.sglang], Store(db), progress=False)
+                dbs.append(db)
+            rs, steps, jsonl = load_truth_runs(dbs, a.run)
     v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed,
                  use_sglang_pg=a.use_sglang_pg, folds=a.folds, hazard_method=a.hazard_method)
     print(v.report())

@@ -53,6 +53,7 @@ import pyarrow as pa
 from pyarrow.compute import is_null as pc_is_null
 
 from acceptscope import schema
+from acceptscope.arrow_columns import one_array
 from acceptscope.ingest import fast_decode
 from acceptscope.ingest import server_info_arrow as fast
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
@@ -1187,7 +1188,7 @@ class ServerInfoIngestor:
             if keep.any():
                 kept_idx = np.flatnonzero(keep)
                 fcts = fast._np(tbl.column("forward_ct"))[res.req_record[kept_idx]]
-                rid_arr = fast.one_array(res.reqs.column("rid"))
+                rid_arr = one_array(res.reqs.column("rid"))
                 if len(kept_idx) < len(rid_arr):
                     rid_arr = rid_arr.take(pa.array(kept_idx))
                 rids, step_index = self._rids_and_steps(rid_arr, res.reqs, kept_idx)
@@ -1234,8 +1235,8 @@ class ServerInfoIngestor:
         ct = self._step_ct
         missing = np.flatnonzero(fast._np(pc_is_null(rid_arr))) if rid_arr.null_count else np.zeros(0, np.int64)
         if len(missing):
-            pool = fast._np(fast.one_array(reqs.column("req_pool_index")).take(pa.array(kept_idx[missing])))
-            prefix = fast._np(fast.one_array(reqs.column("prefix_len")).take(pa.array(kept_idx[missing])))
+            pool = fast._np(one_array(reqs.column("req_pool_index")).take(pa.array(kept_idx[missing])))
+            prefix = fast._np(one_array(reqs.column("prefix_len")).take(pa.array(kept_idx[missing])))
             filled = rid_arr.to_pylist()
             for q, pidx, pl in zip(missing, pool, prefix):
                 rid = f"pool:{int(pidx)}"

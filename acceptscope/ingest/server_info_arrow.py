@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from acceptscope import schema
+from acceptscope.arrow_columns import one_array
 
 _I = pa.int64()
 _F = pa.float64()
@@ -56,13 +57,6 @@ class FastResult:
     bad: np.ndarray  # bool per request row: a check failed (caller explains + drops)
     dup: np.ndarray  # bool per request row: later duplicate of a (record, rid) pair
     last_fct: int
-
-
-def one_array(a: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """The Array of a column: its only chunk as is (``combine_chunks`` copies even one chunk), else joined."""
-    if isinstance(a, pa.ChunkedArray):
-        return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
-    return a
 
 
 def _np(a: pa.ChunkedArray | pa.Array, fill: Any = None) -> np.ndarray:
