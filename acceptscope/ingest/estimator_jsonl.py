@@ -7,7 +7,9 @@ offset, p_lp, trimmed_token, realized_token], ...]`` when pending blocks
 advanced; and EOS markers ``{"rid", "eos_end": [block_fct, ...]}``.
 
 gamma is not written: it is ``w + len(trimmed_tokens)`` on every opening row,
-checked for consistency within the file and against the run's gamma. ``json.dumps``
+checked against the run's gamma (the server's, when its dumps were ingested), else against
+the value most opening rows of the file agree on (never the first row's: one corrupt block
+rejects itself only). ``json.dumps``
 may write ``-Infinity`` for a target log-prob of an impossible token; that is a
 legal ``p_lp`` (acceptance 0) and is kept, while NaN anywhere is rejected.
 Smallest-unit rejects: a bad ``pg`` entry rejects that entry only; a bad row
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -78,10 +81,8 @@ class EstimatorIngestor:
                 batch.reject(make_reject(self.source, self.line, "$", f"malformed or truncated JSON line: {e}",
                                          raw, self.run_id))
         if self.gamma is None:
-            for _, o, _ in parsed:
-                if isinstance(o, dict) and _is_int(o.get("w")) and isinstance(o.get("trimmed_tokens"), list):
-                    self.gamma = o["w"] + len(o["trimmed_tokens"])
-                    break
+            self.gamma = _majority_gamma(o for _, o, _ in parsed)
+            self.gamma_src = "file (most opening rows)"
         for line, o, raw in parsed:
             self._one(line, o, raw, batch)
         return batch
@@ -149,18 +150,29 @@ class EstimatorIngestor:
             })
 
 
+def _majority_gamma(objs) -> Optional[int]:
+    """The gamma most opening rows agree on (``w + len(trimmed_tokens)``): one corrupt block can
+    only reject itself, never set the file's gamma and take the good rows down with it."""
+    votes: Counter = Counter()
+    for o in objs:
+        if isinstance(o, dict) and _is_int(o.get("w")) and o["w"] >= 0 and isinstance(o.get("trimmed_tokens"), list) \
+                and o["trimmed_tokens"]:
+            votes[o["w"] + len(o["trimmed_tokens"])] += 1
+    return votes.most_common(1)[0][0] if votes else None
+
+
 def file_gamma(data: bytes) -> Optional[int]:
-    """gamma of an estimator file: w + len(trimmed_tokens) of its first opening row."""
-    for raw in data.split(b"\n"):
-        if b'"trimmed_tokens"' not in raw:
-            continue
-        try:
-            o = _loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(o, dict) and _is_int(o.get("w")) and isinstance(o.get("trimmed_tokens"), list):
-            return o["w"] + len(o["trimmed_tokens"])
-    return None
+    """gamma of an estimator file ingested without its run's: the value most opening rows agree on."""
+    def opening_rows():
+        for raw in data.split(b"\n"):
+            if b'"trimmed_tokens"' not in raw:
+                continue
+            try:
+                yield _loads(raw)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                continue
+
+    return _majority_gamma(opening_rows())
 
 
 def parse_estimator_jsonl(
@@ -173,7 +185,7 @@ def parse_estimator_jsonl(
     """Parse a whole estimator JSONL file. ``gamma``: the run's gamma when known."""
     ing = EstimatorIngestor(run_id, source, gamma)
     if gamma is None:
-        ing.gamma = file_gamma(data)
+        ing.gamma, ing.gamma_src = file_gamma(data), "file (most opening rows)"
     lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()

@@ -75,6 +75,7 @@ __all__ = [
 ]
 
 RING_CAPACITY = 200_000  # SGLang INFO_DUMP_MAX_RECORDS
+_EMPTY_STATES = "empty: no DP rank reported a DSpark dump (is this a DSpark server with SGLANG_DSPARK_DEBUG_DUMP set?)"
 KNOWN_COMPONENTS = frozenset(
     {"core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs"}
 )
@@ -725,6 +726,9 @@ class ServerInfoIngestor:
                 batch.reject(make_reject(src, line, "internal_states", "expected a list", sts, self.run_id))
                 raise _PayloadRejected
             items = [(i, f"internal_states[{i}]", s) for i, s in enumerate(sts)]
+            if not items:
+                batch.reject(make_reject(src, line, "internal_states", _EMPTY_STATES, None, self.run_id))
+                raise _PayloadRejected
         elif "dspark_info_record" in payload:
             items = [(0, "", payload)]
         elif "records" in payload:
@@ -756,6 +760,9 @@ class ServerInfoIngestor:
                 args = dict(top_args)
                 args.update({k: getattr(st, k) for k in _ARG_KEYS if getattr(st, k) is not None})
                 items.append((i, f"internal_states[{i}]", st.dspark_info_record, args))
+            if not items:
+                batch.reject(make_reject(src, line, "internal_states", _EMPTY_STATES, None, self.run_id))
+                raise _PayloadRejected
         elif top.dspark_info_record is not None:
             items = [(None, "", top.dspark_info_record, top_args)]
         elif _nr(top.records) is not None:
@@ -792,18 +799,36 @@ class ServerInfoIngestor:
             return None
         gamma, vndt, mode = get("gamma"), get("verify_num_draft_tokens"), get("mode")
         comps, records, sim = get("components"), get("records"), get("simulate_acc_len")
+        # A corrupt payload-level field falls back to what the run (the server's other snapshots,
+        # or the store) establishes; the field is rejected, the snapshot's records are kept.
+        known = self.gamma
+        vndt_ok = _is_int(vndt) and vndt >= 2
         if not _is_int(gamma) or gamma < 1:
-            rej("gamma", f"expected a positive int, got {gamma!r}")
-            return None
+            if known is None or (vndt_ok and vndt != known + 1):
+                rej("gamma", f"expected a positive int, got {gamma!r}")
+                return None
+            rej("gamma", f"expected a positive int, got {gamma!r}: using the run's gamma {known}")
+            gamma = known
+        elif known is not None and gamma != known:
+            if not (vndt_ok and vndt == known + 1):
+                rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {known}")
+                return None
+            rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {known} (verify_num_draft_tokens "
+                         f"{vndt} agrees with the run): using {known}")
+            gamma = known
         if not _is_int(vndt) or vndt != gamma + 1:
-            rej("verify_num_draft_tokens", f"{vndt!r} != gamma+1 ({gamma + 1})")
-            return None
-        if self.gamma is not None and gamma != self.gamma:
-            rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {self.gamma}")
-            return None
+            rej("verify_num_draft_tokens", f"{vndt!r} != gamma+1 ({gamma + 1})" +
+                (": using gamma+1" if known is not None else ""))
+            if known is None:
+                return None
+            vndt = gamma + 1
         if mode not in schema.ARMS:
-            rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)})")
-            return None
+            if self.arm is None:
+                rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)})")
+                return None
+            rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)}): using the run's "
+                        f"mode {self.arm!r}")
+            mode = self.arm
         if self.arm is not None and mode != self.arm:
             rej("mode", f"mode {mode!r} != run {self.run_id!r} arm {self.arm!r}")
             return None
