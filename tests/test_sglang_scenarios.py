@@ -156,3 +156,16 @@ def test_report_on_a_production_arm_alone(db, tmp_path):
     util = [f for f in res["findings"] if f["area"] == "utilization"]
     assert util and "of the estimated ceiling" in util[0]["text"] and "model-based" in util[0]["text"]
     assert "estimated with predictive intervals" in text
+
+
+def test_dashboard_on_a_production_arm_alone(db, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("ACCEPTSCOPE_DB", str(db["path"]))
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard.py"), default_timeout=600).run()
+    at.multiselect(key="runs").set_value([db["runs"]["compact"]]).run()
+    assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["compact utilization (estimated ceiling)"].endswith("%")
+    n_unres, n_cens = (int(x) for x in metrics["trimmed blocks model-based"].split(" / "))
+    assert 0 < n_unres < n_cens
