@@ -39,6 +39,13 @@ def test_identity_is_the_servers_launch_fields_not_the_file_name(tmp_path):
     assert a.run_id() != c.run_id()  # another port: another server
     assert a.run_id().startswith("sglang-cap-accept-target-") and a.gamma == 4
     assert identity_from_bytes(b"not json") is None
+    # through ingest: the restart is epoch 1 of the same run (in start order, whatever the file names);
+    # the other port is a run of its own
+    store = Store(tmp_path / "s.duckdb")
+    s = ingest_paths([tmp_path / "y.json", tmp_path / "x.json", tmp_path / "z.json"], store, progress=False)
+    assert sorted(s["runs"]) == sorted({a.run_id(), c.run_id()})
+    ep = store.query_df("SELECT run_id, max(epoch) AS e FROM steps GROUP BY run_id").set_index("run_id").e
+    assert ep[a.run_id()] == 1 and ep[c.run_id()] == 0
 
 
 def test_artifacts_without_identity_join_their_servers_run(tmp_path):
