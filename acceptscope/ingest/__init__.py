@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from acceptscope.ingest import sts_shards as sts  # noqa: F401  (``from acceptscope.ingest import sts``)
 from acceptscope.ingest.batch import ArrowRows, IngestBatch
-from acceptscope.ingest.detect import detect, run_id_for
+from acceptscope.ingest.detect import detect
 from acceptscope.ingest.identity import SERVER_SIDE_KINDS, assign_runs
 from acceptscope.ingest.links import link_run_tables
 from acceptscope.ingest.rejects import format_reject, make_reject
@@ -308,8 +308,7 @@ def ingest_paths(
         after = store.counts()
         inserted = {name: after.get(name, 0) - before.get(name, 0) for name in after}
     notes = list(plan.notes)
-    runs_here = sorted({rid for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS
-                        for rid in [plan.run_of[f]]})
+    runs_here = sorted({plan.run_of[f] for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS})
     if store is not None and not getattr(store, "read_only", False) and hasattr(store, "update_run"):
         run_dirs: dict[str, set] = {}
         for f, k in todo:

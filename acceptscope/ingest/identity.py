@@ -38,6 +38,7 @@ from typing import Any, Optional
 import msgspec
 
 from acceptscope import schema
+from acceptscope.ingest.detect import run_id_for
 
 # launch fields that tell servers apart (all are resolved server args in /server_info)
 IDENTITY_ARGS = (
@@ -182,12 +183,6 @@ class Assignment:
     notes: list[str]
 
 
-def stem_of(path: Path) -> str:
-    """A file's name up to the first dot (``capacc.server_info.json`` -> ``capacc``)."""
-    name = Path(path).name
-    return name.split(".", 1)[0] or name
-
-
 def assign_runs(kinds: list[tuple[Path, str]], run_id: Optional[str] = None) -> Assignment:
     """Group the files of one ingest into runs (see the module docstring)."""
     run_of: dict[Path, str] = {}
@@ -207,7 +202,7 @@ def assign_runs(kinds: list[tuple[Path, str]], run_id: Optional[str] = None) -> 
         if run_id is not None:
             run_of[f] = run_id
         elif ident is None or (not ident.args and ident.mode is None):
-            run_of[f] = stem_of(f)
+            run_of[f] = run_id_for(f)
             notes.append(f"{f}: no server launch fields readable: filed under run {run_of[f]!r} (its name)")
         else:
             mode = ident.mode
@@ -221,7 +216,7 @@ def assign_runs(kinds: list[tuple[Path, str]], run_id: Optional[str] = None) -> 
     server_run_by_stem: dict[tuple[Path, str], set] = defaultdict(set)
     for f, r in run_of.items():
         server_runs_by_dir[f.parent].add(r)
-        server_run_by_stem[(f.parent, stem_of(f))].add(r)
+        server_run_by_stem[(f.parent, run_id_for(f))].add(r)
     all_server_runs = set(run_of.values())
     for f, k in kinds:
         if f in run_of:
@@ -230,9 +225,9 @@ def assign_runs(kinds: list[tuple[Path, str]], run_id: Optional[str] = None) -> 
             run_of[f] = run_id
             continue
         if k not in SERVER_SIDE_KINDS:
-            run_of[f] = stem_of(f)  # tables and SPS profiles: keyed by content / their own profile run
+            run_of[f] = run_id_for(f)  # tables and SPS profiles: keyed by content / their own profile run
             continue
-        by_stem = server_run_by_stem.get((f.parent, stem_of(f)), set())
+        by_stem = server_run_by_stem.get((f.parent, run_id_for(f)), set())
         in_dir = server_runs_by_dir.get(f.parent, set())
         if len(by_stem) == 1:
             run_of[f] = next(iter(by_stem))
@@ -241,7 +236,7 @@ def assign_runs(kinds: list[tuple[Path, str]], run_id: Optional[str] = None) -> 
         elif len(all_server_runs) == 1:
             run_of[f] = next(iter(all_server_runs))
         else:
-            run_of[f] = stem_of(f)
+            run_of[f] = run_id_for(f)
             why = (f"{len(in_dir)} server runs in its directory" if in_dir else
                    f"{len(all_server_runs)} server runs in this ingest" if all_server_runs else
                    "no /server_info dump in this ingest")
