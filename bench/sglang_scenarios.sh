@@ -38,7 +38,7 @@ print(json.dumps({"arm": r["run"]["arm"], "ceiling": s["ceiling"], "n_censored":
     COLUMNS=120 $A calibrate --db "$DB" --run "$run" --out "$OUT/$s.next_sts.json" --n-boot 50 2>/dev/null
   fi
   echo "\$ acceptscope report --db $DB --run $run -o $OUT/$s.report.html"
-  COLUMNS=120 $A report --db "$DB" --run "$run" -o "$OUT/$s.report.html" 2>/dev/null | grep -v '^\s*$' | head -8
+  COLUMNS=120 $A report --db "$DB" --run "$run" -o "$OUT/$s.report.html" 2>&1 | grep -v '^\s*$' || true
   echo
 done
 echo "\$ python -m estimators.scenario_validation $OUT"
