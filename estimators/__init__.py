@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["run_all", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility"]
+__all__ = ["run_all", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility", "hazard_runs",
+           "read_training"]
 
 
 def load_run(store, run_id: str) -> dict[str, Any]:
@@ -121,6 +122,36 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
     return out
 
 
+def hazard_runs(store, run_id: str, gamma: int, audit_group=None, hazards_from: str | None = None):
+    """Which runs the tail hazards of ``run_id`` (no recorded ceiling) are fitted on, and why.
+
+    ``hazards_from`` (named by the user; ValueError unless :func:`hazard_compatibility` passes),
+    else the compatible truth-bearing arms of the same audit, else none: the run's own observed
+    outcomes. Never an unrelated run that merely shares gamma (other STS tables and temperature
+    mixes biased unresolved blocks by +0.15 drafts)."""
+    if hazards_from is not None:
+        problems = hazard_compatibility(store, run_id, hazards_from)
+        if problems:
+            raise ValueError(f"--hazards-from {hazards_from}: not compatible with {run_id}: " + "; ".join(problems))
+        return [hazards_from], (f"hazards fitted on run {hazards_from} (named by --hazards-from; compatible: gamma, "
+                                "STS table, temperature mix)")
+    others = [o for o in _audit_truth_runs(store, gamma, run_id, audit_group)
+              if not hazard_compatibility(store, run_id, o)]
+    if others:
+        return others, f"hazards fitted on the truth-bearing arm of this audit: {', '.join(others)}"
+    return [], ("hazards fitted on this run's own observed outcomes (in-window accepts and rejections, the exactly "
+                "observed first trimmed position, greedy walks); deeper trimmed positions are extrapolated in "
+                "confidence")
+
+
+def read_training(store, runs: list[str]) -> pd.DataFrame:
+    """``request_steps`` of truth-bearing runs, with their temperatures filled as :func:`load_run` does."""
+    temps = store.query_df("SELECT run_id, temperature FROM runs WHERE run_id IN (SELECT UNNEST(?))", [runs])
+    t = dict(zip(temps.run_id, temps.temperature))
+    return pd.concat([_with_temperatures(store, r, store.read_table("request_steps", r), t.get(r)) for r in runs],
+                     ignore_index=True)
+
+
 def _sps_from_config(config_json, sps_hash):
     import hashlib
     from pathlib import Path
@@ -172,30 +203,12 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     frame = BlockFrame.from_request_steps(rs, gamma=gamma)
     res: dict[str, Any] = {"skipped": {}}
     # tail
-    if hazards_from is not None:
-        problems = hazard_compatibility(store, run_id, hazards_from)
-        if problems:
-            raise ValueError(f"--hazards-from {hazards_from}: not compatible with {run_id}: " + "; ".join(problems))
     if frame.has_truth.all():
         est = TailEstimator().fit(frame)
         train_note = "this run: ceiling recorded on every request-step (the verify ran the whole block): no tail is estimated"
     else:
-        others = ([hazards_from] if hazards_from is not None else
-                  [o for o in _audit_truth_runs(store, gamma, run_id, data["run"].get("audit_group"))
-                   if not hazard_compatibility(store, run_id, o)])
-        if others:
-            train = _with_temperatures(store, others[0], store.read_table("request_steps", others),
-                                       store.query_df("SELECT temperature FROM runs WHERE run_id = ?",
-                                                      [others[0]]).temperature.iloc[0])
-            est = TailEstimator().fit(train, gamma=gamma)
-            train_note = (f"hazards fitted on run {others[0]} (named by --hazards-from; compatible: gamma, STS "
-                          "table, temperature mix)" if hazards_from is not None else
-                          f"hazards fitted on the truth-bearing arm of this audit: {', '.join(others)}")
-        else:
-            est = TailEstimator().fit(frame)
-            train_note = ("hazards fitted on this run's own observed outcomes (in-window accepts and rejections, "
-                          "the exactly observed first trimmed position, greedy walks); deeper trimmed positions "
-                          "are extrapolated in confidence")
+        others, train_note = hazard_runs(store, run_id, gamma, data["run"].get("audit_group"), hazards_from)
+        est = TailEstimator().fit(read_training(store, others) if others else frame, gamma=gamma)
     # SGLang's pg p/q can extend the walk (``use_sglang_pg``); off by default: not validated yet
     gather = ({"gather": data["estimator_gather"], "rows": data["estimator_rows"]}
               if use_sglang_pg and len(data["estimator_gather"]) else None)
