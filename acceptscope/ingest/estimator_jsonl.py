@@ -25,7 +25,7 @@ from typing import Any, Optional
 import msgspec
 
 from acceptscope.ingest.batch import IngestBatch
-from acceptscope.ingest.rejects import describe_number, make_reject
+from acceptscope.ingest.rejects import INT32_MAX, decode_failure, describe_number, find_poison, make_reject
 
 _dec = msgspec.json.Decoder()
 
@@ -73,13 +73,20 @@ class EstimatorIngestor:
             if not raw.strip():
                 continue
             try:
-                parsed.append((self.line, _loads(raw), raw))
-            except (ValueError, UnicodeDecodeError) as e:
-                batch.reject(make_reject(self.source, self.line, "$", f"malformed or truncated JSON line: {e}",
+                o = _loads(raw)
+            except (ValueError, UnicodeDecodeError, RecursionError) as e:
+                batch.reject(make_reject(self.source, self.line, "$", decode_failure(e).replace("JSON", "JSON line", 1),
                                          raw, self.run_id))
+                continue
+            poison = find_poison(o)  # a value no column can hold rejects its line alone
+            if poison is not None:
+                batch.reject(make_reject(self.source, self.line, *poison, raw, self.run_id))
+                continue
+            parsed.append((self.line, o, raw))
         if self.gamma is None:
             for _, o, _ in parsed:
-                if isinstance(o, dict) and _is_int(o.get("w")) and isinstance(o.get("trimmed_tokens"), list):
+                if isinstance(o, dict) and _is_int(o.get("w")) and 0 <= o["w"] <= INT32_MAX \
+                        and isinstance(o.get("trimmed_tokens"), list):
                     self.gamma = o["w"] + len(o["trimmed_tokens"])
                     break
         for line, o, raw in parsed:
@@ -156,9 +163,10 @@ def file_gamma(data: bytes) -> Optional[int]:
             continue
         try:
             o = _loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             continue
-        if isinstance(o, dict) and _is_int(o.get("w")) and isinstance(o.get("trimmed_tokens"), list):
+        if isinstance(o, dict) and _is_int(o.get("w")) and 0 <= o["w"] <= INT32_MAX \
+                and isinstance(o.get("trimmed_tokens"), list) and find_poison(o) is None:
             return o["w"] + len(o["trimmed_tokens"])
     return None
 
@@ -187,6 +195,8 @@ def _check_row(o: dict, gamma: Optional[int], gamma_src: str) -> Optional[tuple[
             return f, f"expected an int, got {v!r}"
         if v < 0:
             return f, f"negative ({v})"
+        if v > INT32_MAX:
+            return f, f"{v} too large (int32)"
     w, cl, ct = o["w"], o["cl"], o["ct"]
     if cl > w:
         return "cl", f"{cl} > window w={w}"
@@ -229,7 +239,7 @@ def _check_pg(e: Any, fct: int, gamma: Optional[int]) -> Optional[tuple[str, str
         return "[0]", f"block_fct: expected a non-negative int, got {b!r}"
     if b > fct:
         return "[0]", f"block_fct {b} > the carrying row's fct {fct}"
-    if not _is_int(off) or off < 1:
+    if not _is_int(off) or off < 1 or off > INT32_MAX:
         return "[1]", f"offset: expected an int >= 1, got {off!r}"
     if gamma is not None and off > gamma:
         return "[1]", f"offset {off} > gamma {gamma}"

@@ -41,6 +41,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -58,10 +59,15 @@ from acceptscope.ingest import fast_decode
 from acceptscope.ingest import server_info_arrow as fast
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
 from acceptscope.ingest.rejects import (
+    INT32_MAX,
+    INT64_MAX,
+    MAX_DEPTH,
     describe_number,
+    has_surrogates,
     join_path,
     make_reject,
     msgspec_error_path,
+    safe_text,
 )
 
 __all__ = [
@@ -377,6 +383,8 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
         v = getattr(r, name)
         if v < 0:
             return name, f"negative ({v})"
+        if v > (INT64_MAX if name == "bonus_token" else INT32_MAX):
+            return name, f"{v} too large ({'int64' if name == 'bonus_token' else 'int32'})"
     if not 1 <= r.verify_len <= gamma + 1:
         return "verify_len", f"{r.verify_len} outside [1, gamma+1={gamma + 1}]"
     window = r.verify_len - 1
@@ -400,8 +408,12 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
     for k, t in enumerate(r.draft_tokens):
         if t < 0:
             return f"draft_tokens[{k}]", f"negative token id ({t})"
+        if t > INT64_MAX:
+            return f"draft_tokens[{k}]", f"token id {t} outside int64"
     if r.rid is not None and not r.rid:
         return "rid", "empty string"
+    if r.rid is not None and has_surrogates(r.rid):
+        return "rid", f"string with a lone surrogate: '{safe_text(r.rid)[:80]}'"
     conf, surv = r.confidence, r.survival
     if (conf is None) != (surv is None):
         return ("survival" if surv is None else "confidence"), "confidence and survival must come together"
@@ -429,6 +441,13 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
 
 def _vector_bad_mask(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
     """Fast filter: True where ``check_req`` would find a problem (may over-flag; never under-flag)."""
+    try:
+        return _vector_bad_mask_(reqs, gamma, mode)
+    except (OverflowError, ValueError, TypeError):  # an int beyond int64 somewhere: check every one exactly
+        return np.ones(len(reqs), dtype=bool)
+
+
+def _vector_bad_mask_(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
     n = len(reqs)
     ints = np.array(
         [
@@ -453,7 +472,8 @@ def _vector_bad_mask(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray
     has_conf = np.fromiter((r.confidence is not None for r in reqs), dtype=bool, count=n)
     has_surv = np.fromiter((r.survival is not None for r in reqs), dtype=bool, count=n)
     bad |= has_conf != has_surv
-    bad |= np.fromiter((r.rid is not None and not r.rid for r in reqs), dtype=bool, count=n)
+    bad |= np.fromiter((r.rid is not None and (not r.rid or not r.rid.isascii() and has_surrogates(r.rid))
+                        for r in reqs), dtype=bool, count=n)
     both = np.flatnonzero(has_conf & has_surv & ~bad)
     if len(both):
         clen = np.fromiter((len(reqs[i].confidence) for i in both), dtype=np.int64, count=len(both))
@@ -548,6 +568,7 @@ def _run_row(run_id, *, mode, gamma, vndt, components, simulate_acc_len, args, s
         "startup_time": startup_time,
         "server_args": {k: v for k, v in args.items() if v is not None},
     }
+    args = {k: safe_text(v) if isinstance(v, str) else v for k, v in args.items()}
     return {
         "run_id": run_id,
         "arm": mode,
@@ -670,9 +691,39 @@ class ServerInfoIngestor:
         return batch
 
     def feed_bytes(self, data: bytes, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
-        """Ingest one JSON document (bytes): typed fast path, lenient fallback on bad input."""
+        """Ingest one JSON document (bytes): typed fast path, lenient fallback on bad input.
+
+        Values nested too deeply for any decoder (RecursionError) are replaced first
+        (:func:`acceptscope.ingest.jsontext.defuse_deep`), so only the records holding them are
+        rejected; anything else unexpected rejects this payload alone, never the caller's later ones.
+        """
         with _gc_paused():
-            return self._feed_bytes(data, source=source, line=line)
+            try:
+                return self._feed_bytes(data, source=source, line=line)
+            except RecursionError:
+                pass
+            except Exception as e:  # noqa: BLE001 - one payload's failure must not cost the next ones
+                batch = IngestBatch()
+                batch.reject(make_reject(source or self.source, line, "$",
+                                         f"payload could not be ingested: {type(e).__name__}: {e}", None, self.run_id))
+                return batch
+            from acceptscope.ingest.jsontext import defuse_deep
+
+            fixed, n = defuse_deep(data, MAX_DEPTH)
+            note = make_reject(source or self.source, line, "$",
+                               f"{n} value(s) nested deeper than {MAX_DEPTH} levels replaced before decoding; "
+                               "a record holding one is rejected by field", None, self.run_id)
+            if fixed is None:
+                batch = IngestBatch()
+                batch.reject(dict(note, reason="nested too deeply to decode"))
+                return batch
+            try:
+                batch = self._feed_bytes(fixed, source=source, line=line)
+            except Exception as e:  # noqa: BLE001
+                batch = IngestBatch()
+                note["reason"] += f"; payload still could not be ingested: {type(e).__name__}: {e}"
+            batch.reject(note)
+            return batch
 
     def _feed_bytes(self, data: bytes, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
         src = source or self.source
@@ -1081,8 +1132,10 @@ class ServerInfoIngestor:
                 continue
             fct = h.forward_ct
             where = f"{pfx}records[{j}]"
-            if fct < 0:
-                batch.reject(make_reject(src, line, where + ".forward_ct", f"negative ({fct})", s.records[j], self.run_id))
+            if fct < 0 or fct > INT64_MAX:
+                batch.reject(make_reject(src, line, where + ".forward_ct",
+                                         f"negative ({fct})" if fct < 0 else f"{fct} outside int64",
+                                         s.records[j], self.run_id))
                 continue
             if fct <= w:
                 batch.note_duplicates("steps", 1)
@@ -1103,8 +1156,15 @@ class ServerInfoIngestor:
             if step_problem:
                 f_, why = step_problem
                 batch.reject(make_reject(src, line, f"{where}.{f_}", why, s.records[j], self.run_id))
-            else:
-                cols.add_step(rank.slot, h)
+                # its requests go too (no request_steps row without its steps row), each counted as a reject
+                for k, r in enumerate(reqs or ()):
+                    if r is not None:
+                        batch.reject(make_reject(src, line, f"{where}.reqs[{k}]",
+                                                 f"step header rejected ({f_}): request row dropped with it",
+                                                 None, self.run_id))
+                last_good = (h, reqs)
+                continue
+            cols.add_step(rank.slot, h)
             first = len(req_all)
             if reqs:
                 if None in reqs:
@@ -1147,7 +1207,7 @@ class ServerInfoIngestor:
                     lines = s.records[start:n]  # msgspec.Raw items join as bytes, no copies
                 else:
                     lines = [self._record_line(s, j) for j in range(start, n)]
-            except (TypeError, msgspec.EncodeError):
+            except (TypeError, ValueError, msgspec.EncodeError):  # (UnicodeEncodeError: a lone surrogate)
                 return False
             tbl = fast_decode.decode_records(lines) if self.use_msgspec_decode else None
             if tbl is None:
@@ -1341,10 +1401,14 @@ def _check_step(h: StepRecord, s: _State, reqs: Optional[list]) -> Optional[tupl
         v = getattr(h, f)
         if v < -1:
             return f, f"negative ({v}); -1 is the only sentinel"
+        if v > INT32_MAX:
+            return f, f"{v} too large (int32)"
     for f in ("budget", "lag_steps"):
         v = getattr(h, f)
         if v is not None and v < 0:
             return f, f"negative ({v})"
+        if v is not None and v > INT32_MAX:
+            return f, f"{v} too large (int32)"
     for f in _TIME_FIELDS + ("predicted_step_ms",):
         v = getattr(h, f)
         if v is not None and not (math.isfinite(v) and v >= 0):
