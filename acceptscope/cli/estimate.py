@@ -7,7 +7,16 @@ from typing import Optional
 
 import typer
 
-from acceptscope.cli._common import EXIT_NO_DATA, EXIT_USAGE, DbOption, JsonOption, console, emit_json
+from acceptscope.cli._common import (
+    EXIT_NO_DATA,
+    EXIT_USAGE,
+    DbOption,
+    JsonOption,
+    console,
+    emit_json,
+    open_store_read_only,
+    unreadable_db,
+)
 
 HELP = """Run the estimators on one run (or every run) of a telemetry database.
 
@@ -41,11 +50,15 @@ def register(app: typer.Typer) -> None:
         if not db.exists():
             console.print(f"[red]{db}: no such database file[/red]")
             raise typer.Exit(EXIT_USAGE)
-        from acceptscope.store import Store
+        import duckdb
+
         from estimators import run_all, to_jsonable
 
-        store = Store(db)
-        runs = store.runs()
+        store = open_store_read_only(db)
+        try:
+            runs = store.runs()
+        except duckdb.Error as e:
+            raise unreadable_db(db, e) from None
         ids = [run] if run else runs.run_id.tolist()
         if run and run not in set(runs.run_id):
             console.print(f"[red]{db}: no run {run!r} (runs: {', '.join(runs.run_id) or 'none'})[/red]")
@@ -62,6 +75,8 @@ def register(app: typer.Typer) -> None:
                     out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed))
                 except ValueError as e:
                     out[rid] = {"error": str(e)}
+                except duckdb.Error as e:  # a file damaged past its header
+                    raise unreadable_db(db, e) from None
                 prog.advance(task)
         if json_out:
             emit_json(out)

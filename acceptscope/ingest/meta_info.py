@@ -52,7 +52,19 @@ def documents(data: bytes) -> Iterator[tuple[int, Any, bytes]]:
         return
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+    except RecursionError:  # one value nested too deeply: replace it, so only its response is rejected
+        from acceptscope.ingest.jsontext import defuse_deep
+        from acceptscope.ingest.rejects import MAX_DEPTH
+
+        fixed, _ = defuse_deep(data, MAX_DEPTH)
+        try:
+            doc = json.loads(fixed) if fixed is not None else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            doc = None
+        if doc is not None:
+            yield 1, doc, data
+            return
+    except (ValueError, UnicodeDecodeError):
         pass
     else:
         yield 1, doc, data

@@ -335,7 +335,7 @@ class _State:
         h = self._headers.get(j)
         if h is None:
             item = self.records[j]
-            h = _dec_record.decode(item) if self.is_raw else msgspec.convert(item, _StepRecordObj)
+            h = _dec_record.decode(item) if self.is_raw else _convert_checked(item, _StepRecordObj, skip="reqs")
             self._headers[j] = h
         return h
 
@@ -775,6 +775,9 @@ class ServerInfoIngestor:
             if not isinstance(sts, list):
                 batch.reject(make_reject(src, line, "internal_states", "expected a list", sts, self.run_id))
                 raise _PayloadRejected
+            if not sts:
+                batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(None), None, self.run_id))
+                raise _PayloadRejected
             items = [(i, f"internal_states[{i}]", s) for i, s in enumerate(sts)]
         elif "dspark_info_record" in payload:
             items = [(0, "", payload)]
@@ -801,6 +804,9 @@ class ServerInfoIngestor:
                          typed: bool = False):
         """States of a decoded document (records raw, or ``typed``); raises _SlowPath on anything irregular."""
         top_args = {k: getattr(top, k) for k in _ARG_KEYS if getattr(top, k) is not None}
+        if top.internal_states is not None and not top.internal_states:
+            batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(data), None, self.run_id))
+            raise _PayloadRejected
         if top.internal_states is not None:
             items = []
             for i, st in enumerate(top.internal_states):
@@ -1053,10 +1059,10 @@ class ServerInfoIngestor:
                 raise msgspec.ValidationError(f"Expected `array | null`, got `{type(raw).__name__}` - at `$.reqs`")
             try:
                 return msgspec.convert(raw, list[ReqDetail]), []
-            except msgspec.ValidationError:
+            except (msgspec.ValidationError, UnicodeEncodeError):
                 pass
             items = raw
-            conv = lambda x: msgspec.convert(x, ReqDetail)  # noqa: E731
+            conv = lambda x: _convert_checked(x, ReqDetail)  # noqa: E731
         out: list[Optional[ReqDetail]] = []
         bad = []
         for k, it in enumerate(items):
@@ -1555,6 +1561,31 @@ def _clip(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: ("..." if isinstance(v, (list, dict)) else v) for k, v in list(obj.items())[:20]}
     return obj
+
+
+def _convert_checked(item: Any, typ: Any, skip: Optional[str] = None) -> Any:
+    """``msgspec.convert`` of a decoded (lenient-path) record, with a poisoned value (an int beyond
+    int64, a lone surrogate, deep nesting) raised as the ValidationError of its field, as msgspec
+    words one; ``skip``: a key checked elsewhere (a record's ``reqs``, checked per request)."""
+    from acceptscope.ingest.rejects import find_poison
+
+    if isinstance(item, dict):
+        p = find_poison({k: v for k, v in item.items() if k != skip} if skip else item)
+        if p is not None:
+            path = p[0] if p[0] == "$" else ("$" + p[0] if p[0].startswith("[") else "$." + p[0])
+            raise msgspec.ValidationError(f"{p[1]} - at `{path}`")
+    try:
+        return msgspec.convert(item, typ)
+    except UnicodeEncodeError as e:  # (msgspec cannot even word the error of a surrogate)
+        raise msgspec.ValidationError(f"string with a lone surrogate ({e.reason}) - at `$`") from None
+
+
+def _empty_states_reason(data: Optional[bytes]) -> str:
+    why = "empty list: no rank state, nothing to ingest"
+    if data is not None and data.count(b'"internal_states"') > 1:
+        why += ("; the document repeats the top-level key 'internal_states' and JSON decoders keep the last "
+                "(empty) one")
+    return why
 
 
 class _PayloadRejected(Exception):
