@@ -182,11 +182,18 @@ def build_report(
     findings: list[Finding] = []
     summary = reader.run_summary(ids)
     runs = F.runs_in(reader, ids)
+    from acceptscope.store import incomplete_runs
+
+    incomplete = incomplete_runs(reader.runs(), ids)
+    for rid in incomplete:
+        findings.append(Finding("warn", "runs", f"run {rid} is incomplete: it has no completion mark (still being "
+                                "written, or the command writing it was killed); its figures cover only the rows "
+                                "written so far"))
     compact = _arm_run(summary, "compact")
     audit = _arm_run(summary, "cap-accept")
     static = _arm_run(summary, "static")
     truth_run = audit or static
-    headline: dict[str, Any] = {}
+    headline: dict[str, Any] = {"complete": {rid: rid not in incomplete for rid in ids}}
 
     # -- estimators ----------------------------------------------------------
     # production-side estimates (tail, utilization, cost, planner) on compact; calibration with realized

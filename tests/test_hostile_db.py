@@ -69,3 +69,39 @@ def test_estimate_opens_the_store_read_only(real_db, tmp_path):
     r = CliRunner().invoke(app, ["estimate", "--db", str(db), "--json", "--n-boot", "10"], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert db.read_bytes() == before and not Path(str(db) + ".wal").exists()  # not one byte written
+
+
+def test_killed_run_is_reported_incomplete(real_db, tmp_path):
+    """issue 11: a run killed at 40% looked finished. A run without the completion mark is warned about
+    (exit 0) and carries complete: false; an ingest that finishes marks its runs complete."""
+    db = tmp_path / "k.duckdb"
+    shutil.copy(real_db, db)
+    store = Store(db)
+    assert store.incomplete_runs() == []  # the ingest that wrote it finished
+    with store.connect() as con:  # what a SIGKILL leaves: rows written, no completion mark
+        con.execute("UPDATE runs SET completed_at = NULL")
+    (rid,) = store.incomplete_runs()
+    r = CliRunner().invoke(app, ["estimate", "--db", str(db), "--json", "--n-boot", "10"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert f"warning: run {rid} is incomplete" in " ".join(r.output.split())
+    d = __import__("json").loads(r.stdout[r.stdout.index("{"):])
+    assert d[rid]["complete"] is False
+    r = CliRunner().invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r.html"), "--json",
+                                 "--no-estimators"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    d = __import__("json").loads(r.stdout[r.stdout.index("{"):])
+    assert d["headline"]["complete"] == {rid: False}
+    assert any(f["area"] == "runs" and "is incomplete" in f["text"] for f in d["findings"])
+
+
+def test_file_from_before_the_mark_is_migrated_and_not_misreported(real_db, tmp_path):
+    db = tmp_path / "old.duckdb"
+    shutil.copy(real_db, db)
+    con = duckdb.connect(str(db))
+    con.execute("ALTER TABLE runs DROP COLUMN completed_at")  # a file written before the column existed
+    con.close()
+    assert Store(db, read_only=True).incomplete_runs() == []  # unknown, not "incomplete"
+    store = Store(db)  # a writer adds the column, then marks what it finishes
+    assert len(store.incomplete_runs()) == 1
+    store.mark_complete(store.runs().run_id.tolist())
+    assert store.incomplete_runs() == []

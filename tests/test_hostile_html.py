@@ -120,3 +120,13 @@ def test_notebook_tables_escape_cells():
 
     html = pd.DataFrame({"run_id": [RUN_XSS], "workload": [WORKLOAD_XSS]})._repr_html_()
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_audit_runs_are_marked_complete(tmp_path_factory):
+    """`acceptscope audit` (through `run` for each arm) marks every run it finished complete."""
+    from acceptscope.store import Store
+
+    db, summary = build_audit_db(tmp_path_factory)
+    store = Store(db, read_only=True)
+    assert set(store.runs().run_id) == {r["run_id"] for r in summary["runs"].values()}
+    assert store.incomplete_runs() == []

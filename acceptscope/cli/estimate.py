@@ -66,6 +66,12 @@ def register(app: typer.Typer) -> None:
         if not ids:
             console.print(f"[yellow]{db}: no runs[/yellow]")
             raise typer.Exit(EXIT_NO_DATA)
+        incomplete = set(store.incomplete_runs(ids))
+        for rid in ids:
+            if rid in incomplete:
+                console.print(f"warning: run {rid} is incomplete (no completion mark: still being written, or its "
+                              "command was killed); the estimates cover only the rows written so far",
+                              style="yellow", markup=False, highlight=False)
         out = {}
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("estimating", total=len(ids))
@@ -77,6 +83,7 @@ def register(app: typer.Typer) -> None:
                     out[rid] = {"error": str(e)}
                 except duckdb.Error as e:  # a file damaged past its header
                     raise unreadable_db(db, e) from None
+                out[rid]["complete"] = rid not in incomplete
                 prog.advance(task)
         if json_out:
             emit_json(out)

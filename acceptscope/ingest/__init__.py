@@ -346,6 +346,8 @@ def ingest_paths(
             writer.close()
         if bar is not None:
             bar.stop()
+    if store is not None and hasattr(store, "mark_complete"):
+        store.mark_complete([f["run_id"] for f in per_file])  # (reached only when no file aborted the call)
     inserted: dict[str, int] = {}
     if writer is not None:
         inserted = writer.stats()["rows_inserted"]

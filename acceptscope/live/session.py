@@ -342,6 +342,11 @@ class LiveCapture:
             self.sink.close()
         else:
             self.sink.flush()
+        if self.run_id:
+            try:
+                self.store.mark_complete(self.run_id)
+            except Exception as e:  # noqa: BLE001 - the capture is stored; only the mark is missing
+                self.warnings.append(f"run not marked complete: {type(e).__name__}: {e}")
         ps = self.poller.stats if self.poller else None
         if ps and ps.last_error:
             self.warnings.append(f"poller: {ps.last_error}")
