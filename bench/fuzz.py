@@ -140,6 +140,9 @@ def attack_child(name: str, work: Path) -> dict:
     import re
 
     work.mkdir(parents=True, exist_ok=True)
+    import acceptscope.ingest.server_info  # noqa: F401  (the baseline: what every attack imports anyway)
+    import acceptscope.store  # noqa: F401
+
     rss0 = _rss_mb()
     t0 = time.perf_counter()
     row: dict = {"attack": name}
@@ -158,10 +161,10 @@ def attack_child(name: str, work: Path) -> dict:
         row.update(files=2, rows_clean=_data_rows(clean), rows_stored=_data_rows(got),
                    rejects=s["rejects"]["count"], exit="ok")
     elif name == "1M {} estimator records":
-        f = work / "junk.estimator.jsonl"
-        f.write_bytes(b"{}\n" * 1_000_000)
+        f = work / "junk.estimator.jsonl"  # one real record (so it is sniffed as estimator JSONL), then 1M {}
+        f.write_bytes((FX / "capacc.estimator.jsonl").read_bytes().split(b"\n")[0] + b"\n" + b"{}\n" * 1_000_000)
         got, s = _ingest_counts([f], work / "x.duckdb")
-        row.update(files=1, rows_clean=0, rows_stored=_data_rows(got), rejects=s["rejects"]["count"],
+        row.update(files=1, rows_clean=2, rows_stored=_data_rows(got), rejects=s["rejects"]["count"],
                    rejects_stored=got.get("rejects", 0), file_mb=round(f.stat().st_size / 1e6, 1), exit="ok")
     elif name in ("FIFO named like an artifact", "symlink to /dev/zero"):
         f = work / ("a.server_info.json" if "FIFO" in name else "b.estimator.jsonl")

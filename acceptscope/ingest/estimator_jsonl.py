@@ -62,10 +62,13 @@ class EstimatorIngestor:
         self.seen_pg: set[tuple[str, int, int]] = set()
         self.seen_eos: set[tuple[str, int]] = set()
 
-    def feed_lines(self, lines) -> IngestBatch:
+    def feed_lines(self, lines, *, infer_gamma: bool = True) -> IngestBatch:
         """Parse complete lines (str or bytes, without or with the trailing newline)."""
         batch = IngestBatch()
-        parsed: list[tuple[int, Any, bytes]] = []
+        if self.gamma is None and infer_gamma:
+            lines = list(lines)
+            self.gamma = _lines_gamma(lines)
+        # one line at a time (no list of decoded lines): a file of a million bad lines stays small
         for raw in lines:
             self.line += 1
             if isinstance(raw, str):
@@ -82,15 +85,7 @@ class EstimatorIngestor:
             if poison is not None:
                 batch.reject(make_reject(self.source, self.line, *poison, raw, self.run_id))
                 continue
-            parsed.append((self.line, o, raw))
-        if self.gamma is None:
-            for _, o, _ in parsed:
-                if isinstance(o, dict) and _is_int(o.get("w")) and 0 <= o["w"] <= INT32_MAX \
-                        and isinstance(o.get("trimmed_tokens"), list):
-                    self.gamma = o["w"] + len(o["trimmed_tokens"])
-                    break
-        for line, o, raw in parsed:
-            self._one(line, o, raw, batch)
+            self._one(self.line, o, raw, batch)
         return batch
 
     def _one(self, line: int, o: Any, raw: bytes, batch: IngestBatch) -> None:
@@ -158,7 +153,25 @@ class EstimatorIngestor:
 
 def file_gamma(data: bytes) -> Optional[int]:
     """gamma of an estimator file: w + len(trimmed_tokens) of its first opening row."""
-    for raw in data.split(b"\n"):
+    return _lines_gamma(_iter_lines(data))
+
+
+def _iter_lines(data: bytes):
+    """The lines of ``data`` one at a time (no list of a million bytes objects); no empty last line."""
+    start, n = 0, len(data)
+    while start < n:
+        nl = data.find(b"\n", start)
+        if nl < 0:
+            yield data[start:]
+            return
+        yield data[start:nl]
+        start = nl + 1
+
+
+def _lines_gamma(lines) -> Optional[int]:
+    for raw in lines:
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8", "surrogatepass")
         if b'"trimmed_tokens"' not in raw:
             continue
         try:
@@ -182,10 +195,7 @@ def parse_estimator_jsonl(
     ing = EstimatorIngestor(run_id, source, gamma)
     if gamma is None:
         ing.gamma = file_gamma(data)
-    lines = data.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()
-    return ing.feed_lines(lines)
+    return ing.feed_lines(_iter_lines(data), infer_gamma=False)  # (file_gamma already looked at every line)
 
 
 def _check_row(o: dict, gamma: Optional[int], gamma_src: str) -> Optional[tuple[str, str]]:
