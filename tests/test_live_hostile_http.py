@@ -100,3 +100,17 @@ def test_attach_duration_is_a_hard_stop(tmp_path):
     assert d["polls"]["polls"] >= 1 and d["polls"]["down_polls"] >= 1
     steps = Store(db, read_only=True).query_arrow("SELECT count(*) AS n FROM request_steps").to_pylist()[0]["n"]
     assert steps == 720
+
+
+def test_attach_whose_every_poll_fails_exits_1_with_rejects(tmp_path):
+    """issue 11: under a memory limit every poll ended in MemoryError and the command exited 0."""
+    body = FIXTURE.read_bytes()
+    plan = {"/server_info": ["ok", "huge"], "/metrics": ["redirect"]}
+    db = tmp_path / "live.duckdb"
+    with HostileServer(plan, body=body) as srv:
+        r = CliRunner().invoke(app, ["live", "attach", "--url", srv.url, "--db", str(db), "--duration", "1",
+                                     "--poll-interval", "0.3", "--max-response-mb", "1"], env={"COLUMNS": "80"})
+    assert r.exit_code == 1, r.output
+    assert "no poll of" in r.output and "ResponseTooLarge" in r.output
+    rejects = Store(db, read_only=True).query_arrow("SELECT reason FROM rejects").column(0).to_pylist()
+    assert rejects and all(x.startswith("poll refused: ResponseTooLarge") for x in rejects)

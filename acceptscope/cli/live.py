@@ -187,6 +187,7 @@ Examples:
             console.print(f"[red]{e}[/red]")
             raise typer.Exit(EXIT_FAILURE)
         d = summary.as_dict()
+        no_poll = not d["polls"].get("polls") and d["polls"].get("down_polls")
         if json_out:
             emit_json(d)
         else:
@@ -194,6 +195,10 @@ Examples:
                           f"{d['sink']['rows']} rows; gaps {summary.gaps or 'none'}; rejects {summary.rejects}")
             for w in summary.warnings:
                 console.print(f"[yellow]warning:[/yellow] {w}")
+        if no_poll:  # every poll failed (server down, too slow, too large, redirected): nothing was captured
+            console.print(f"no poll of {url}/server_info succeeded ({d['polls']['down_polls']} failed; last: "
+                          f"{d['polls'].get('last_error')})", style="red", markup=False, soft_wrap=True)
+            raise typer.Exit(EXIT_FAILURE)
 
     @live.command("drive", help="""Send a workload to a server and record per-request meta_info in `requests`.
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import msgspec
 import requests
 
-from acceptscope.live.http import DEFAULT_MAX_BYTES, fetch
+from acceptscope.live.http import DEFAULT_MAX_BYTES, DeadlineExceeded, Redirected, ResponseTooLarge, fetch
 
 CLEAR_BODY = {"server_args": {"dspark_clear_info_records": True}}
 
@@ -152,6 +152,12 @@ class ServerInfoPoller:
         except requests.RequestException as e:
             self.stats.down_polls += 1
             self.stats.last_error = f"{type(e).__name__}: {e}"
+            if isinstance(e, (ResponseTooLarge, Redirected, DeadlineExceeded)):  # the server answered, badly
+                from acceptscope.ingest.rejects import make_reject
+
+                self.stats.rejects += 1
+                self.sink({"rejects": [make_reject(self.url, poll_no, "$", f"poll refused: {type(e).__name__}: {e}",
+                                                   None, self.run_id)]})
             return None
         self.stats.last_latency_s = time.monotonic() - t0
         self.stats.polls += 1
