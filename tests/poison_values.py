@@ -149,9 +149,16 @@ def load_case(kind: str, name: str, unit: str, max_records: int | None = None) -
     if unit == "line":
         starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
         spans = [(a, b) for a, b in zip(starts, starts[1:] + [len(text)])]
-    elif unit == "record":  # ring records: from one {"forward_ct" to the next
-        marks = [m.start() for m in re.finditer(r'\{"forward_ct"', text)]
-        spans = [(a, b) for a, b in zip(marks, marks[1:] + [text.rindex("]")])]
+    elif unit == "record":  # ring records, located by their own text (payload headers are no record's)
+        import json
+
+        spans, pos = [], 0
+        for st_ in json.loads(text)["internal_states"]:
+            for rec in st_["dspark_info_record"]["records"]:
+                piece = json.dumps(rec)
+                a = text.index(piece, pos)
+                spans.append((a, a + len(piece)))
+                pos = a + len(piece)
     elif unit == "item":  # the responses of one JSON array
         marks = [m.start() for m in re.finditer(r'\{"text"', text)]
         spans = [(a, b) for a, b in zip(marks, marks[1:] + [len(text)])]
@@ -160,8 +167,9 @@ def load_case(kind: str, name: str, unit: str, max_records: int | None = None) -
     rows_of: dict = {}
     for m in value_sites(text):
         span = next((s for s in spans if s[0] <= m.start() < s[1]), None)
-        if span is None:  # (a payload header: the whole state is its unit; kept out of the per-unit check)
-            continue
+        if span is None:  # a payload/state header field: its unit is (at most) the whole payload
+            span = (0, len(text))
+            rows_of[span] = c.baseline
         if span not in rows_of:
             piece = text[span[0]:span[1]]
             if unit == "line":

@@ -81,6 +81,7 @@ __all__ = [
 ]
 
 RING_CAPACITY = 200_000  # SGLang INFO_DUMP_MAX_RECORDS
+_MAX_GAMMA = 1024  # far above any draft block SGLang runs; a larger one is a corrupt header, not a setting
 KNOWN_COMPONENTS = frozenset(
     {"core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs"}
 )
@@ -849,8 +850,9 @@ class ServerInfoIngestor:
             return None
         gamma, vndt, mode = get("gamma"), get("verify_num_draft_tokens"), get("mode")
         comps, records, sim = get("components"), get("records"), get("simulate_acc_len")
-        if not _is_int(gamma) or gamma < 1:
-            rej("gamma", f"expected a positive int, got {gamma!r}")
+        if not _is_int(gamma) or not 1 <= gamma <= _MAX_GAMMA:
+            rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got "
+                         f"{gamma!r}" if not _is_int(gamma) or abs(gamma) <= INT64_MAX else "an integer outside int64")
             return None
         if not _is_int(vndt) or vndt != gamma + 1:
             rej("verify_num_draft_tokens", f"{vndt!r} != gamma+1 ({gamma + 1})")
@@ -877,8 +879,10 @@ class ServerInfoIngestor:
                 rej(f"components[{k}]", f"unknown info-dump component {c!r} (known: {sorted(KNOWN_COMPONENTS)})")
             else:
                 comp_list.append(c)
-        if sim is not None and not (isinstance(sim, (int, float)) and not isinstance(sim, bool) and math.isfinite(sim)):
-            rej("simulate_acc_len", f"expected a number or null, got {sim!r}")
+        if sim is not None and not (isinstance(sim, float) and math.isfinite(sim)
+                                    or _is_int(sim) and abs(sim) <= INT64_MAX):  # (math.isfinite(10**400) raises)
+            rej("simulate_acc_len", f"expected a number or null, got {safe_text(repr(sim))[:80]}"
+                if not isinstance(sim, int) or abs(sim) <= INT64_MAX else "integer outside int64")
             sim = None
         self.gamma = gamma
         self.arm = mode
