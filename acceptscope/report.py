@@ -357,6 +357,9 @@ def build_report(
                                     "trimmed tail, so the interval cannot bound tails elsewhere: audit a larger "
                                     "fraction"))
 
+    if samp is None and compact:
+        _production_only(views.get(compact, {}), page, findings, headline, th)
+
     # -- counterfactual tail -------------------------------------------------
     shown = est_figs("tail", "tail", [compact])
     shown = est_figs("validation", "tail", [truth_run]) or shown
@@ -433,6 +436,24 @@ def build_report(
                        par.to_dict() if par is not None else None,
                        samp.to_dict() if samp is not None else None, headline)
     return text, res
+
+
+def _production_only(views: dict, page: "_Page", findings: list, headline: dict, th: "Thresholds") -> None:
+    """A compact run with no audit arm: utilization against the ceiling the tail estimator inferred
+    from the run's own telemetry, and a plain statement of what is observed and what is estimated."""
+    uv, tv = views.get("utilization"), views.get("tail")
+    if uv is None or tv is None or uv.raw is None or tv.raw is None:
+        return
+    r = uv.raw.by_group[uv.raw.by_group.by == "run"].iloc[0]
+    s = tv.raw.summary()
+    lo, hi = r.get("util_lo", r.utilization), r.get("util_hi", r.utilization)
+    headline["utilization"] = {"estimate": float(r.utilization), "lo": float(lo), "hi": float(hi),
+                               "basis": "estimated ceiling (no audit arm)"}
+    findings.append(Finding("ok" if r.utilization >= th.utilization else "warn", "utilization", html.escape(
+        f"compact utilization {r.utilization:.1%} of the estimated ceiling [{lo:.1%}, {hi:.1%}], no audit arm: "
+        f"{s['n_unresolved']} of {s['n_censored']} trimmed blocks are model-based")))
+    for section in ("utilization", "tail"):
+        page.note(section, html.escape(s["statement"]))
 
 
 def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:

@@ -668,6 +668,21 @@ class Store:
         self.write_arrow(arrow)
         return {name: tbl.num_rows for name, tbl in arrow.items()}
 
+    def update_run(self, run_id: str, values: Mapping[str, Any]) -> int:
+        """Set columns of one ``runs`` row (links to tables, temperature); returns rows changed."""
+        if self.read_only:
+            raise PermissionError(f"{self.path}: this Store was opened read_only")
+        if not values:
+            return 0
+        for c in values:
+            schema.RUNS.column(c)
+            if c == "run_id":
+                raise ValueError("run_id is the key of runs; it cannot be updated")
+        sets = ", ".join(f"{_q(c)} = ?" for c in values)
+        with self.connect() as con:
+            return int(con.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*values.values(), run_id])
+                       .fetchone()[0])
+
     def writer(self, **kwargs: Any) -> "TelemetryWriter":  # noqa: F821 - imported lazily
         """A streaming, buffered, thread-safe writer (see ``acceptscope.writer``)."""
         from acceptscope.writer import TelemetryWriter

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["run_all", "load_run", "to_jsonable"]
+__all__ = ["run_all", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility"]
 
 
 def load_run(store, run_id: str) -> dict[str, Any]:
@@ -38,6 +38,7 @@ def load_run(store, run_id: str) -> dict[str, Any]:
     out = {"run": runs.iloc[0].to_dict()}
     for t in ("request_steps", "steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
         out[t] = store.read_table(t, run_id)
+    out["request_steps"] = _with_temperatures(store, run_id, out["request_steps"], out["run"].get("temperature"))
     sps_hash = out["run"].get("sps_hash")
     out["sps_table"] = None
     if sps_hash:
@@ -56,6 +57,67 @@ def load_run(store, run_id: str) -> dict[str, Any]:
         d = store.query_df("SELECT position, temperature FROM sts_tables WHERE table_hash = ? ORDER BY position", [sts_hash])
         if len(d):
             out["sts_temperatures"] = d.temperature.to_numpy()
+    from acceptscope.ingest.links import named_tables
+
+    out["sts_named"] = named_tables(out["run"].get("config_json")).get("sts_hash")
+    return out
+
+
+def sts_in_force(data: dict):
+    """Temperatures the run's confidences were served with (None: identity, no table loaded).
+
+    Raises ValueError when the server named an STS table that is not in the store: its
+    recorded confidences are post-STS, so a fit on them without the table would be a fit of
+    the wrong quantity (reference §3.3: ``c_k = sigmoid(z_k / T_k)``)."""
+    if data["sts_temperatures"] is None and data.get("sts_named"):
+        raise ValueError(f"run {data['run']['run_id']!r} served with the STS table {data['sts_named']}, which is not "
+                         "in the store: ingest that file (acceptscope ingest FILE) so it links to the run")
+    return data["sts_temperatures"]
+
+
+def _with_temperatures(store, run_id: str, rs: pd.DataFrame, run_temperature) -> pd.DataFrame:
+    """Fill request-steps' missing temperatures: the request's own (``requests``: a traffic
+    driver's records), else the run's (``acceptscope ingest --temperature``). SGLang's dumps
+    carry none; a greedy request known as such resolves its trimmed tail exactly."""
+    if rs.empty or "temperature" not in rs or not rs["temperature"].isna().any():
+        return rs
+    req = store.query_df("SELECT rid, temperature FROM requests WHERE run_id = ? AND temperature IS NOT NULL",
+                         [run_id])
+    t = rs["temperature"]
+    if len(req):
+        t = t.fillna(rs["rid"].map(pd.Series(req["temperature"].to_numpy(), index=req["rid"])))
+    if run_temperature is not None and not pd.isna(run_temperature):
+        t = t.fillna(float(run_temperature))
+    return rs.assign(temperature=t.astype(float))
+
+
+def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
+    """Why ``other``'s observed tails cannot stand in for ``run_id``'s (empty: compatible).
+
+    Hazards transfer only between runs whose drafts were scheduled alike: the same gamma,
+    the same STS table in force (it changes what a confidence value means) and the same
+    temperature mix (greedy and sampled acceptance differ; shares within 0.1)."""
+    runs = store.query_df("SELECT run_id, gamma, sts_hash, temperature FROM runs WHERE run_id IN (?, ?)",
+                          [run_id, other]).set_index("run_id")
+    if other not in runs.index:
+        return [f"run {other!r} is not in {store.path}"]
+    a, b = runs.loc[run_id], runs.loc[other]
+    out = []
+    if int(a.gamma) != int(b.gamma):
+        out.append(f"gamma {int(b.gamma)} != {int(a.gamma)}")
+    sa, sb = (None if pd.isna(x) else x for x in (a.sts_hash, b.sts_hash))
+    if sa != sb:
+        out.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
+    mix = {}
+    for r in (run_id, other):
+        d = _with_temperatures(store, r, store.read_table("request_steps", r, columns=["rid", "temperature"]),
+                               runs.loc[r, "temperature"])
+        t = d["temperature"]
+        mix[r] = None if t.isna().all() else (t.fillna(1.0) <= 0).mean()
+    if (mix[run_id] is None) != (mix[other] is None):
+        out.append("temperature known for one run only (ingest --temperature or request records)")
+    elif mix[run_id] is not None and abs(mix[run_id] - mix[other]) > 0.1:
+        out.append(f"greedy share {mix[other]:.2f} vs {mix[run_id]:.2f}")
     return out
 
 
@@ -77,18 +139,23 @@ def _sps_from_config(config_json, sps_hash):
     return SpsTable.from_json(raw.decode("utf-8"))
 
 
-def _truth_runs(store, gamma: int, exclude: str, audit_group=None) -> list[str]:
-    q = ("SELECT r.run_id, r.audit_group FROM runs r WHERE r.gamma = ? AND r.run_id <> ? AND r.arm IN ('cap-accept','static') "
+def _audit_truth_runs(store, gamma: int, exclude: str, audit_group) -> list[str]:
+    """Truth-bearing arms (cap-accept / static, ceiling recorded) of the same audit, with this gamma."""
+    if audit_group is None:
+        return []
+    q = ("SELECT r.run_id FROM runs r WHERE r.gamma = ? AND r.run_id <> ? AND r.audit_group = ? "
+         "AND r.arm IN ('cap-accept','static') "
          "AND EXISTS (SELECT 1 FROM request_steps s WHERE s.run_id = r.run_id AND s.ceiling IS NOT NULL)")
-    d = store.query_df(q, [int(gamma), exclude])
-    if audit_group is not None and (d.audit_group == audit_group).any():
-        d = d[d.audit_group == audit_group]
-    return d.run_id.tolist()
+    return store.query_df(q, [int(gamma), exclude, audit_group]).run_id.tolist()
 
 
 def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
-            use_sglang_pg: bool = False) -> dict[str, Any]:
-    """Every estimator that applies to ``run_id``; see the module docstring."""
+            use_sglang_pg: bool = False, hazards_from: str | None = None) -> dict[str, Any]:
+    """Every estimator that applies to ``run_id``; see the module docstring.
+
+    Tail hazards of a run without a recorded ceiling come from its own observed outcomes, from
+    the truth-bearing arm of its own audit (``audit_group``), or from ``hazards_from`` when the
+    user names a run; a named run must pass :func:`hazard_compatibility` (ValueError)."""
     from estimators.bracket import bracket_from_jsonl, trim_counters
     from estimators.calibration import calibration_data, compare
     from estimators.cost import CostModel
@@ -105,18 +172,30 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     frame = BlockFrame.from_request_steps(rs, gamma=gamma)
     res: dict[str, Any] = {"skipped": {}}
     # tail
+    if hazards_from is not None:
+        problems = hazard_compatibility(store, run_id, hazards_from)
+        if problems:
+            raise ValueError(f"--hazards-from {hazards_from}: not compatible with {run_id}: " + "; ".join(problems))
     if frame.has_truth.all():
         est = TailEstimator().fit(frame)
-        train_note = "this run (ceiling recorded: estimates are exact)"
+        train_note = "this run: ceiling recorded on every request-step (the verify ran the whole block): no tail is estimated"
     else:
-        others = _truth_runs(store, gamma, run_id, data["run"].get("audit_group"))
+        others = ([hazards_from] if hazards_from is not None else
+                  [o for o in _audit_truth_runs(store, gamma, run_id, data["run"].get("audit_group"))
+                   if not hazard_compatibility(store, run_id, o)])
         if others:
-            train = store.read_table("request_steps", others)
+            train = _with_temperatures(store, others[0], store.read_table("request_steps", others),
+                                       store.query_df("SELECT temperature FROM runs WHERE run_id = ?",
+                                                      [others[0]]).temperature.iloc[0])
             est = TailEstimator().fit(train, gamma=gamma)
-            train_note = f"hazards fitted on truth runs {others}"
+            train_note = (f"hazards fitted on run {others[0]} (named by --hazards-from; compatible: gamma, STS "
+                          "table, temperature mix)" if hazards_from is not None else
+                          f"hazards fitted on the truth-bearing arm of this audit: {', '.join(others)}")
         else:
             est = TailEstimator().fit(frame)
-            train_note = "no truth-bearing run with this gamma: hazards fitted on this run's observed outcomes"
+            train_note = ("hazards fitted on this run's own observed outcomes (in-window accepts and rejections, "
+                          "the exactly observed first trimmed position, greedy walks); deeper trimmed positions "
+                          "are extrapolated in confidence")
     # SGLang's pg p/q can extend the walk (``use_sglang_pg``); off by default: not validated yet
     gather = ({"gather": data["estimator_gather"], "rows": data["estimator_rows"]}
               if use_sglang_pg and len(data["estimator_gather"]) else None)
@@ -141,12 +220,14 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
                                      n_boot=n_boot, seed=seed)
     # calibration
     try:
+        in_force = sts_in_force(data)
         if frame.has_truth.all():
-            d = calibration_data(frame, "realized", temperatures=data["sts_temperatures"])
+            d = calibration_data(frame, "realized", temperatures=in_force)
         else:
             d = calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
         tr, te = d.split(seed=seed)
-        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed)
+        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
+                                     extra_fits=None if in_force is None else {"in-force": list(in_force)})
     except ValueError as e:
         res["skipped"]["calibration"] = str(e)
     # cost

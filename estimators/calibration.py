@@ -48,6 +48,7 @@ from estimators.calibration_metrics import EPS, position_metrics, reliability_ta
 from estimators.frame import BlockFrame, padded
 
 METHODS = ("sequential-ece", "smooth-nll", "smooth-brier")
+STEP_BLOCK_ROWS = 32  # rows of an STS shard held out together when it has no request ids
 LOG_T_BOUNDS = (math.log(0.05), math.log(20.0))
 
 
@@ -177,7 +178,13 @@ def calibration_data(data, label: str = "realized", sts_samples: pd.DataFrame | 
         notes = [f"greedy argmax-match label from sts_samples ({len(s)} rows)"]
         if (~ok).any():
             notes.append(f"dropped {(~ok).sum()} rows with non-finite logits/labels")
-        return CalData(z[ok], y[ok], None, "greedy", notes)
+        groups = None
+        if {"shard", "row_index"} <= set(s.columns):
+            # no request id in SGLang's shards: hold out contiguous stretches (whole decode steps, mostly)
+            groups = (s["shard"].to_numpy(np.int64) << 32) + s["row_index"].to_numpy(np.int64) // STEP_BLOCK_ROWS
+            notes.append(f"STS shards carry no request or step id: held-out split by contiguous blocks of "
+                         f"{STEP_BLOCK_ROWS} rows (whole decode steps, mostly), not by request")
+        return CalData(z[ok], y[ok], None if groups is None else groups[ok], "greedy", notes)
     if label != "realized":
         raise ValueError(f"label must be 'realized' or 'greedy', got {label!r}")
     frame = data if isinstance(data, BlockFrame) else BlockFrame.from_request_steps(data, gamma=gamma)

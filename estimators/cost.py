@@ -194,7 +194,9 @@ class CostModel:
         self.table_ = self._table(beta_all)
         pred = self.table_.step_seconds(n, b) * 1e3
         notes = []
-        if np.corrcoef(n[ok], b[ok])[0, 1] > 0.999:
+        if np.ptp(n[ok]) == 0 or np.ptp(b[ok]) == 0:
+            notes.append("bs or the verify tokens never vary here: the alpha/theta split is not identified")
+        elif np.corrcoef(n[ok], b[ok])[0, 1] > 0.999:
             notes.append(f"bs and {tok} are collinear (e.g. cap-accept executes bs*(gamma+1)): alpha/theta split is not identified")
         preds = pd.DataFrame({"bs": n, "tokens": b, "measured_ms": y, "predicted_ms": pred,
                               "split": np.where(ok, "train", "dropped")})

@@ -98,6 +98,9 @@ def _col(df: pd.DataFrame, name: str, fill, dtype) -> np.ndarray:
     return s.fillna(fill).to_numpy(dtype=dtype)
 
 
+NO_WORKLOAD = "(unlabelled)"  # the workload of request-steps whose traffic carried no label
+
+
 @dataclass
 class BlockFrame:
     """``request_steps`` of one or more runs as sorted, padded arrays (one row per request-step).
@@ -177,6 +180,9 @@ class BlockFrame:
             raise ValueError("request_steps frame is empty")
         if "run_id" not in df.columns:
             df["run_id"] = "run"
+        if "workload" in df.columns and df["workload"].isna().any():
+            # SGLang telemetry carries no workload: one group of its own, never a NULL group key
+            df["workload"] = df["workload"].astype(object).where(df["workload"].notna(), NO_WORKLOAD)
         for c, d in (("epoch", 0), ("forward_ct", 0), ("rank", 0)):
             if c not in df.columns:
                 df[c] = d

@@ -244,11 +244,29 @@ class TailResult:
         b = self.blocks
         c = b[b.censored]
         modes = c["mode"].value_counts().to_dict()
+        resolved = int(c.resolved.sum())
+        recorded = "truth" in b and not b["truth"].isna().any()
         out = dict(n_request_steps=int(len(b)), n_censored=int(len(c)), censored_by_mode=modes,
                    mean_ceiling=float(b["mean"].mean()), mean_accept_length=float(b["mean"].mean() + 1),
                    greedy_resolved=int((c["mode"].eq("greedy") & c.resolved).sum()),
+                   n_resolved=resolved, n_unresolved=int(len(c)) - resolved,
+                   ceiling="recorded" if recorded else "estimated",
+                   statement=self._statement(len(b), len(c), resolved, recorded),
                    hazard=self.hazard_info, notes=self.notes)
         return out
+
+    def _statement(self, n: int, n_cens: int, resolved: int, recorded: bool) -> str:
+        """What is observed and what is estimated, in one sentence a reader can check."""
+        if recorded:
+            return (f"ceiling recorded on all {n} request-steps (the verify ran the whole block; mean "
+                    f"{self.blocks['truth'].mean():.3f} drafts): utilization is exact; the tail figures are the "
+                    f"estimator run as if it were hidden ({n_cens - resolved} of {n_cens} trimmed blocks "
+                    "model-based), for comparison with the recorded ceiling")
+        src = next((x for x in self.notes if x.startswith("hazards fitted")), "hazards from a fitted model")
+        return (f"{n - n_cens} of {n} request-steps observed in full (a rejection inside the window, or no "
+                f"trimming); {n_cens} trimmed blocks accepted their whole window: {resolved} resolved exactly from "
+                f"the telemetry (capped bonus, greedy walks, log-probs), {n_cens - resolved} unresolved and "
+                f"estimated with predictive intervals ({src})")
 
     def aggregate(self, by: list[str] | str | None = None, level: float = 0.95, n_boot: int = 400,
                   target: str = "run", seed: int = 0) -> pd.DataFrame:
@@ -263,12 +281,18 @@ class TailResult:
         b = self.blocks
         by = [by] if isinstance(by, str) else (by or [])
         rng = np.random.default_rng(seed)
-        keys = b[by].astype(str).agg("|".join, axis=1) if by else pd.Series("all", index=b.index)
-        gcode, gnames = pd.factorize(keys)
-        req = pd.factorize(b["run_id"].astype(str) + "\x00" + b["rid"].astype(str))[0]
+        # integer group codes (a NULL key is a group of its own), numbered by first appearance
+        if by:
+            gcode = pd.factorize(b.groupby(by, dropna=False, sort=False).ngroup().to_numpy())[0]
+            first = np.unique(gcode, return_index=True)[1]
+            labels = {c: ["(none)" if pd.isna(v) else str(v) for v in b[c].to_numpy()[first]] for c in by}
+            gnames = pd.Index(["|".join(t) for t in zip(*(labels[c] for c in by))])
+        else:
+            gcode, gnames, labels = np.zeros(len(b), np.int64), pd.Index(["all"]), {}
+        req = b.groupby(["run_id", "rid"], dropna=False, sort=False).ngroup().to_numpy()
         ng = len(gnames)
         # per (group, request) cluster sums
-        cl = pd.factorize(pd.Series(gcode).astype(str) + ":" + pd.Series(req).astype(str))[0]
+        cl = pd.factorize(gcode.astype(np.int64) * (int(req.max()) + 1) + req)[0]
         ncl = cl.max() + 1
         cl_group = np.zeros(ncl, np.int64)
         cl_group[cl] = gcode
@@ -309,10 +333,8 @@ class TailResult:
             t = b["truth"].to_numpy(float)
             if not np.isnan(t).any():
                 out["truth"] = np.bincount(gcode, weights=t, minlength=ng) / np.bincount(gcode, minlength=ng)
-        if by:
-            parts = out["group"].str.split("|", expand=True)
-            for i, c in enumerate(by):
-                out[c] = parts[i]
+        for c in by:
+            out[c] = labels[c]
         return out
 
     def figure(self, by: str = "workload"):

@@ -37,6 +37,7 @@ def test_detect_rules():
         "spsprof.rounds.jsonl": "sps_profile_rounds",
         "drive.py": "skip",
         "make_fixtures.py": "skip",
+        "scenarios.py": "skip",
         **({"README.md": "skip"} if (FIX / "README.md").exists() else {}),
     }
     assert run_id_for("capacc.sts.0.pt") == "capacc"
@@ -57,10 +58,16 @@ def test_cli_ingest_fixtures_then_idempotent(tmp_path):
         assert counts[name] > 0, name
         assert t[name]["written"] == counts[name]
     assert t["steps"]["duplicates_ignored"] > 0  # the three capacc polls overlap
-    runs = store.runs().set_index("run_id")
-    assert runs.loc["capacc", "arm"] == "cap-accept" and runs.loc["compact", "arm"] == "compact"
-    assert set(runs["gamma"]) == {4}
-    rs = store.query_df("SELECT rank, min(rid) a, max(rid) b FROM request_steps WHERE run_id='capacc' GROUP BY rank")
+    runs = store.runs().set_index("arm")
+    # one run per server (from /server_info's launch fields), whatever the files are called
+    assert sorted(runs.index) == ["cap-accept", "compact"] and set(runs["gamma"]) == {4}
+    capacc = runs.loc["cap-accept", "run_id"]
+    assert sorted(s["runs"]) == sorted(runs.run_id) and capacc.startswith("sglang-cap-accept-target-model-")
+    by_file = {Path(f["path"]).name: f["run_id"] for f in s["files"]}
+    for name in ("capacc.polls.jsonl", "capacc.server_info.json", "capacc.estimator.jsonl", "capacc.sts.0.pt",
+                 "capacc.generate.json"):
+        assert by_file[name] == capacc, name
+    rs = store.query_df("SELECT rank, min(rid) a, max(rid) b FROM request_steps WHERE run_id=? GROUP BY rank", [capacc])
     for r in rs.itertuples():  # rank slots stay with their DP rank although arrival order flips
         assert r.a.split("-")[0] == r.b.split("-")[0] == f"rank{r.rank}"
     res2 = runner.invoke(app, ["ingest", str(FIX), "--db", str(db), "--json"])

@@ -142,7 +142,7 @@ def test_duplicate_key_with_empty_states_is_reported(tmp_path):
     f.write_text(text[:-1] + ', "internal_states": []}')
     summary, counts = _ingest(tmp_path, [f])
     (msg,) = summary["rejects"]["messages"]
-    assert msg.startswith(f"{f}:1: internal_states: empty list") and "repeats the top-level key" in msg
+    assert msg.startswith(f"{f}:1: internal_states: empty: ") and "repeats the top-level key" in msg
 
 
 def test_rejected_step_header_takes_its_request_rows(tmp_path):

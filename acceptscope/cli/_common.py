@@ -10,7 +10,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
-console = Console(stderr=True)
+# soft_wrap: messages are never broken by inserted newlines at the terminal's width (paths and run ids
+# stay whole for grep and for tests at any COLUMNS); tables still fit the width
+console = Console(stderr=True, soft_wrap=True)
 
 # Exit codes scripts can rely on.
 EXIT_OK = 0

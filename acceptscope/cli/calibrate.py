@@ -21,6 +21,12 @@ Labels: realized (default; needs a cap-accept or static run: position k is
 labelled reached iff k < ceiling) or greedy (SGLang's collector label from
 ingested STS shards).
 
+A run served with an STS table (its /server_info names one, and the file was
+ingested) recorded post-STS confidences c_k = sigmoid(z_k / T_k): the fit
+undoes the table in force (z_k = T_k * logit(c_k)), so --out is the table
+SGLang should load next, composed with the one in force; the held-out
+comparison shows identity, the table in force ("in-force") and each fit.
+
 Exit codes: 0 ok; 2 bad arguments; 3 no run / no usable samples.
 
 \b
@@ -57,10 +63,10 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from acceptscope.store import Store
-        from estimators import load_run
+        from estimators import load_run, sts_in_force
         from estimators.calibration import StsCalibrator, calibration_data, check_sglang_sts, compare
 
-        store = Store(db)
+        store = Store(db, read_only=True)
         try:
             data = load_run(store, run)
         except KeyError as e:
@@ -68,27 +74,36 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_NO_DATA)
         gamma = int(data["run"]["gamma"])
         try:
+            in_force = sts_in_force(data)
             with console.status("preparing samples"):
+                # realized labels on post-STS confidences: z = T_k * logit(c_k) undoes the table in force, so the
+                # fit is in the head's raw-logit space and its temperatures are what SGLang loads next
                 d = calibration_data(data["request_steps"] if label == "realized" else None, label,
-                                     sts_samples=data["sts_samples"], temperatures=data["sts_temperatures"], gamma=gamma)
+                                     sts_samples=data["sts_samples"], temperatures=in_force, gamma=gamma)
         except ValueError as e:
-            console.print(f"[red]{db} run {run!r}: {e}[/red]")
+            console.print(f"{db} run {run!r}: {e}", style="red", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_NO_DATA)
         tr, te = d.split(seed=seed)
+        extra_fits = None if in_force is None else {"in-force": [float(x) for x in in_force]}
         with console.status("fitting and scoring on the held-out split"):
-            res = compare(tr, te, n_boot=n_boot, seed=seed)
+            res = compare(tr, te, n_boot=n_boot, seed=seed, extra_fits=extra_fits)
             final = StsCalibrator(method).fit(d.z, d.y)
         summ = res.summary()
         held = summ.set_index("method")
         extra = {"held_out": {m: {"ece": float(held.loc[m, "ece"]), "brier": float(held.loc[m, "brier"])}
                               for m in held.index},
                  "held_out_temperatures": res.temperatures, "notes": d.notes, "run_id": run}
+        if in_force is not None:
+            extra["composed_with"] = {"table_hash": data["run"]["sts_hash"], "path": data.get("sts_named"),
+                                      "temperatures": [float(x) for x in in_force],
+                                      "relative": [float(a / b) for a, b in zip(final.temperatures_, in_force)]}
         text = final.to_sglang_json(dataset=f"acceptscope:{db.name}:{run}", label=label, extra=extra)
         check_sglang_sts(text, gamma=gamma)
         out.write_text(text, encoding="utf-8")
         if json_out:
             emit_json({"out": str(out), "method": method, "label": label, "temperatures": final.temperatures_,
-                       "num_samples": final.num_samples_, "held_out": res.to_json()["summary"], "notes": d.notes})
+                       "num_samples": final.num_samples_, "held_out": res.to_json()["summary"], "notes": d.notes,
+                       "in_force": extra_fits and extra_fits["in-force"]})
             return
         t = Table(title=f"STS held-out comparison (label: {label}; train {res.n_train}, test {res.n_test})")
         for c in ("method", "ECE(15w)", "ECE mass", "ECE debiased", "Brier", "NLL", "AUROC"):
@@ -97,3 +112,9 @@ def register(app: typer.Typer) -> None:
             t.add_row(f"{r['method']} ({r['stage']})", *(f"{r[c]:.4f}" for c in ("ece", "ece_mass", "ece_debiased", "brier", "nll", "auroc")))
         console.print(t)
         console.print(f"wrote {out}: T = [{', '.join(f'{x:.3f}' for x in final.temperatures_)}] ({method}, {label})")
+        if in_force is not None:
+            console.print("composed with the table in force (T = [" + ", ".join(f"{x:.3f}" for x in in_force)
+                          + "]): the file holds raw-logit temperatures, load it as is", markup=False, highlight=False,
+                          soft_wrap=True)
+        for note in d.notes:
+            console.print("  " + note, markup=False, highlight=False, soft_wrap=True)

@@ -40,6 +40,11 @@ def register(app: typer.Typer) -> None:
     def estimate(
         db: Path = DbOption,
         run: Optional[str] = typer.Option(None, "--run", help="Run id (default: every run in the database)."),
+        hazards_from: Optional[str] = typer.Option(
+            None, "--hazards-from",
+            help="Take the tail hazards of --run from this truth-bearing run (a cap-accept audit arm). Refused "
+                 "unless the two are compatible (gamma, STS table in force, temperature mix). Default: the run's "
+                 "own observed outcomes, or the cap-accept arm of its own audit."),
         n_boot: int = typer.Option(200, "--n-boot", min=10, help="Bootstrap replicates for intervals."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and the splits."),
         json_out: bool = JsonOption,
@@ -54,11 +59,17 @@ def register(app: typer.Typer) -> None:
 
         from estimators import run_all, to_jsonable
 
+        if hazards_from is not None and run is None:
+            console.print("[red]--hazards-from needs --run (the run whose tail it stands in for)[/red]")
+            raise typer.Exit(EXIT_USAGE)
         store = open_store_read_only(db)
         try:
             runs = store.runs()
         except duckdb.Error as e:
             raise unreadable_db(db, e) from None
+        if hazards_from is not None and hazards_from not in set(runs.run_id):
+            console.print(f"[red]{db}: no run {hazards_from!r} for --hazards-from[/red]")
+            raise typer.Exit(EXIT_USAGE)
         ids = [run] if run else runs.run_id.tolist()
         if run and run not in set(runs.run_id):
             console.print(f"[red]{db}: no run {run!r} (runs: {', '.join(runs.run_id) or 'none'})[/red]")
@@ -78,31 +89,41 @@ def register(app: typer.Typer) -> None:
             for rid in ids:
                 prog.update(task, description=f"estimating {rid}")
                 try:
-                    out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed))
-                except ValueError as e:
+                    out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed, hazards_from=hazards_from))
+                except (ValueError, KeyError) as e:
+                    if hazards_from is not None and "--hazards-from" in str(e):
+                        console.print(f"[red]{e}[/red]", markup=False, highlight=False, soft_wrap=True)
+                        raise typer.Exit(EXIT_USAGE)
                     out[rid] = {"error": str(e)}
                 except duckdb.Error as e:  # a file damaged past its header
                     raise unreadable_db(db, e) from None
+                if "error" not in out[rid]:
+                    row = runs.set_index("run_id").loc[rid]
+                    out[rid]["run"] = {"arm": row["arm"], "engine": row["engine"], "gamma": int(row["gamma"])}
                 out[rid]["complete"] = rid not in incomplete
                 prog.advance(task)
         if json_out:
             emit_json(out)
             return
         t = Table(title=f"acceptscope estimate: {db}")
-        for c in ("run", "request-steps", "censored", "mean ceiling [95%]", "utilization [95%]",
+        for c in ("run", "arm", "request-steps", "censored", "ceiling", "mean ceiling [95%]", "utilization [95%]",
                   "in-window acc", "spec_accept_rate", "trim regret", "cost held-out MAE ms"):
-            t.add_column(c)
+            t.add_column(c, overflow="fold")
         for rid, r in out.items():
             if "error" in r:
-                t.add_row(rid, r["error"], *[""] * 7)
+                t.add_row(rid, "", r["error"], *[""] * 8)
                 continue
             s = r["tail"]["summary"]
             a = r["tail"]["aggregate"][0]
             u = [x for x in r["utilization"]["by_group"] if x["by"] == "run"][0]
             c = r.get("cost", {}).get("held_out", {}).get("mae_ms")
-            t.add_row(rid, str(s["n_request_steps"]), str(s["n_censored"]),
+            t.add_row(rid, r["run"]["arm"], str(s["n_request_steps"]), str(s["n_censored"]), s["ceiling"],
                       f"{a['mean_ceiling']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]",
                       f"{u['utilization']:.3f} [{u.get('util_lo', u['utilization']):.3f}, {u.get('util_hi', u['utilization']):.3f}]",
                       f"{u['in_window_accept_rate']:.3f}", f"{u['spec_accept_rate']:.3f}",
                       f"{r['bracket']['trim']['trim_regret_rate']:.3f}", "-" if c is None else f"{c:.3f}")
         console.print(t)
+        for rid, r in out.items():
+            if "error" not in r:
+                console.print(f"{rid}: {r['tail']['summary']['statement']}", markup=False, highlight=False,
+                              soft_wrap=True)

@@ -28,7 +28,12 @@ def register(app: typer.Typer) -> None:
         paths: List[Path] = typer.Argument(..., help="Files or directories to ingest."),
         db: Path = DbOption,
         run_id: Optional[str] = typer.Option(
-            None, "--run-id", help="Run id for every artifact (default: each file's name up to the first dot)."),
+            None, "--run-id", help="Run id for every artifact (default: the server that wrote them, from its "
+                                   "/server_info launch fields; artifacts without one join that server's run)."),
+        temperature: Optional[float] = typer.Option(
+            None, "--temperature", min=0.0,
+            help="Sampling temperature of all traffic in these dumps (SGLang's dumps carry none; 0 = greedy, "
+                 "whose trimmed blocks then resolve exactly). Per-request temperatures in request records win."),
         strict: bool = typer.Option(False, "--strict", help="Exit with code 2 if any record was rejected."),
         show_rejects: int = typer.Option(10, "--show-rejects", help="Print up to N reject messages."),
         json_out: bool = JsonOption,
@@ -44,7 +49,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_USAGE)
         tune_allocator_for_bulk_ingest()  # this process ingests, then exits (see the function's docstring)
         store = Store(db)
-        summary = ingest_paths(paths, store, run_id=run_id, progress=not json_out)
+        summary = ingest_paths(paths, store, run_id=run_id, temperature=temperature, progress=not json_out)
         summary["db"] = str(db)
         if json_out:
             emit_json(summary)
@@ -66,8 +71,16 @@ def register(app: typer.Typer) -> None:
                     console.print(f"  {n:>6}  {reason}")
                 for msg in rej["messages"][:show_rejects]:
                     console.print("  " + msg, markup=False, highlight=False, soft_wrap=True)
+            if summary["runs"]:
+                console.print("runs: " + ", ".join(summary["runs"]), markup=False, highlight=False, soft_wrap=True)
+            for note in summary["notes"]:
+                console.print("  " + note, markup=False, highlight=False, soft_wrap=True)
             if summary["skipped"]:
                 console.print(f"skipped {len(summary['skipped'])} non-artifact files")
+            if summary["empty"]:
+                console.print(f"{len(summary['empty'])} empty files (nothing to ingest): "
+                              + ", ".join(Path(p).name for p in summary["empty"]), markup=False, highlight=False,
+                              soft_wrap=True)
         if strict and summary["rejects"]["count"]:
             raise typer.Exit(EXIT_REJECTS)
         raise typer.Exit(EXIT_OK)

@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterable, Optional
 from acceptscope.ingest import sts_shards as sts  # noqa: F401  (``from acceptscope.ingest import sts``)
 from acceptscope.ingest.batch import ArrowRows, IngestBatch
 from acceptscope.ingest.detect import detect, run_id_for
+from acceptscope.ingest.identity import SERVER_SIDE_KINDS, assign_runs
+from acceptscope.ingest.links import link_run_tables
 from acceptscope.ingest.rejects import format_reject, make_reject
 
 __all__ = ["ingest_paths", "ingest_file", "IngestBatch", "ArrowRows", "detect", "format_reject", "iter_files",
@@ -266,20 +268,32 @@ def ingest_paths(
     run_id: Optional[str] = None,
     progress: bool = True,
     *,
+    temperature: Optional[float] = None,
     on_file: Optional[Callable[[Path, str, IngestBatch], None]] = None,
 ) -> dict:
     """Ingest files/directories into ``store``; returns a summary dict.
 
-    ``run_id``: the run of every artifact; default: each file's name up to the
-    first dot. Writes through ``store.writer()`` when the store has one, else
-    ``store.append``. ``progress``: a rich progress bar on stderr.
+    ``run_id``: the run of every artifact; default: the server that wrote them
+    (:mod:`acceptscope.ingest.identity`). ``temperature``: the sampling temperature of all
+    traffic in these dumps (SGLang's dumps carry none; 0 makes greedy blocks exact).
+    After the files, the STS / SPS tables the servers name are linked to their runs
+    (:mod:`acceptscope.ingest.links`). Writes through ``store.writer()`` when the store
+    has one, else ``store.append``. ``progress``: a rich progress bar on stderr.
     """
     files = iter_files(paths)
     refused = {f: why for f in files if (why := not_regular(f)) is not None}
     kinds = [(f, "refused" if f in refused else _detect_safe(f)) for f in files]
     skipped = [str(f) for f, k in kinds if k == "skip"]
-    todo = sorted(((f, k) for f, k in kinds if k != "skip"), key=lambda fk: (_ORDER.get(fk[1], 9), str(fk[0])))
+    empty = [str(f) for f, k in kinds if k == "empty"]
+    kinds = [(f, k) for f, k in kinds if k not in ("skip", "empty")]
+    plan = assign_runs(kinds, run_id)
+    # server dumps in start order per run (epochs in order), then the rest by kind
+    todo = sorted(kinds,
+                  key=lambda fk: (_ORDER.get(fk[1], 9), plan.run_of[fk[0]] if fk[1] == "server_info" else "",
+                                  plan.startup.get(fk[0], 0.0), str(fk[0])))
     ctx = _Context(store)
+    for rid, g in plan.gamma.items():
+        ctx.gamma.setdefault(rid, g)  # what the server's documents establish, before any one of them is read
     # written rows: the writer counts what its flushes inserted; a store without one is counted around
     has_writer = store is not None and hasattr(store, "writer")
     before = store.counts() if store is not None and not has_writer else {}
@@ -303,7 +317,7 @@ def ingest_paths(
         task = bar.add_task("", total=len(todo))
     try:
         for f, kind in todo:
-            rid = run_id or run_id_for(f)
+            rid = plan.run_of[f]
             if bar is not None:
                 bar.update(task, description=f.name)
             if kind == "refused":
@@ -354,6 +368,15 @@ def ingest_paths(
     elif store is not None:
         after = store.counts()
         inserted = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+    notes = list(plan.notes)
+    runs_here = sorted({rid for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS
+                        for rid in [plan.run_of[f]]})
+    if store is not None and not getattr(store, "read_only", False) and hasattr(store, "update_run"):
+        run_dirs: dict[str, set] = {}
+        for f, k in todo:
+            if k == "server_info":
+                run_dirs.setdefault(plan.run_of[f], set()).add(str(f.parent))
+        notes += link_run_tables(store, runs_here, run_dirs=run_dirs, temperature=temperature)
     tables = {}
     for name in sorted(set(offered) | set(dups)):
         written = inserted.get(name, 0) if store is not None else offered[name]
@@ -364,7 +387,10 @@ def ingest_paths(
         }
     return {
         "files": per_file,
+        "runs": runs_here,
+        "notes": notes,
         "skipped": skipped,
+        "empty": empty,
         "tables": tables,
         "rejects": {"count": rejects_found, "not_stored": rejects_not_stored, "top_reasons": reasons.most_common(5), "messages": reject_lines},
         "seconds": round(time.perf_counter() - t0, 3),

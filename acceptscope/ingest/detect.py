@@ -16,7 +16,9 @@ Rules, first match wins (names are checked before content):
    ``"temperatures"`` -> ``sts_table``;
    ``"eos_end"``, or ``"rid"`` with ``"fct"`` -> ``estimator_jsonl``;
    ``"meta_info"`` / ``"spec_tokens_details"`` / ``"sglext"`` -> ``responses``.
-4. Anything else with those extensions is ``unknown`` (a reject); files with
+4. An empty (or whitespace-only) file with those extensions is ``empty``: listed, not
+   rejected (SGLang's estimator writes one for a greedy-only run).
+5. Anything else with those extensions is ``unknown`` (a reject); files with
    other extensions are ``skip`` (not an artifact: READMEs, scripts, plots).
 """
 
@@ -79,6 +81,8 @@ def detect(path: str | Path) -> str:
         return "skip"
     with open(p, "rb") as f:
         head = f.read(HEAD_BYTES)
+    if not head.strip():
+        return "empty"  # e.g. SGLang's estimator file of a greedy-only run: nothing to ingest, nothing wrong
     return detect_bytes(head)
 
 

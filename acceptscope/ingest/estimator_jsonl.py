@@ -7,7 +7,9 @@ offset, p_lp, trimmed_token, realized_token], ...]`` when pending blocks
 advanced; and EOS markers ``{"rid", "eos_end": [block_fct, ...]}``.
 
 gamma is not written: it is ``w + len(trimmed_tokens)`` on every opening row,
-checked for consistency within the file and against the run's gamma. ``json.dumps``
+checked against the run's gamma (the server's, when its dumps were ingested), else against
+the value most opening rows of the file agree on (never the first row's: one corrupt block
+rejects itself only). ``json.dumps``
 may write ``-Infinity`` for a target log-prob of an impossible token; that is a
 legal ``p_lp`` (acceptance 0) and is kept, while NaN anywhere is rejected.
 Smallest-unit rejects: a bad ``pg`` entry rejects that entry only; a bad row
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -68,6 +71,7 @@ class EstimatorIngestor:
         if self.gamma is None and infer_gamma:
             lines = list(lines)
             self.gamma = _lines_gamma(lines)
+            self.gamma_src = "file (most opening rows)"
         # one line at a time (no list of decoded lines): a file of a million bad lines stays small
         for raw in lines:
             self.line += 1
@@ -151,8 +155,19 @@ class EstimatorIngestor:
             })
 
 
+def _majority_gamma(objs) -> Optional[int]:
+    """The gamma most opening rows agree on (``w + len(trimmed_tokens)``): one corrupt block can
+    only reject itself, never set the file's gamma and take the good rows down with it."""
+    votes: Counter = Counter()
+    for o in objs:
+        if isinstance(o, dict) and _is_int(o.get("w")) and o["w"] >= 0 and isinstance(o.get("trimmed_tokens"), list) \
+                and o["trimmed_tokens"]:
+            votes[o["w"] + len(o["trimmed_tokens"])] += 1
+    return votes.most_common(1)[0][0] if votes else None
+
+
 def file_gamma(data: bytes) -> Optional[int]:
-    """gamma of an estimator file: w + len(trimmed_tokens) of its first opening row."""
+    """gamma of an estimator file ingested without its run's: the value most opening rows agree on."""
     return _lines_gamma(_iter_lines(data))
 
 
@@ -169,19 +184,21 @@ def _iter_lines(data: bytes):
 
 
 def _lines_gamma(lines) -> Optional[int]:
-    for raw in lines:
-        if isinstance(raw, str):
-            raw = raw.encode("utf-8", "surrogatepass")
-        if b'"trimmed_tokens"' not in raw:
-            continue
-        try:
-            o = _loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-        if isinstance(o, dict) and _is_int(o.get("w")) and 0 <= o["w"] <= INT32_MAX \
-                and isinstance(o.get("trimmed_tokens"), list) and find_poison(o) is None:
-            return o["w"] + len(o["trimmed_tokens"])
-    return None
+    """The gamma most opening rows of ``lines`` agree on; rows with a poisoned value have no vote."""
+    def opening_rows():
+        for raw in lines:
+            if isinstance(raw, str):
+                raw = raw.encode("utf-8", "surrogatepass")
+            if b'"trimmed_tokens"' not in raw:
+                continue
+            try:
+                o = _loads(raw)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                continue
+            if isinstance(o, dict) and _is_int(o.get("w")) and o["w"] <= INT32_MAX and find_poison(o) is None:
+                yield o
+
+    return _majority_gamma(opening_rows())
 
 
 def parse_estimator_jsonl(
@@ -194,7 +211,7 @@ def parse_estimator_jsonl(
     """Parse a whole estimator JSONL file. ``gamma``: the run's gamma when known."""
     ing = EstimatorIngestor(run_id, source, gamma)
     if gamma is None:
-        ing.gamma = file_gamma(data)
+        ing.gamma, ing.gamma_src = file_gamma(data), "file (most opening rows)"
     return ing.feed_lines(_iter_lines(data), infer_gamma=False)  # (file_gamma already looked at every line)
 
 

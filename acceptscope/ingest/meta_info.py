@@ -1,7 +1,9 @@
 """Saved SGLang client responses -> ``requests`` (per-request spec_* summaries).
 
-* native ``/generate``: ``{"text", "output_ids"?, "meta_info": {...}}`` or a list
-  of them (batch); ``meta_info`` carries ``id`` (the rid), ``prompt_tokens``,
+* native ``/generate``: ``{"text", "output_ids"?, "meta_info": {...}, "sampling_params"?}``
+  or a list of them (batch); ``sampling_params`` is the request's, as a traffic driver logs it
+  beside the response (SGLang does not echo it): its ``temperature`` is the only source of a
+  request's temperature in SGLang telemetry; ``meta_info`` carries ``id`` (the rid), ``prompt_tokens``,
   ``completion_tokens``, ``finish_reason`` (``{"type": ...}``), ``e2e_latency``
   and, for finished speculative requests with ``spec_verify_ct > 0``, the
   ``spec_*`` keys of reference §6.1 (absent keys stay NULL).
@@ -189,11 +191,21 @@ def _native(item, pfx, line, source, run_id, workload, batch, add) -> None:
     out_ids = item.get("output_ids")
     if prob is None and out_ids is not None and (not isinstance(out_ids, list) or not all(_int(x) for x in out_ids)):
         prob = (pfx + "output_ids", "expected a list of token ids")
+    temp = None
+    sp = item.get("sampling_params")
+    if prob is None and sp is not None:
+        temp = sp.get("temperature") if isinstance(sp, dict) else None
+        if not isinstance(sp, dict):
+            prob = (pfx + "sampling_params", f"expected an object, got {type(sp).__name__}")
+        elif temp is not None and (not _num(temp) or not math.isfinite(temp) or temp < 0):
+            prob = (pfx + "sampling_params.temperature",
+                    describe_number(temp) if _num(temp) else f"expected a number >= 0, got {temp!r}")
     if prob:
         batch.reject(make_reject(source, line, prob[0], prob[1], mi, run_id))
         return
     add({
         "run_id": run_id, "rid": rid, "workload": workload, "prompt_tokens": mi.get("prompt_tokens"),
+        "temperature": float(temp) if temp is not None else None,
         "completion_tokens": mi.get("completion_tokens"), "finish_reason": _finish(mi.get("finish_reason")),
         "output_tokens": out_ids, "latency_s": float(lat) if lat is not None else None, **spec,
     }, line, pfx + "meta_info.id", mi)

@@ -82,6 +82,7 @@ __all__ = [
 
 RING_CAPACITY = 200_000  # SGLang INFO_DUMP_MAX_RECORDS
 _MAX_GAMMA = 1024  # far above any draft block SGLang runs; a larger one is a corrupt header, not a setting
+_EMPTY_STATES = "empty: no DP rank reported a DSpark dump (is this a DSpark server with SGLANG_DSPARK_DEBUG_DUMP set?)"
 KNOWN_COMPONENTS = frozenset(
     {"core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs"}
 )
@@ -509,7 +510,7 @@ def _sha256_file(path: Any) -> Optional[str]:
 
 
 def _started_at(startup_time: Any) -> Optional[datetime]:
-    if isinstance(startup_time, (int, float)) and not isinstance(startup_time, bool) and math.isfinite(startup_time):
+    if isinstance(startup_time, (int, float)) and not isinstance(startup_time, bool):
         try:
             return datetime.fromtimestamp(float(startup_time), tz=timezone.utc)
         except (OverflowError, OSError, ValueError):
@@ -776,10 +777,10 @@ class ServerInfoIngestor:
             if not isinstance(sts, list):
                 batch.reject(make_reject(src, line, "internal_states", "expected a list", sts, self.run_id))
                 raise _PayloadRejected
-            if not sts:
+            items = [(i, f"internal_states[{i}]", s) for i, s in enumerate(sts)]
+            if not items:
                 batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(None), None, self.run_id))
                 raise _PayloadRejected
-            items = [(i, f"internal_states[{i}]", s) for i, s in enumerate(sts)]
         elif "dspark_info_record" in payload:
             items = [(0, "", payload)]
         elif "records" in payload:
@@ -805,15 +806,15 @@ class ServerInfoIngestor:
                          typed: bool = False):
         """States of a decoded document (records raw, or ``typed``); raises _SlowPath on anything irregular."""
         top_args = {k: getattr(top, k) for k in _ARG_KEYS if getattr(top, k) is not None}
-        if top.internal_states is not None and not top.internal_states:
-            batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(data), None, self.run_id))
-            raise _PayloadRejected
         if top.internal_states is not None:
             items = []
             for i, st in enumerate(top.internal_states):
                 args = dict(top_args)
                 args.update({k: getattr(st, k) for k in _ARG_KEYS if getattr(st, k) is not None})
                 items.append((i, f"internal_states[{i}]", st.dspark_info_record, args))
+            if not items:
+                batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(data), None, self.run_id))
+                raise _PayloadRejected
         elif top.dspark_info_record is not None:
             items = [(None, "", top.dspark_info_record, top_args)]
         elif _nr(top.records) is not None:
@@ -850,19 +851,37 @@ class ServerInfoIngestor:
             return None
         gamma, vndt, mode = get("gamma"), get("verify_num_draft_tokens"), get("mode")
         comps, records, sim = get("components"), get("records"), get("simulate_acc_len")
-        if not _is_int(gamma) or not 1 <= gamma <= _MAX_GAMMA:
-            rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got "
-                         f"{gamma!r}" if not _is_int(gamma) or abs(gamma) <= INT64_MAX else "an integer outside int64")
-            return None
+        # A corrupt payload-level field falls back to what the run (the server's other snapshots,
+        # or the store) establishes; the field is rejected, the snapshot's records are kept.
+        known = self.gamma
+        vndt_ok = _is_int(vndt) and vndt >= 2
+        if not _is_int(gamma) or not 1 <= gamma <= _MAX_GAMMA:  # (beyond: a corrupt header, e.g. 2**70)
+            shown = _show(gamma)
+            if known is None or (vndt_ok and vndt != known + 1):
+                rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got {shown}")
+                return None
+            rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got {shown}: using the run's gamma {known}")
+            gamma = known
+        elif known is not None and gamma != known:
+            if not (vndt_ok and vndt == known + 1):
+                rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {known}")
+                return None
+            rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {known} (verify_num_draft_tokens "
+                         f"{vndt} agrees with the run): using {known}")
+            gamma = known
         if not _is_int(vndt) or vndt != gamma + 1:
-            rej("verify_num_draft_tokens", f"{vndt!r} != gamma+1 ({gamma + 1})")
-            return None
-        if self.gamma is not None and gamma != self.gamma:
-            rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {self.gamma}")
-            return None
+            rej("verify_num_draft_tokens", f"{vndt!r} != gamma+1 ({gamma + 1})" +
+                (": using gamma+1" if known is not None else ""))
+            if known is None:
+                return None
+            vndt = gamma + 1
         if mode not in schema.ARMS:
-            rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)})")
-            return None
+            if self.arm is None:
+                rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)})")
+                return None
+            rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)}): using the run's "
+                        f"mode {self.arm!r}")
+            mode = self.arm
         if self.arm is not None and mode != self.arm:
             rej("mode", f"mode {mode!r} != run {self.run_id!r} arm {self.arm!r}")
             return None
@@ -1584,8 +1603,18 @@ def _convert_checked(item: Any, typ: Any, skip: Optional[str] = None) -> Any:
         raise msgspec.ValidationError(f"string with a lone surrogate ({e.reason}) - at `$`") from None
 
 
+def _show(v: Any) -> str:
+    """repr of a header value for a reject; an int past int64 as such (its repr may not even exist)."""
+    if _is_int(v) and abs(v) > INT64_MAX:
+        return "an integer outside int64"
+    try:
+        return safe_text(repr(v))[:120]
+    except (ValueError, RecursionError):
+        return f"a {type(v).__name__}"
+
+
 def _empty_states_reason(data: Optional[bytes]) -> str:
-    why = "empty list: no rank state, nothing to ingest"
+    why = _EMPTY_STATES
     if data is not None and data.count(b'"internal_states"') > 1:
         why += ("; the document repeats the top-level key 'internal_states' and JSON decoders keep the last "
                 "(empty) one")

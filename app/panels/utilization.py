@@ -33,3 +33,28 @@ def render(ctx) -> None:
             st.caption(f"utilization 95% interval [{u['lo']:.1%}, {u['hi']:.1%}]; ceiling [{c['lo']:.2f}, "
                        f"{c['hi']:.2f}] ({inf['method']} estimator); confidence-only ceiling (no audit) "
                        f"{inf['confidence_only_ceiling']:.2f}")
+    elif "compact" in arms:
+        _production_only(ctx, arms["compact"])
+
+
+def _production_only(ctx, run: str) -> None:
+    """A compact run with no audit arm: utilization against the tail estimator's ceiling."""
+    if not st.session_state.get("est_on", not st.session_state.get("live", False)):
+        st.info("No audit arm selected: utilization against the estimated ceiling needs the estimators "
+                "(turn on 'compute estimators' below).")
+        return
+    with st.spinner("estimating the trimmed tail ..."):
+        views, why = ctx.q("estimates", run)
+    by_group = (views.get("utilization", {}).get("tables") or {}).get("by_group")
+    tail = views.get("tail", {}).get("summary") or {}
+    if why or by_group is None or by_group.empty:
+        st.info(f"No estimated utilization for {run}: {why or views.get('utilization', {}).get('error')}")
+        return
+    r = by_group[by_group["by"] == "run"].iloc[0]
+    a, b = st.columns(2)
+    a.metric("compact utilization (estimated ceiling)", f"{r['utilization']:.1%}",
+             help=f"95% interval [{r['util_lo']:.1%}, {r['util_hi']:.1%}]")
+    b.metric("trimmed blocks model-based", f"{tail.get('summary.n_unresolved', '?')} / "
+                                           f"{tail.get('summary.n_censored', '?')}")
+    st.caption(f"utilization 95% interval [{r['util_lo']:.1%}, {r['util_hi']:.1%}]. "
+               + str(tail.get("summary.statement", "")))
