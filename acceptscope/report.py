@@ -55,7 +55,7 @@ class Thresholds:
 class Finding:
     level: str  # ok | warn | bad | info
     area: str
-    text: str
+    text: str  # plain text (run ids, workload names: data, never markup); escaped where it becomes HTML
 
 
 @dataclass
@@ -140,13 +140,14 @@ class _Page:
         self.parts[section].append(text)
 
     def note(self, section: str, text: str) -> None:
-        self.add(section, f"<p class='note'>{text}</p>")
+        """A paragraph of plain text (escaped here: notes quote run ids, workloads and error messages)."""
+        self.add(section, f"<p class='note'>{html.escape(text)}</p>")
 
     def fig(self, section: str, fig: Any, caption: str = "") -> None:
         self.n_fig += 1
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{section}-{self.n_fig}",
                           config={"displaylogo": False, "responsive": True})
-        cap = f"<figcaption>{caption}</figcaption>" if caption else ""
+        cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
         self.add(section, f"<figure class='plot' data-section='{section}'>{div}{cap}</figure>")
 
 
@@ -181,11 +182,18 @@ def build_report(
     findings: list[Finding] = []
     summary = reader.run_summary(ids)
     runs = F.runs_in(reader, ids)
+    from acceptscope.store import incomplete_runs
+
+    incomplete = incomplete_runs(reader.runs(), ids)
+    for rid in incomplete:
+        findings.append(Finding("warn", "runs", f"run {rid} is incomplete: it has no completion mark (still being "
+                                "written, or the command writing it was killed); its figures cover only the rows "
+                                "written so far"))
     compact = _arm_run(summary, "compact")
     audit = _arm_run(summary, "cap-accept")
     static = _arm_run(summary, "static")
     truth_run = audit or static
-    headline: dict[str, Any] = {}
+    headline: dict[str, Any] = {"complete": {rid: rid not in incomplete for rid in ids}}
 
     # -- estimators ----------------------------------------------------------
     # production-side estimates (tail, utilization, cost, planner) on compact; calibration with realized
@@ -202,12 +210,10 @@ def build_report(
             views[rid] = v
             if err:
                 est_status = f"failed on {arm_of.get(rid, rid)}: {err}"
-                findings.append(Finding("warn", "estimators", f"estimators failed on {html.escape(rid)}: "
-                                        f"{html.escape(err)}"))
+                findings.append(Finding("warn", "estimators", f"estimators failed on {rid}: {err}"))
             for name, ev in v.items():
                 if ev.error:
-                    findings.append(Finding("warn", "estimators", f"{name} on {html.escape(rid)}: "
-                                            f"{html.escape(ev.error)}"))
+                    findings.append(Finding("warn", "estimators", f"{name} on {rid}: {ev.error}"))
         if ok and truth_run:
             views.setdefault(truth_run, {})["validation"] = est.run_validation(db, truth_run, n_boot=n_boot)
 
@@ -217,19 +223,20 @@ def build_report(
             ev = views.get(rid, {}).get(name)
             if ev is None:
                 continue
-            where = f"estimators.{name} on {html.escape(rid)} ({arm_of.get(rid, '')})"
+            where = f"estimators.{name} on {rid} ({arm_of.get(rid, '')})"
             if ev.skipped:
-                page.note(section, f"{where}: skipped ({html.escape(ev.skipped)})")
+                page.note(section, f"{where}: skipped ({ev.skipped})")
                 continue
             if ev.error:
-                page.note(section, f"{where}: failed ({html.escape(ev.error)})")
+                page.note(section, f"{where}: failed ({ev.error})")
                 continue
             for f in ev.figures:
                 page.fig(section, f, where)
+            w = html.escape(where)
             if ev.summary:
-                page.add(section, f"<details><summary>{where}: numbers</summary>{_kv_table(ev.summary)}</details>")
+                page.add(section, f"<details><summary>{w}: numbers</summary>{_kv_table(ev.summary)}</details>")
             for tname, t in list(ev.tables.items())[:3]:
-                page.add(section, f"<details><summary>{where}: {html.escape(tname)}</summary>{_table(t)}</details>")
+                page.add(section, f"<details><summary>{w}: {html.escape(tname)}</summary>{_table(t)}</details>")
             return bool(ev.figures or ev.summary)
         return False
 
@@ -237,12 +244,12 @@ def build_report(
     page.add("runs", _table(summary, ["run_id", "arm", "engine", "gamma", "requests_seen", "blocks", "mean_window",
                                       "mean_acc_len", "ceiling_accept_len", "utilization", "in_window_accept_rate",
                                       "mean_cap_trim", "tokens_per_s"]))
-    page.note("runs", "accept length counts the bonus token; <b>ceiling</b> = mean(uncapped correct drafts + 1), "
-                      "observed only in cap-accept and static; utilization = Σ accept length / Σ ceiling.")
+    page.add("runs", "<p class='note'>accept length counts the bonus token; <b>ceiling</b> = mean(uncapped correct "
+                     "drafts + 1), observed only in cap-accept and static; utilization = Σ accept length / Σ ceiling.</p>")
     for row in summary.itertuples(index=False):
         if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \
                 and row.mean_window >= row.gamma - 1e-9:
-            findings.append(Finding("bad", "scheduler", f"compact verified every draft in {html.escape(row.run_id)} "
+            findings.append(Finding("bad", "scheduler", f"compact verified every draft in {row.run_id} "
                                     f"(window = gamma = {row.gamma} on every block): no trimming, zero scheduling "
                                     "gain. SGLang degenerates to verify-all when no SPS cost table is loaded."))
         if row.arm == "cap-accept" and (row.mean_cap_trim or 0) == 0 and (row.blocks or 0) > 0:
@@ -263,7 +270,7 @@ def build_report(
         elif par.ok:
             findings.append(Finding("ok", "parity", f"audit parity holds: all {par.identical} paired requests "
                                     "committed identical tokens in both arms"))
-            page.note("parity", f"{par.pairs} request pairs ({html.escape(par.run_a)} vs {html.escape(par.run_b)}), "
+            page.note("parity", f"{par.pairs} request pairs ({par.run_a} vs {par.run_b}), "
                                 "paired by (workload, prompt_index, seed): all identical."
                       + (f" Sampled audit: the audit arm replayed {par.pairs} of {par.requests_a} requests."
                          if par.sampled else ""))
@@ -286,13 +293,13 @@ def build_report(
             page.note("calibration", "no blocks with an observed ceiling: reliability needs cap-accept or static.")
         else:
             page.note("calibration", "computed from raw tables (estimators.calibration unavailable: "
-                      f"{html.escape(est_status)}): plug-in reliability, 15 equal-width bins, Wilson 95% bands.")
-            page.fig("calibration", F.fig_reliability(bins, calib_run), f"reliability, {html.escape(calib_run)}")
+                      f"{est_status}): plug-in reliability, 15 equal-width bins, Wilson 95% bands.")
+            page.fig("calibration", F.fig_reliability(bins, calib_run), f"reliability, {calib_run}")
     bins = F.reliability_bins(reader, [calib_run])
     ece = F.ece_table(bins)
     sts_hash = reader.df(f'SELECT sts_hash FROM "{RUNS_TABLE}" WHERE run_id = ?', [calib_run])["sts_hash"]
     if len(sts_hash) and sts_hash.isna().all():
-        page.note("calibration", f"{html.escape(calib_run)} ran without an STS table: the recorded confidence "
+        page.note("calibration", f"{calib_run} ran without an STS table: the recorded confidence "
                   "is the raw head output, so 'before' and 'after' STS coincide in the ECE table below.")
     if len(ece):
         wide = ece.pivot_table(index="position", columns="variant", values="ece").reset_index()
@@ -335,7 +342,7 @@ def build_report(
         try:
             samp = audit_sampling.infer_runs(reader, compact, audit)
         except ValueError as e:
-            page.note("utilization", f"no full-traffic inference: {html.escape(str(e))}")
+            page.note("utilization", f"no full-traffic inference: {e}")
     if samp is not None:
         page.add("utilization", _sampling_html(samp))
         u = samp.utilization
@@ -363,7 +370,7 @@ def build_report(
             headline["tail_aggregate95_cover_rate"] = cover
             findings.append(Finding("ok" if cover >= 0.9 else "warn", "tail",
                                     f"counterfactual-tail 95% intervals cover the hidden cap-accept truth in "
-                                    f"{cover:.0%} of groups (validation on {html.escape(truth_run)})"))
+                                    f"{cover:.0%} of groups (validation on {truth_run})"))
     if compact and truth_run:
         pr = audit_sampling.per_request(reader, compact, truth_run)
         tail_tbl = _tail_by_workload(pr)
@@ -375,7 +382,7 @@ def build_report(
             rel = (worst.conf_only - worst.truth) / worst.truth
             if not shown:
                 page.note("tail", "computed from raw tables (estimators.tail unavailable: "
-                          f"{html.escape(est_status)}).")
+                          f"{est_status}).")
             findings.append(Finding("warn" if abs(rel) > 0.1 else "ok", "tail",
                                     "the confidence head's own ceiling forecast (Σ survival + 1 per block) is off "
                                     f"by {rel:+.0%} on {worst.workload} "
@@ -464,7 +471,7 @@ def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
 # ---------------------------------------------------------------------------
 def _kv_table(d: dict) -> str:
     def cell(v: Any) -> str:
-        return _fmt(v) if not isinstance(v, (list, dict)) else html.escape(str(v))[:200]
+        return _fmt(v) if not isinstance(v, (list, dict)) else html.escape(str(v)[:200])
 
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{cell(v)}</td></tr>" for k, v in d.items())
     return f"<table class='kv'>{rows}</table>"
@@ -547,7 +554,7 @@ def _summary_html(findings: list[Finding]) -> str:
                "<p class='verdict warn'>Healthy with warnings.</p>" if warn else
                "<p class='verdict ok'>Healthy.</p>")
     items = "".join(f"<li class='{f.level}'><span class='icon'>{icon.get(f.level, '•')}</span> "
-                    f"<b>{html.escape(f.area)}</b>: {f.text}</li>" for f in findings)
+                    f"<b>{html.escape(f.area)}</b>: {html.escape(f.text)}</li>" for f in findings)
     return f"{verdict}<ul class='findings'>{items}</ul>"
 
 

@@ -111,6 +111,8 @@ RUNS = Table(
         _c("config_json", pa.string(), "full run configuration as JSON"),
         _c("source", pa.string(), "live | file"),
         _c("audit_group", pa.string(), "id shared by the arms of one audit (NULL: standalone run)"),
+        _c("completed_at", pa.timestamp("us", tz="UTC"),
+           "when the command writing the run (run, audit, ingest, live) finished it; NULL: still running or killed"),
     ),
     key=("run_id",),
     doc="One row per run (one arm of one engine configuration).",

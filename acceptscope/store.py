@@ -92,6 +92,26 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _add_trailing_columns(con: duckdb.DuckDBPyConnection, tables: Sequence[schema.Table]) -> None:
+    """Columns the record model added at the end of a table since a file was created (nullable only)."""
+    for t in tables:
+        have = [r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [t.name]).fetchall()]
+        names = [c.name for c in t.columns]
+        if len(have) < len(names) and names[: len(have)] == have:
+            for c in t.columns[len(have):]:
+                if c.nullable:
+                    con.execute(f"ALTER TABLE {_q(t.name)} ADD COLUMN {_q(c.name)} {duck_type(c.type)}")
+
+
+def incomplete_runs(runs: Any, run_ids: Any = None) -> list[str]:
+    """Run ids of a ``runs`` frame with no ``completed_at`` (see :meth:`Store.mark_complete`)."""
+    if "completed_at" not in getattr(runs, "columns", ()):
+        return []
+    sel = runs if run_ids is None else runs[runs["run_id"].isin(list(run_ids))]
+    return [str(r) for r in sel.loc[sel["completed_at"].isna(), "run_id"]]
+
+
 def create_table_sql(t: schema.Table, primary_key: bool = True) -> str:
     cols = ",\n  ".join(
         f'{_q(c.name)} {duck_type(c.type)}{"" if c.nullable else " NOT NULL"}' for c in t.columns
@@ -536,6 +556,8 @@ class Store:
                 raise ValueError(
                     f"{self.path}: not an acceptscope store (missing tables {[t.name for t in missing]})"
                 )
+            if not read_only:
+                _add_trailing_columns(con, [t for t in schema.ALL_TABLES if t.name in existing])
             if missing:  # one transaction: ~3x cheaper than a commit per CREATE on a new file
                 con.execute("BEGIN TRANSACTION")
                 try:
@@ -619,6 +641,23 @@ class Store:
                     pass
                 raise
         return inserted
+
+    def mark_complete(self, run_ids: Any) -> None:
+        """Set ``runs.completed_at`` (now) of the given runs that have no mark yet: the writing command finished.
+
+        A run without it was killed (or is still being written): readers warn
+        (:meth:`incomplete_runs`)."""
+        ids = [run_ids] if isinstance(run_ids, str) else list(dict.fromkeys(run_ids))
+        if not ids:
+            return
+        with self.connect() as con:
+            con.execute(f"UPDATE {_q(schema.RUNS.name)} SET completed_at = now() "
+                        "WHERE completed_at IS NULL AND list_contains(?, run_id)", [ids])
+
+    def incomplete_runs(self, run_ids: Any = None) -> list[str]:
+        """Runs (of ``run_ids``, default all) without a completion mark. A file written before the
+        mark existed has no ``completed_at`` column: nothing is known, nothing is reported."""
+        return incomplete_runs(self.query_df(f"SELECT * FROM {_q(schema.RUNS.name)}"), run_ids)
 
     def append(self, tables: Mapping[str, Any]) -> dict[str, int]:
         """Append data to several tables in one transaction; duplicates by natural key are ignored.

@@ -26,7 +26,7 @@ import streamlit as st  # noqa: E402
 
 from app.data import Reader  # noqa: E402
 from app.panels import calibration, cost, drilldown, estimates, overview, utilization, windows  # noqa: E402
-from app.panels._ctx import Ctx  # noqa: E402
+from app.panels._ctx import Ctx, plain  # noqa: E402
 
 PANELS = (overview, calibration, windows, utilization, estimates, cost, drilldown)
 
@@ -75,17 +75,17 @@ def main() -> None:
     db = db_path()
     st.title("acceptscope")
     if not Path(db).exists():
-        st.error(f"{db}: no such DuckDB file. Start with `acceptscope dashboard --db FILE`.")
+        st.error(f"{plain(db)}: no such DuckDB file. Start with `acceptscope dashboard --db FILE`.")
         return
     reader = Reader(db)
     version = reader.data_version()
     try:
         runs = load(db, version, "runs")
     except Exception as e:  # e.g. a DuckDB file that is not acceptscope telemetry
-        st.error(f"{db}: cannot read runs ({type(e).__name__}: {e})")
+        st.error(f"{plain(db)}: cannot read runs ({type(e).__name__}: {plain(e)})")
         return
     with st.sidebar:
-        st.caption(f"database: `{db}`")
+        st.caption(f"database: {plain(db)}")
         if runs.empty:
             st.info("No runs yet.")
         labels = {r.run_id: f"{r.arm} · {r.run_id}" for r in runs.itertuples(index=False)}
@@ -113,7 +113,7 @@ def main() -> None:
             try:
                 panel.render(ctx)
             except Exception as e:  # one broken panel must not take the page down
-                st.error(f"{panel.TITLE} panel failed: {type(e).__name__}: {e}")
+                st.error(f"{panel.TITLE} panel failed: {type(e).__name__}: {plain(e)}")
                 st.exception(e)
 
     body()

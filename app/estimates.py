@@ -115,7 +115,7 @@ def run_estimates(db: str | Path, run_id: str, *, n_boot: int = 200) -> tuple[di
     from acceptscope.store import Store
 
     try:
-        results = estimators.run_all(Store(db), run_id, n_boot=n_boot)
+        results = estimators.run_all(Store(db, read_only=True), run_id, n_boot=n_boot)  # (reads never create tables)
     except Exception as e:
         return {}, f"estimators.run_all failed: {type(e).__name__}: {e}"
     views: dict[str, EstimateView] = {}

@@ -384,7 +384,7 @@ def load_truth_runs(dbs, runs=None, verbose: bool = True):
 
     rss, sts, js = [], [], {"rows": [], "gather": [], "eos": []}
     for db in dbs:
-        st = Store(db)
+        st = Store(db, read_only=True)
         for r in st.runs().run_id:
             if runs and r not in runs:
                 continue

@@ -218,12 +218,13 @@ def test_payload_and_step_level_rejects():
     b = ing.feed(p)  # unknown component: rejected, records kept
     assert [r["field"] for r in b.rejects] == ["internal_states[0].components[3]"] and b.n("steps") == 2
     recs2 = make_records(n_steps=3, gamma=7, bs=2, seed=3, first_fct=80)
-    recs2[1]["bs"] = recs2[1]["num_running_reqs"] = 5  # bs != len(reqs): step row rejected, reqs kept
+    recs2[1]["bs"] = recs2[1]["num_running_reqs"] = 5  # bs != len(reqs): step row rejected, its reqs with it
     recs2[2]["forward_ct"] = recs2[1]["forward_ct"]  # duplicate record
     b = ing.feed(_one_state(recs2))
     fields = sorted(r["field"] for r in b.rejects)
-    assert fields == ["internal_states[0].records[1].bs", "internal_states[0].records[2].forward_ct"]
-    assert b.n("steps") == 1 and b.n("request_steps") == 4
+    assert fields == ["internal_states[0].records[1].bs", "internal_states[0].records[1].reqs[0]",
+                      "internal_states[0].records[1].reqs[1]", "internal_states[0].records[2].forward_ct"]
+    assert b.n("steps") == 1 and b.n("request_steps") == 2  # no request_steps row without its steps row
     b = ServerInfoIngestor("r", source="s").feed({"internal_states": [{"no_dump": 1}]})
     assert b.rejects[0]["field"] == "internal_states[0].dspark_info_record"
 

@@ -115,7 +115,7 @@ def test_report_cli_json_and_errors(audit, tmp_path):
 
     duckdb.connect(str(tmp_path / "foreign.duckdb")).close()  # a DuckDB file that is not telemetry
     r = CliRunner().invoke(app, ["report", "--db", str(tmp_path / "foreign.duckdb"), "--out", str(out)])
-    assert r.exit_code == 2 and "not an acceptscope telemetry database" in r.output
+    assert r.exit_code == 2 and "not an acceptscope telemetry database" in " ".join(r.output.split())
     Store(tmp_path / "empty.duckdb")  # telemetry schema, no runs yet
     r = CliRunner().invoke(app, ["report", "--db", str(tmp_path / "empty.duckdb"), "--out", str(out)])
     assert r.exit_code == 3 and "holds no runs" in r.output

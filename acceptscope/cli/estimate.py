@@ -7,7 +7,16 @@ from typing import Optional
 
 import typer
 
-from acceptscope.cli._common import EXIT_NO_DATA, EXIT_USAGE, DbOption, JsonOption, console, emit_json
+from acceptscope.cli._common import (
+    EXIT_NO_DATA,
+    EXIT_USAGE,
+    DbOption,
+    JsonOption,
+    console,
+    emit_json,
+    open_store_read_only,
+    unreadable_db,
+)
 
 HELP = """Run the estimators on one run (or every run) of a telemetry database.
 
@@ -46,14 +55,18 @@ def register(app: typer.Typer) -> None:
         if not db.exists():
             console.print(f"[red]{db}: no such database file[/red]")
             raise typer.Exit(EXIT_USAGE)
-        from acceptscope.store import Store
+        import duckdb
+
         from estimators import run_all, to_jsonable
 
         if hazards_from is not None and run is None:
             console.print("[red]--hazards-from needs --run (the run whose tail it stands in for)[/red]")
             raise typer.Exit(EXIT_USAGE)
-        store = Store(db)
-        runs = store.runs()
+        store = open_store_read_only(db)
+        try:
+            runs = store.runs()
+        except duckdb.Error as e:
+            raise unreadable_db(db, e) from None
         if hazards_from is not None and hazards_from not in set(runs.run_id):
             console.print(f"[red]{db}: no run {hazards_from!r} for --hazards-from[/red]")
             raise typer.Exit(EXIT_USAGE)
@@ -64,6 +77,12 @@ def register(app: typer.Typer) -> None:
         if not ids:
             console.print(f"[yellow]{db}: no runs[/yellow]")
             raise typer.Exit(EXIT_NO_DATA)
+        incomplete = set(store.incomplete_runs(ids))
+        for rid in ids:
+            if rid in incomplete:
+                console.print(f"warning: run {rid} is incomplete (no completion mark: still being written, or its "
+                              "command was killed); the estimates cover only the rows written so far",
+                              style="yellow", markup=False, highlight=False)
         out = {}
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("estimating", total=len(ids))
@@ -76,9 +95,12 @@ def register(app: typer.Typer) -> None:
                         console.print(f"[red]{e}[/red]", markup=False, highlight=False, soft_wrap=True)
                         raise typer.Exit(EXIT_USAGE)
                     out[rid] = {"error": str(e)}
+                except duckdb.Error as e:  # a file damaged past its header
+                    raise unreadable_db(db, e) from None
                 if "error" not in out[rid]:
                     row = runs.set_index("run_id").loc[rid]
                     out[rid]["run"] = {"arm": row["arm"], "engine": row["engine"], "gamma": int(row["gamma"])}
+                out[rid]["complete"] = rid not in incomplete
                 prog.advance(task)
         if json_out:
             emit_json(out)

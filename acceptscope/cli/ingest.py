@@ -67,8 +67,10 @@ def register(app: typer.Typer) -> None:
             console.print(t)
             if rej["count"]:
                 console.print("[bold]top reject reasons:[/]")
-                for reason, n in rej["top_reasons"]:
-                    console.print(f"  {n:>6}  {reason}")
+                for reason, n in rej["top_reasons"]:  # (reasons quote input: never markup)
+                    console.print(f"  {n:>6}  {reason}", markup=False, highlight=False)
+                if rej.get("not_stored"):
+                    console.print(f"  ({rej['not_stored']} rejects past the per-file cap are counted, not stored)")
                 for msg in rej["messages"][:show_rejects]:
                     console.print("  " + msg, markup=False, highlight=False, soft_wrap=True)
             if summary["runs"]:

@@ -137,10 +137,15 @@ Examples:
         url: str = typer.Option(..., "--url", help="Base URL of the SGLang server."),
         db: Path = DbOption,
         arm: Optional[str] = typer.Option(None, "--arm", help="Expected verify mode (checked against the server)."),
-        duration: Optional[float] = typer.Option(None, "--duration", help="Seconds to capture without traffic."),
+        duration: Optional[float] = typer.Option(
+            None, "--duration", help="Seconds to capture without traffic (a hard stop: no request runs past it)."),
         run_id: Optional[str] = typer.Option(None, "--run-id"),
         audit_group: Optional[str] = typer.Option(None, "--audit-group"),
         poll_interval: float = typer.Option(1.0, "--poll-interval"),
+        http_timeout: float = typer.Option(60.0, "--http-timeout",
+                                           help="Total seconds one request may take (headers and body)."),
+        max_response_mb: float = typer.Option(1024.0, "--max-response-mb",
+                                              help="Largest /server_info body read (MiB); a larger one fails its poll."),
         clear: str = typer.Option("never", "--clear", help="Ring clearing: never | every | threshold."),
         clear_threshold: int = typer.Option(50_000, "--clear-threshold", help="Records per rank that trigger a clear."),
         estimator_jsonl: Optional[str] = typer.Option(None, "--estimator-jsonl", help="Tail this estimator JSONL."),
@@ -171,7 +176,8 @@ Examples:
                                 max_requests=max_requests, max_seconds=max_seconds, loopback_only=loopback_only) if workload else None
             cfg = CaptureConfig(base_url=url, arm=arm, run_id=run_id, audit_group=audit_group, poll_interval_s=poll_interval,
                                 clear=clear, clear_threshold_records=clear_threshold, estimator_path=estimator_jsonl,
-                                sts_stem=sts_stem, duration_s=duration, loopback_only=loopback_only)
+                                sts_stem=sts_stem, duration_s=duration, loopback_only=loopback_only,
+                                http_timeout_s=http_timeout, max_response_bytes=int(max_response_mb * (1 << 20)))
             with console.status(f"capturing {url} into {db}"):
                 summary = capture(Store(db), cfg, prompts, drive)
         except (WorkloadError, TargetRefused, ValueError) as e:
@@ -181,6 +187,7 @@ Examples:
             console.print(f"[red]{e}[/red]")
             raise typer.Exit(EXIT_FAILURE)
         d = summary.as_dict()
+        no_poll = not d["polls"].get("polls") and d["polls"].get("down_polls")
         if json_out:
             emit_json(d)
         else:
@@ -188,6 +195,10 @@ Examples:
                           f"{d['sink']['rows']} rows; gaps {summary.gaps or 'none'}; rejects {summary.rejects}")
             for w in summary.warnings:
                 console.print(f"[yellow]warning:[/yellow] {w}")
+        if no_poll:  # every poll failed (server down, too slow, too large, redirected): nothing was captured
+            console.print(f"no poll of {url}/server_info succeeded ({d['polls']['down_polls']} failed; last: "
+                          f"{d['polls'].get('last_error')})", style="red", markup=False, soft_wrap=True)
+            raise typer.Exit(EXIT_FAILURE)
 
     @live.command("drive", help="""Send a workload to a server and record per-request meta_info in `requests`.
 

@@ -40,6 +40,9 @@ def register(app: typer.Typer) -> None:
         no_estimators: bool = typer.Option(False, "--no-estimators", help="Raw-table views only (faster)."),
         json_out: bool = JsonOption,
     ) -> None:
+        import duckdb
+
+        from acceptscope.cli._common import unreadable_db
         from acceptscope.report import Thresholds, write_report
 
         if not db.exists():
@@ -50,6 +53,8 @@ def register(app: typer.Typer) -> None:
             try:
                 res = write_report(db, out, run_ids=run or None, audit_group=audit_group, thresholds=th,
                                    use_estimators=not no_estimators)
+            except duckdb.Error as e:  # not DuckDB, or damaged: one line, exit 2
+                raise unreadable_db(db, e) from None
             except KeyError as e:
                 console.print(f"[red]{e.args[0]}[/red]")
                 raise typer.Exit(EXIT_USAGE)

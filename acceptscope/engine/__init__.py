@@ -260,6 +260,8 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
     results = engine.run(specs, progress=progress)
     wall = time.perf_counter() - t0
     wstats = sink.close() if sink is not None else None
+    if store is not None:
+        store.mark_complete(run_id)  # every row is committed: a killed run never gets this mark
     return summarize(engine, results, run_id, config.arm, gamma, wall, config.db, wstats)
 
 

@@ -76,15 +76,17 @@ def tune_allocator_for_bulk_ingest() -> bool:
 
 
 def iter_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Files under ``paths`` (directories recursed, hidden entries skipped), sorted, de-duplicated."""
+    """Files under ``paths`` (directories recursed, hidden entries skipped), sorted, de-duplicated.
+
+    Symlinked directories are followed (each real directory once, so a link loop ends); a path
+    named explicitly is kept whatever it is, for :func:`ingest_paths` to refuse when it is not a
+    regular file (a FIFO, a device).
+    """
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            out.extend(
-                f for f in sorted(p.rglob("*"))
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
+            out.extend(_walk(p))
         else:
             out.append(p)
     seen: set[Path] = set()
@@ -94,6 +96,44 @@ def iter_files(paths: Iterable[str | Path]) -> list[Path]:
             seen.add(f)
             uniq.append(f)
     return uniq
+
+
+def _walk(root: Path) -> list[Path]:
+    """Entries of ``root`` that are not directories, recursively, following directory symlinks once."""
+    import os
+
+    found: list[Path] = []
+    visited: set[str] = set()
+    for d, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(d)
+        if real in visited:  # a symlink loop, or a second link to a directory already walked
+            dirs[:] = []
+            continue
+        visited.add(real)
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        found.extend(Path(d) / f for f in files if not f.startswith("."))
+    return sorted(found)
+
+
+def not_regular(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be read as an artifact (missing, a FIFO, a device, ...), or None for a regular file.
+
+    ``stat`` follows symlinks and never blocks, unlike ``open`` on a FIFO.
+    """
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"could not read: {type(e).__name__}: {e}"
+    if stat.S_ISREG(mode):
+        return None
+    what = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "a directory" if stat.S_ISDIR(mode) else "a special file")
+    via = " (through a symlink)" if Path(path).is_symlink() else ""
+    return f"not a regular file: {what}{via}; refused"
 
 
 _WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
@@ -114,7 +154,7 @@ def _split_jsonl_payloads(data: bytes) -> Optional[list[bytes]]:
         return None
     try:
         msgspec.json.decode(data[start:nl])
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     return data.split(b"\n")
 
@@ -215,6 +255,13 @@ def reason_family(reason: str) -> str:
     return _NUM.sub("N", r)
 
 
+def _detect_safe(f: Path) -> str:
+    try:
+        return detect(f)
+    except OSError:
+        return "unknown"  # (ingest_file reads it again and reports why it cannot)
+
+
 def ingest_paths(
     paths: Iterable[str | Path],
     store: Any,
@@ -234,7 +281,8 @@ def ingest_paths(
     has one, else ``store.append``. ``progress``: a rich progress bar on stderr.
     """
     files = iter_files(paths)
-    kinds = [(f, detect(f)) for f in files]
+    refused = {f: why for f in files if (why := not_regular(f)) is not None}
+    kinds = [(f, "refused" if f in refused else _detect_safe(f)) for f in files]
     skipped = [str(f) for f, k in kinds if k == "skip"]
     empty = [str(f) for f, k in kinds if k == "empty"]
     kinds = [(f, k) for f, k in kinds if k not in ("skip", "empty")]
@@ -253,6 +301,7 @@ def ingest_paths(
     dups: Counter = Counter()
     reasons: Counter = Counter()
     reject_lines: list[str] = []
+    rejects_found = rejects_not_stored = 0
     per_file = []
     t0 = time.perf_counter()
     writer = store.writer() if has_writer else None
@@ -271,12 +320,22 @@ def ingest_paths(
             rid = plan.run_of[f]
             if bar is not None:
                 bar.update(task, description=f.name)
-            try:
-                batch = ingest_file(f, kind, rid, ctx)
-            except (OSError, MemoryError) as e:  # unreadable file: report it, go on with the others
+            if kind == "refused":
                 batch = IngestBatch()
-                batch.reject(make_reject(str(f), 0, "$", f"could not read: {type(e).__name__}: {e}", None, rid))
+                batch.reject(make_reject(str(f), 0, "$", refused[f], None, rid))
+            else:
+                try:
+                    batch = ingest_file(f, kind, rid, ctx)
+                except (OSError, MemoryError) as e:  # unreadable file: report it, go on with the others
+                    batch = IngestBatch()
+                    batch.reject(make_reject(str(f), 0, "$", f"could not read: {type(e).__name__}: {e}", None, rid))
+                except Exception as e:  # noqa: BLE001 - a parser bug must cost this file, never the later ones
+                    batch = IngestBatch()
+                    batch.reject(make_reject(str(f), 0, "$", f"parser failed: {type(e).__name__}: {e}", None, rid))
+            tables_out = batch.storable(str(f), rid) if store is not None and batch else {}
             counts = batch.counts()
+            rejects_found += batch.rejects_total()
+            rejects_not_stored += batch.rejects_dropped
             for name, n in counts.items():
                 offered[name] += n
             for name, n in batch.duplicates.items():
@@ -285,13 +344,13 @@ def ingest_paths(
                 reasons[reason_family(r["reason"])] += 1
                 if len(reject_lines) < 1000:
                     reject_lines.append(format_reject(r))
-            if store is not None and batch:
+            if tables_out:
                 if writer is not None:
-                    writer.append_many(batch.arrow_tables())  # one file's tables land in one transaction
+                    writer.append_many(tables_out)  # one file's tables land in one transaction
                 else:
-                    store.append(batch.arrow_tables())
+                    store.append(tables_out)
             per_file.append({"path": str(f), "kind": kind, "run_id": rid, "rows": counts,
-                             "rejects": batch.n("rejects"), "duplicates": dict(batch.duplicates)})
+                             "rejects": batch.rejects_total(), "duplicates": dict(batch.duplicates)})
             if on_file is not None:
                 on_file(f, kind, batch)
             if bar is not None:
@@ -301,6 +360,8 @@ def ingest_paths(
             writer.close()
         if bar is not None:
             bar.stop()
+    if store is not None and hasattr(store, "mark_complete"):
+        store.mark_complete([f["run_id"] for f in per_file])  # (reached only when no file aborted the call)
     inserted: dict[str, int] = {}
     if writer is not None:
         inserted = writer.stats()["rows_inserted"]
@@ -330,6 +391,6 @@ def ingest_paths(
         "skipped": skipped,
         "empty": empty,
         "tables": tables,
-        "rejects": {"count": offered["rejects"], "top_reasons": reasons.most_common(5), "messages": reject_lines},
+        "rejects": {"count": rejects_found, "not_stored": rejects_not_stored, "top_reasons": reasons.most_common(5), "messages": reject_lines},
         "seconds": round(time.perf_counter() - t0, 3),
     }

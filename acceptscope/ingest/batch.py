@@ -63,12 +63,22 @@ def _to_arrow(name: str, rows: Any) -> pa.Table:
     return pa.Table.from_batches([schema.to_batch(t, list(rows))])
 
 
+REJECT_CAP = 1000  # reject rows kept per batch (one file, one poll); the rest are counted in one summary row
+
+
 @dataclass
 class IngestBatch:
-    """Rows per schema table, plus how many input records were skipped as duplicates."""
+    """Rows per schema table, plus how many input records were skipped as duplicates.
+
+    Rejects are capped at :data:`REJECT_CAP` rows per batch: past it each reject is only counted,
+    in one summary reject row (``N more rejects ... not stored``), so a file of a million bad
+    records costs a bounded amount of memory and store space. :meth:`rejects_total` counts them all.
+    """
 
     tables: dict[str, Sequence[dict]] = field(default_factory=dict)
     duplicates: dict[str, int] = field(default_factory=dict)
+    rejects_dropped: int = 0
+    _reject_summary: Any = field(default=None, repr=False, compare=False)
 
     # -- building ---------------------------------------------------------
     def add(self, name: str, row: dict) -> None:
@@ -97,7 +107,27 @@ class IngestBatch:
             self.tables[name] = ArrowRows(merged)
 
     def reject(self, row: dict) -> None:
-        self.add("rejects", row)
+        if len(self.tables.get("rejects", ())) - (self._reject_summary is not None) < REJECT_CAP:
+            self.add("rejects", row)
+        else:
+            self._drop_rejects(1, row)
+
+    def _drop_rejects(self, n: int, first: dict) -> None:
+        if not n:
+            return
+        self.rejects_dropped += n
+        if self._reject_summary is None:
+            self._reject_summary = dict(first, line=0, field="$", raw=None)
+            self.add("rejects", self._reject_summary)
+        first_msg = self._reject_summary.setdefault(
+            "_first", first.get("_first") or f"{first['field']}: {first['reason']}"[:300])
+        self._reject_summary["reason"] = (
+            f"{self.rejects_dropped} more rejects not stored (at most {REJECT_CAP} per file or poll); "
+            f"first of them: {first_msg}")
+
+    def rejects_total(self) -> int:
+        """Rejects found, stored or only counted past the cap."""
+        return len(self.tables.get("rejects", ())) - (self._reject_summary is not None) + self.rejects_dropped
 
     def note_duplicates(self, name: str, n: int) -> None:
         if n:
@@ -107,6 +137,13 @@ class IngestBatch:
         """Fold other batches into this one (in order); returns self."""
         for o in others:
             for name, rows in o.tables.items():
+                if name == "rejects":
+                    for r in rows:
+                        if r is not o._reject_summary:
+                            self.reject(r)
+                    if o._reject_summary is not None:
+                        self._drop_rejects(o.rejects_dropped, o._reject_summary)
+                    continue
                 self.extend(name, rows)
             for name, n in o.duplicates.items():
                 self.note_duplicates(name, n)
@@ -142,6 +179,47 @@ class IngestBatch:
         """All non-empty tables as Arrow, in schema order (what ``store.append`` takes)."""
         return {t.name: self.arrow(t.name) for t in schema.ALL_TABLES if self.n(t.name)}
 
+    def storable(self, source: str, run_id: Any = None) -> dict[str, pa.Table]:
+        """:meth:`arrow_tables`, except that a row no Arrow column can hold (an int beyond its column's
+        width, a string that is not UTF-8) is moved to ``rejects`` (named by its column) instead of
+        failing the conversion of every row of the file. The parsers reject such values first, by
+        their input field; this is the net under them. Bad rows are found by bisection, so a large
+        table with one bad row costs O(log n) conversions, not n."""
+        from acceptscope.ingest.rejects import make_reject
+
+        moved: list[dict] = []
+        for t in schema.ALL_TABLES:
+            rows = self.tables.get(t.name)
+            if t.name == "rejects" or rows is None or not len(rows) or not isinstance(rows, list):
+                continue
+            try:
+                schema.to_batch(t, rows)
+                continue
+            except _UNSTORABLE:
+                pass
+            good: list[dict] = []
+            todo = [(0, len(rows))]
+            while todo:
+                lo, hi = todo.pop()
+                try:
+                    schema.to_batch(t, rows[lo:hi])
+                    good.extend(rows[lo:hi])
+                    continue
+                except _UNSTORABLE as e:
+                    if hi - lo > 1:
+                        mid = (lo + hi) // 2
+                        todo += [(mid, hi), (lo, mid)]  # left half first: rows keep their order
+                        continue
+                    err = e
+                row = rows[lo]
+                col, why = _unstorable_column(t, row, err)
+                moved.append(make_reject(source, int(row.get("source_line") or 0), f"{t.name}.{col}",
+                                         f"value cannot be stored: {why}", None, row.get("run_id", run_id)))
+            self.tables[t.name] = good
+        for r in moved:
+            self.reject(r)
+        return self.arrow_tables()
+
     def __bool__(self) -> bool:
         return any(len(v) for v in self.tables.values())
 
@@ -151,6 +229,19 @@ class IngestBatch:
         if not payload:
             return {}
         return store.append(payload)
+
+
+_UNSTORABLE = (pa.ArrowException, OverflowError, ValueError, TypeError, UnicodeError)
+
+
+def _unstorable_column(t: Any, row: dict, err: BaseException) -> tuple[str, str]:
+    """(column, reason) of the first value of ``row`` its column cannot hold."""
+    for c in t.columns:
+        try:
+            pa.array([row.get(c.name)], type=c.type)
+        except _UNSTORABLE as e:
+            return c.name, f"{type(e).__name__}: {str(e)[:200]}"
+    return "$", f"{type(err).__name__}: {str(err)[:200]}"
 
 
 def table_from_columns(name: str, cols: Mapping[str, Any], n: int) -> pa.Table:

@@ -88,6 +88,8 @@ def detect(path: str | Path) -> str:
 
 def run_id_for(path: str | Path) -> str:
     """Default run id of an artifact: its file name up to the first dot (``capacc.server_info.json`` -> ``capacc``)."""
-    name = Path(path).name
+    from acceptscope.ingest.rejects import safe_text
+
+    name = safe_text(Path(path).name)  # (a file name of undecodable bytes holds lone surrogates)
     stem = name.split(".", 1)[0]
     return stem or name

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import msgspec
 
 from acceptscope.ingest.batch import IngestBatch
-from acceptscope.ingest.rejects import describe_number, make_reject
+from acceptscope.ingest.rejects import INT32_MAX, decode_failure, describe_number, find_poison, make_reject
 
 _dec = msgspec.json.Decoder()
 
@@ -65,10 +65,14 @@ class EstimatorIngestor:
         self.seen_pg: set[tuple[str, int, int]] = set()
         self.seen_eos: set[tuple[str, int]] = set()
 
-    def feed_lines(self, lines) -> IngestBatch:
+    def feed_lines(self, lines, *, infer_gamma: bool = True) -> IngestBatch:
         """Parse complete lines (str or bytes, without or with the trailing newline)."""
         batch = IngestBatch()
-        parsed: list[tuple[int, Any, bytes]] = []
+        if self.gamma is None and infer_gamma:
+            lines = list(lines)
+            self.gamma = _lines_gamma(lines)
+            self.gamma_src = "file (most opening rows)"
+        # one line at a time (no list of decoded lines): a file of a million bad lines stays small
         for raw in lines:
             self.line += 1
             if isinstance(raw, str):
@@ -76,15 +80,16 @@ class EstimatorIngestor:
             if not raw.strip():
                 continue
             try:
-                parsed.append((self.line, _loads(raw), raw))
-            except (ValueError, UnicodeDecodeError) as e:
-                batch.reject(make_reject(self.source, self.line, "$", f"malformed or truncated JSON line: {e}",
+                o = _loads(raw)
+            except (ValueError, UnicodeDecodeError, RecursionError) as e:
+                batch.reject(make_reject(self.source, self.line, "$", decode_failure(e).replace("JSON", "JSON line", 1),
                                          raw, self.run_id))
-        if self.gamma is None:
-            self.gamma = _majority_gamma(o for _, o, _ in parsed)
-            self.gamma_src = "file (most opening rows)"
-        for line, o, raw in parsed:
-            self._one(line, o, raw, batch)
+                continue
+            poison = find_poison(o)  # a value no column can hold rejects its line alone
+            if poison is not None:
+                batch.reject(make_reject(self.source, self.line, *poison, raw, self.run_id))
+                continue
+            self._one(self.line, o, raw, batch)
         return batch
 
     def _one(self, line: int, o: Any, raw: bytes, batch: IngestBatch) -> None:
@@ -163,14 +168,35 @@ def _majority_gamma(objs) -> Optional[int]:
 
 def file_gamma(data: bytes) -> Optional[int]:
     """gamma of an estimator file ingested without its run's: the value most opening rows agree on."""
+    return _lines_gamma(_iter_lines(data))
+
+
+def _iter_lines(data: bytes):
+    """The lines of ``data`` one at a time (no list of a million bytes objects); no empty last line."""
+    start, n = 0, len(data)
+    while start < n:
+        nl = data.find(b"\n", start)
+        if nl < 0:
+            yield data[start:]
+            return
+        yield data[start:nl]
+        start = nl + 1
+
+
+def _lines_gamma(lines) -> Optional[int]:
+    """The gamma most opening rows of ``lines`` agree on; rows with a poisoned value have no vote."""
     def opening_rows():
-        for raw in data.split(b"\n"):
+        for raw in lines:
+            if isinstance(raw, str):
+                raw = raw.encode("utf-8", "surrogatepass")
             if b'"trimmed_tokens"' not in raw:
                 continue
             try:
-                yield _loads(raw)
+                o = _loads(raw)
             except (ValueError, UnicodeDecodeError, RecursionError):
                 continue
+            if isinstance(o, dict) and _is_int(o.get("w")) and o["w"] <= INT32_MAX and find_poison(o) is None:
+                yield o
 
     return _majority_gamma(opening_rows())
 
@@ -186,10 +212,7 @@ def parse_estimator_jsonl(
     ing = EstimatorIngestor(run_id, source, gamma)
     if gamma is None:
         ing.gamma, ing.gamma_src = file_gamma(data), "file (most opening rows)"
-    lines = data.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()
-    return ing.feed_lines(lines)
+    return ing.feed_lines(_iter_lines(data), infer_gamma=False)  # (file_gamma already looked at every line)
 
 
 def _check_row(o: dict, gamma: Optional[int], gamma_src: str) -> Optional[tuple[str, str]]:
@@ -199,6 +222,8 @@ def _check_row(o: dict, gamma: Optional[int], gamma_src: str) -> Optional[tuple[
             return f, f"expected an int, got {v!r}"
         if v < 0:
             return f, f"negative ({v})"
+        if v > INT32_MAX:
+            return f, f"{v} too large (int32)"
     w, cl, ct = o["w"], o["cl"], o["ct"]
     if cl > w:
         return "cl", f"{cl} > window w={w}"
@@ -241,7 +266,7 @@ def _check_pg(e: Any, fct: int, gamma: Optional[int]) -> Optional[tuple[str, str
         return "[0]", f"block_fct: expected a non-negative int, got {b!r}"
     if b > fct:
         return "[0]", f"block_fct {b} > the carrying row's fct {fct}"
-    if not _is_int(off) or off < 1:
+    if not _is_int(off) or off < 1 or off > INT32_MAX:
         return "[1]", f"offset: expected an int >= 1, got {off!r}"
     if gamma is not None and off > gamma:
         return "[1]", f"offset {off} > gamma {gamma}"

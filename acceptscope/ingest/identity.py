@@ -164,7 +164,7 @@ def identity_from_bytes(data: bytes) -> Optional[ServerIdentity]:
 def identity_of_file(path: Path) -> Optional[ServerIdentity]:
     try:
         return identity_from_bytes(Path(path).read_bytes())
-    except OSError:
+    except (OSError, OverflowError, ValueError, RecursionError):  # (e.g. startup_time 10**400): no identity
         return None
 
 

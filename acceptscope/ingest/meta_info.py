@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional
 import msgspec
 
 from acceptscope.ingest.batch import IngestBatch
-from acceptscope.ingest.rejects import describe_number, make_reject
+from acceptscope.ingest.rejects import decode_failure, describe_number, find_poison, make_reject
 
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_cap_length", "spec_block_accept_length",
@@ -46,21 +46,37 @@ def _num(v: Any) -> bool:
 def documents(data: bytes) -> Iterator[tuple[int, Any, bytes]]:
     """(line, parsed, raw) for a JSON document or JSON lines; parsed is an Exception on failure."""
     try:
-        yield 1, msgspec.json.decode(data), data
-        return
-    except msgspec.DecodeError:
+        doc = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
         pass
-    try:
-        yield 1, json.loads(data), data
+    else:
+        yield 1, doc, data
         return
+    try:
+        doc = json.loads(data)
+    except RecursionError:  # one value nested too deeply: replace it, so only its response is rejected
+        from acceptscope.ingest.jsontext import defuse_deep
+        from acceptscope.ingest.rejects import MAX_DEPTH
+
+        fixed, _ = defuse_deep(data, MAX_DEPTH)
+        try:
+            doc = json.loads(fixed) if fixed is not None else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            doc = None
+        if doc is not None:
+            yield 1, doc, data
+            return
     except (ValueError, UnicodeDecodeError):
         pass
+    else:
+        yield 1, doc, data
+        return
     for i, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
             continue
         try:
             yield i, json.loads(raw), raw
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             yield i, e, raw
 
 
@@ -130,11 +146,16 @@ def parse_responses(data: bytes, *, source: str, run_id: str, workload: Optional
 
     for line, doc, raw in documents(data):
         if isinstance(doc, Exception):
-            batch.reject(make_reject(source, line, "$", f"malformed or truncated JSON: {doc}", raw, run_id))
+            batch.reject(make_reject(source, line, "$", decode_failure(doc), raw, run_id))
             continue
         items = doc if isinstance(doc, list) else [doc]
         for i, item in enumerate(items):
             pfx = f"[{i}]." if isinstance(doc, list) else ""
+            poison = find_poison(item)  # a value no column can hold rejects its response alone
+            if poison is not None:
+                batch.reject(make_reject(source, line, pfx + poison[0] if poison[0] != "$" else pfx.rstrip(".") or "$",
+                                         poison[1], None, run_id))
+                continue
             if not isinstance(item, dict):
                 batch.reject(make_reject(source, line, pfx.rstrip(".") or "$",
                                          f"expected an object, got {type(item).__name__}", item, run_id))

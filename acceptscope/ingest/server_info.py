@@ -58,10 +58,15 @@ from acceptscope.ingest import fast_decode
 from acceptscope.ingest import server_info_arrow as fast
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
 from acceptscope.ingest.rejects import (
+    INT32_MAX,
+    INT64_MAX,
+    MAX_DEPTH,
     describe_number,
+    has_surrogates,
     join_path,
     make_reject,
     msgspec_error_path,
+    safe_text,
 )
 
 __all__ = [
@@ -75,6 +80,7 @@ __all__ = [
 ]
 
 RING_CAPACITY = 200_000  # SGLang INFO_DUMP_MAX_RECORDS
+_MAX_GAMMA = 1024  # far above any draft block SGLang runs; a larger one is a corrupt header, not a setting
 _EMPTY_STATES = "empty: no DP rank reported a DSpark dump (is this a DSpark server with SGLANG_DSPARK_DEBUG_DUMP set?)"
 KNOWN_COMPONENTS = frozenset(
     {"core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs"}
@@ -330,7 +336,7 @@ class _State:
         h = self._headers.get(j)
         if h is None:
             item = self.records[j]
-            h = _dec_record.decode(item) if self.is_raw else msgspec.convert(item, _StepRecordObj)
+            h = _dec_record.decode(item) if self.is_raw else _convert_checked(item, _StepRecordObj, skip="reqs")
             self._headers[j] = h
         return h
 
@@ -378,6 +384,8 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
         v = getattr(r, name)
         if v < 0:
             return name, f"negative ({v})"
+        if v > (INT64_MAX if name == "bonus_token" else INT32_MAX):
+            return name, f"{v} too large ({'int64' if name == 'bonus_token' else 'int32'})"
     if not 1 <= r.verify_len <= gamma + 1:
         return "verify_len", f"{r.verify_len} outside [1, gamma+1={gamma + 1}]"
     window = r.verify_len - 1
@@ -401,8 +409,12 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
     for k, t in enumerate(r.draft_tokens):
         if t < 0:
             return f"draft_tokens[{k}]", f"negative token id ({t})"
+        if t > INT64_MAX:
+            return f"draft_tokens[{k}]", f"token id {t} outside int64"
     if r.rid is not None and not r.rid:
         return "rid", "empty string"
+    if r.rid is not None and has_surrogates(r.rid):
+        return "rid", f"string with a lone surrogate: '{safe_text(r.rid)[:80]}'"
     conf, surv = r.confidence, r.survival
     if (conf is None) != (surv is None):
         return ("survival" if surv is None else "confidence"), "confidence and survival must come together"
@@ -430,6 +442,13 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
 
 def _vector_bad_mask(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
     """Fast filter: True where ``check_req`` would find a problem (may over-flag; never under-flag)."""
+    try:
+        return _vector_bad_mask_(reqs, gamma, mode)
+    except (OverflowError, ValueError, TypeError):  # an int beyond int64 somewhere: check every one exactly
+        return np.ones(len(reqs), dtype=bool)
+
+
+def _vector_bad_mask_(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
     n = len(reqs)
     ints = np.array(
         [
@@ -454,7 +473,8 @@ def _vector_bad_mask(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray
     has_conf = np.fromiter((r.confidence is not None for r in reqs), dtype=bool, count=n)
     has_surv = np.fromiter((r.survival is not None for r in reqs), dtype=bool, count=n)
     bad |= has_conf != has_surv
-    bad |= np.fromiter((r.rid is not None and not r.rid for r in reqs), dtype=bool, count=n)
+    bad |= np.fromiter((r.rid is not None and (not r.rid or not r.rid.isascii() and has_surrogates(r.rid))
+                        for r in reqs), dtype=bool, count=n)
     both = np.flatnonzero(has_conf & has_surv & ~bad)
     if len(both):
         clen = np.fromiter((len(reqs[i].confidence) for i in both), dtype=np.int64, count=len(both))
@@ -489,7 +509,7 @@ def _sha256_file(path: Any) -> Optional[str]:
 
 
 def _started_at(startup_time: Any) -> Optional[datetime]:
-    if isinstance(startup_time, (int, float)) and not isinstance(startup_time, bool) and math.isfinite(startup_time):
+    if isinstance(startup_time, (int, float)) and not isinstance(startup_time, bool):
         try:
             return datetime.fromtimestamp(float(startup_time), tz=timezone.utc)
         except (OverflowError, OSError, ValueError):
@@ -549,6 +569,7 @@ def _run_row(run_id, *, mode, gamma, vndt, components, simulate_acc_len, args, s
         "startup_time": startup_time,
         "server_args": {k: v for k, v in args.items() if v is not None},
     }
+    args = {k: safe_text(v) if isinstance(v, str) else v for k, v in args.items()}
     return {
         "run_id": run_id,
         "arm": mode,
@@ -671,9 +692,39 @@ class ServerInfoIngestor:
         return batch
 
     def feed_bytes(self, data: bytes, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
-        """Ingest one JSON document (bytes): typed fast path, lenient fallback on bad input."""
+        """Ingest one JSON document (bytes): typed fast path, lenient fallback on bad input.
+
+        Values nested too deeply for any decoder (RecursionError) are replaced first
+        (:func:`acceptscope.ingest.jsontext.defuse_deep`), so only the records holding them are
+        rejected; anything else unexpected rejects this payload alone, never the caller's later ones.
+        """
         with _gc_paused():
-            return self._feed_bytes(data, source=source, line=line)
+            try:
+                return self._feed_bytes(data, source=source, line=line)
+            except RecursionError:
+                pass
+            except Exception as e:  # noqa: BLE001 - one payload's failure must not cost the next ones
+                batch = IngestBatch()
+                batch.reject(make_reject(source or self.source, line, "$",
+                                         f"payload could not be ingested: {type(e).__name__}: {e}", None, self.run_id))
+                return batch
+            from acceptscope.ingest.jsontext import defuse_deep
+
+            fixed, n = defuse_deep(data, MAX_DEPTH)
+            note = make_reject(source or self.source, line, "$",
+                               f"{n} value(s) nested deeper than {MAX_DEPTH} levels replaced before decoding; "
+                               "a record holding one is rejected by field", None, self.run_id)
+            if fixed is None:
+                batch = IngestBatch()
+                batch.reject(dict(note, reason="nested too deeply to decode"))
+                return batch
+            try:
+                batch = self._feed_bytes(fixed, source=source, line=line)
+            except Exception as e:  # noqa: BLE001
+                batch = IngestBatch()
+                note["reason"] += f"; payload still could not be ingested: {type(e).__name__}: {e}"
+            batch.reject(note)
+            return batch
 
     def _feed_bytes(self, data: bytes, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
         src = source or self.source
@@ -727,7 +778,7 @@ class ServerInfoIngestor:
                 raise _PayloadRejected
             items = [(i, f"internal_states[{i}]", s) for i, s in enumerate(sts)]
             if not items:
-                batch.reject(make_reject(src, line, "internal_states", _EMPTY_STATES, None, self.run_id))
+                batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(None), None, self.run_id))
                 raise _PayloadRejected
         elif "dspark_info_record" in payload:
             items = [(0, "", payload)]
@@ -761,7 +812,7 @@ class ServerInfoIngestor:
                 args.update({k: getattr(st, k) for k in _ARG_KEYS if getattr(st, k) is not None})
                 items.append((i, f"internal_states[{i}]", st.dspark_info_record, args))
             if not items:
-                batch.reject(make_reject(src, line, "internal_states", _EMPTY_STATES, None, self.run_id))
+                batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(data), None, self.run_id))
                 raise _PayloadRejected
         elif top.dspark_info_record is not None:
             items = [(None, "", top.dspark_info_record, top_args)]
@@ -803,11 +854,12 @@ class ServerInfoIngestor:
         # or the store) establishes; the field is rejected, the snapshot's records are kept.
         known = self.gamma
         vndt_ok = _is_int(vndt) and vndt >= 2
-        if not _is_int(gamma) or gamma < 1:
+        if not _is_int(gamma) or not 1 <= gamma <= _MAX_GAMMA:  # (beyond: a corrupt header, e.g. 2**70)
+            shown = _show(gamma)
             if known is None or (vndt_ok and vndt != known + 1):
-                rej("gamma", f"expected a positive int, got {gamma!r}")
+                rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got {shown}")
                 return None
-            rej("gamma", f"expected a positive int, got {gamma!r}: using the run's gamma {known}")
+            rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got {shown}: using the run's gamma {known}")
             gamma = known
         elif known is not None and gamma != known:
             if not (vndt_ok and vndt == known + 1):
@@ -845,8 +897,10 @@ class ServerInfoIngestor:
                 rej(f"components[{k}]", f"unknown info-dump component {c!r} (known: {sorted(KNOWN_COMPONENTS)})")
             else:
                 comp_list.append(c)
-        if sim is not None and not (isinstance(sim, (int, float)) and not isinstance(sim, bool) and math.isfinite(sim)):
-            rej("simulate_acc_len", f"expected a number or null, got {sim!r}")
+        if sim is not None and not (isinstance(sim, float) and math.isfinite(sim)
+                                    or _is_int(sim) and abs(sim) <= INT64_MAX):  # (math.isfinite(10**400) raises)
+            rej("simulate_acc_len", f"expected a number or null, got {safe_text(repr(sim))[:80]}"
+                if not isinstance(sim, int) or abs(sim) <= INT64_MAX else "integer outside int64")
             sim = None
         self.gamma = gamma
         self.arm = mode
@@ -1027,10 +1081,10 @@ class ServerInfoIngestor:
                 raise msgspec.ValidationError(f"Expected `array | null`, got `{type(raw).__name__}` - at `$.reqs`")
             try:
                 return msgspec.convert(raw, list[ReqDetail]), []
-            except msgspec.ValidationError:
+            except (msgspec.ValidationError, UnicodeEncodeError):
                 pass
             items = raw
-            conv = lambda x: msgspec.convert(x, ReqDetail)  # noqa: E731
+            conv = lambda x: _convert_checked(x, ReqDetail)  # noqa: E731
         out: list[Optional[ReqDetail]] = []
         bad = []
         for k, it in enumerate(items):
@@ -1106,8 +1160,10 @@ class ServerInfoIngestor:
                 continue
             fct = h.forward_ct
             where = f"{pfx}records[{j}]"
-            if fct < 0:
-                batch.reject(make_reject(src, line, where + ".forward_ct", f"negative ({fct})", s.records[j], self.run_id))
+            if fct < 0 or fct > INT64_MAX:
+                batch.reject(make_reject(src, line, where + ".forward_ct",
+                                         f"negative ({fct})" if fct < 0 else f"{fct} outside int64",
+                                         s.records[j], self.run_id))
                 continue
             if fct <= w:
                 batch.note_duplicates("steps", 1)
@@ -1128,8 +1184,15 @@ class ServerInfoIngestor:
             if step_problem:
                 f_, why = step_problem
                 batch.reject(make_reject(src, line, f"{where}.{f_}", why, s.records[j], self.run_id))
-            else:
-                cols.add_step(rank.slot, h)
+                # its requests go too (no request_steps row without its steps row), each counted as a reject
+                for k, r in enumerate(reqs or ()):
+                    if r is not None:
+                        batch.reject(make_reject(src, line, f"{where}.reqs[{k}]",
+                                                 f"step header rejected ({f_}): request row dropped with it",
+                                                 None, self.run_id))
+                last_good = (h, reqs)
+                continue
+            cols.add_step(rank.slot, h)
             first = len(req_all)
             if reqs:
                 if None in reqs:
@@ -1172,7 +1235,7 @@ class ServerInfoIngestor:
                     lines = s.records[start:n]  # msgspec.Raw items join as bytes, no copies
                 else:
                     lines = [self._record_line(s, j) for j in range(start, n)]
-            except (TypeError, msgspec.EncodeError):
+            except (TypeError, ValueError, msgspec.EncodeError):  # (UnicodeEncodeError: a lone surrogate)
                 return False
             tbl = fast_decode.decode_records(lines) if self.use_msgspec_decode else None
             if tbl is None:
@@ -1366,10 +1429,14 @@ def _check_step(h: StepRecord, s: _State, reqs: Optional[list]) -> Optional[tupl
         v = getattr(h, f)
         if v < -1:
             return f, f"negative ({v}); -1 is the only sentinel"
+        if v > INT32_MAX:
+            return f, f"{v} too large (int32)"
     for f in ("budget", "lag_steps"):
         v = getattr(h, f)
         if v is not None and v < 0:
             return f, f"negative ({v})"
+        if v is not None and v > INT32_MAX:
+            return f, f"{v} too large (int32)"
     for f in _TIME_FIELDS + ("predicted_step_ms",):
         v = getattr(h, f)
         if v is not None and not (math.isfinite(v) and v >= 0):
@@ -1516,6 +1583,41 @@ def _clip(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: ("..." if isinstance(v, (list, dict)) else v) for k, v in list(obj.items())[:20]}
     return obj
+
+
+def _convert_checked(item: Any, typ: Any, skip: Optional[str] = None) -> Any:
+    """``msgspec.convert`` of a decoded (lenient-path) record, with a poisoned value (an int beyond
+    int64, a lone surrogate, deep nesting) raised as the ValidationError of its field, as msgspec
+    words one; ``skip``: a key checked elsewhere (a record's ``reqs``, checked per request)."""
+    from acceptscope.ingest.rejects import find_poison
+
+    if isinstance(item, dict):
+        p = find_poison({k: v for k, v in item.items() if k != skip} if skip else item)
+        if p is not None:
+            path = p[0] if p[0] == "$" else ("$" + p[0] if p[0].startswith("[") else "$." + p[0])
+            raise msgspec.ValidationError(f"{p[1]} - at `{path}`")
+    try:
+        return msgspec.convert(item, typ)
+    except UnicodeEncodeError as e:  # (msgspec cannot even word the error of a surrogate)
+        raise msgspec.ValidationError(f"string with a lone surrogate ({e.reason}) - at `$`") from None
+
+
+def _show(v: Any) -> str:
+    """repr of a header value for a reject; an int past int64 as such (its repr may not even exist)."""
+    if _is_int(v) and abs(v) > INT64_MAX:
+        return "an integer outside int64"
+    try:
+        return safe_text(repr(v))[:120]
+    except (ValueError, RecursionError):
+        return f"a {type(v).__name__}"
+
+
+def _empty_states_reason(data: Optional[bytes]) -> str:
+    why = _EMPTY_STATES
+    if data is not None and data.count(b'"internal_states"') > 1:
+        why += ("; the document repeats the top-level key 'internal_states' and JSON decoders keep the last "
+                "(empty) one")
+    return why
 
 
 class _PayloadRejected(Exception):

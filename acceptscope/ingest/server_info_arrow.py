@@ -27,6 +27,7 @@ from acceptscope import schema
 from acceptscope.arrow_columns import one_array
 
 _I = pa.int64()
+_I32_MAX = 2**31 - 1  # the store's int32 columns (rejects.INT32_MAX)
 _F = pa.float64()
 REQ_TYPE = pa.struct([
     ("req_pool_index", _I), ("prefix_len", _I), ("verify_len", _I), ("acc_len", _I),
@@ -100,10 +101,12 @@ def translate(tbl: pa.Table, *, gamma: int, mode: str, watermark: int) -> Option
     if pc.any(pc.and_(pc.is_valid(rmode), pc.and_(pc.not_equal(rmode, ""), pc.not_equal(rmode, mode)))).as_py():
         return None
     for name in SENTINELS:
-        if (_np(tbl.column(name), -1) < -1).any():
+        v = _np(tbl.column(name), -1)
+        if (v < -1).any() or (v > _I32_MAX).any():
             return None
     for name in OPT_INTS:
-        if (_np(tbl.column(name), 0) < 0).any():
+        v = _np(tbl.column(name), 0)
+        if (v < 0).any() or (v > _I32_MAX).any():
             return None
     for name in TIMES:
         v = _np(tbl.column(name), 0.0)
@@ -146,6 +149,7 @@ def translate(tbl: pa.Table, *, gamma: int, mode: str, watermark: int) -> Option
     acc = _np(cols["acc_len"], -1)
     ct = _np(cols["cap_trim"], -1)
     bad |= (pool < 0) | (prefix < 0) | (bonus < 0) | (vlen < 1) | (vlen > gamma + 1)
+    bad |= (pool > _I32_MAX) | (prefix > _I32_MAX)  # int32 columns
     bad |= (cd < 0) | (cd > vlen - 1) | (acc != cd + 1) | (ct < 0) | (cd + ct > gamma)
     if mode == "static":
         bad |= (vlen != gamma + 1) | (ct != 0)

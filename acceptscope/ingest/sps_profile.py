@@ -21,7 +21,8 @@ from typing import Any, Optional
 import msgspec
 
 from acceptscope.ingest.batch import IngestBatch
-from acceptscope.ingest.rejects import describe_number, make_reject
+from acceptscope.ingest.jsontext import decode_document
+from acceptscope.ingest.rejects import decode_failure, describe_number, find_poison, make_reject
 
 _dec = msgspec.json.Decoder()
 
@@ -43,8 +44,12 @@ def _lines(data: bytes, source: str, run_id: str, batch: IngestBatch):
                 o = _dec.decode(raw)
             except msgspec.DecodeError:
                 o = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            batch.reject(make_reject(source, i, "$", f"malformed or truncated JSON line: {e}", raw, run_id))
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            batch.reject(make_reject(source, i, "$", decode_failure(e).replace("JSON", "JSON line", 1), raw, run_id))
+            continue
+        poison = find_poison(o)  # a value no column can hold rejects its line alone
+        if poison is not None:
+            batch.reject(make_reject(source, i, *poison, raw, run_id))
             continue
         if not isinstance(o, dict):
             batch.reject(make_reject(source, i, "$", f"expected an object, got {type(o).__name__}", raw, run_id))
@@ -151,7 +156,7 @@ def parse_profile_rounds(data: bytes, *, source: str, run_id: str) -> IngestBatc
 def parse_profile_manifest(data: bytes, *, source: str, run_id: str) -> IngestBatch:
     batch = IngestBatch()
     try:
-        o = json.loads(data)
+        o = decode_document(data)
     except (ValueError, UnicodeDecodeError) as e:
         batch.reject(make_reject(source, 0, "$", f"malformed or truncated JSON: {e}", data, run_id))
         return batch

@@ -18,7 +18,11 @@ ring per DP rank (``deque(maxlen=200_000)``), exported whole on every
 * rows go to a bounded sink (backpressure: the poll loop waits when the
   writer is behind), so memory stays bounded whatever the server produces;
 * a server that stops answering is counted (``down_polls``); when it answers
-  again with another ``startup_time`` the ingestor sees the restart.
+  again with another ``startup_time`` the ingestor sees the restart;
+* every request has a total deadline (``timeout_s``, and never past ``until``: the
+  capture's hard stop) and a body-size cap (``max_bytes``) through
+  :func:`acceptscope.live.http.fetch`: a server that trickles a body or headers, or
+  sends gigabytes, costs one failed poll, counted and named in ``last_error``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from typing import Any, Callable, Optional
 
 import msgspec
 import requests
+
+from acceptscope.live.http import DEFAULT_MAX_BYTES, DeadlineExceeded, Redirected, ResponseTooLarge, fetch
 
 CLEAR_BODY = {"server_args": {"dspark_clear_info_records": True}}
 
@@ -109,6 +115,8 @@ class ServerInfoPoller:
         ingestor: Any = None,
         max_polls: int | None = None,
         drop_tables: tuple[str, ...] = (),
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        until: float | None = None,
     ):
         if clear not in ("never", "every", "threshold"):
             raise ValueError(f"clear must be never|every|threshold, got {clear!r}")
@@ -122,9 +130,10 @@ class ServerInfoPoller:
         self.timeout_s = timeout_s
         self.max_polls = max_polls
         self.drop_tables = frozenset(drop_tables)
+        self.max_bytes = max_bytes
+        self.until = until  # monotonic hard stop: no request runs past it
         self.ingestor = ingestor if ingestor is not None else _ingestor_class()(run_id, self.url)
         self.stats = PollStats()
-        self._session = requests.Session()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._observers: list[Callable[[Any], None]] = []
@@ -139,12 +148,16 @@ class ServerInfoPoller:
         poll_no = self.stats.polls + self.stats.down_polls + 1
         t0 = time.monotonic()
         try:
-            r = self._session.get(self.url, timeout=self.timeout_s, allow_redirects=False)
-            r.raise_for_status()
-            body = r.content
+            body = fetch(self.url, deadline_s=self.timeout_s, max_bytes=self.max_bytes, until=self.until).content
         except requests.RequestException as e:
             self.stats.down_polls += 1
             self.stats.last_error = f"{type(e).__name__}: {e}"
+            if isinstance(e, (ResponseTooLarge, Redirected, DeadlineExceeded)):  # the server answered, badly
+                from acceptscope.ingest.rejects import make_reject
+
+                self.stats.rejects += 1
+                self.sink({"rejects": [make_reject(self.url, poll_no, "$", f"poll refused: {type(e).__name__}: {e}",
+                                                   None, self.run_id)]})
             return None
         self.stats.last_latency_s = time.monotonic() - t0
         self.stats.polls += 1
@@ -177,9 +190,8 @@ class ServerInfoPoller:
 
     def _clear(self) -> bool:
         try:
-            r = self._session.post(self.base_url + "/set_internal_state", json=CLEAR_BODY, timeout=self.timeout_s, allow_redirects=False)
-            r.raise_for_status()
-            out = r.json()
+            out = fetch(self.base_url + "/set_internal_state", method="POST", json=CLEAR_BODY,
+                        deadline_s=self.timeout_s, max_bytes=1 << 20, until=self.until).json()
         except (requests.RequestException, ValueError) as e:
             self.stats.clear_failures += 1
             self.stats.last_error = f"clear failed: {type(e).__name__}: {e}"
@@ -207,6 +219,8 @@ class ServerInfoPoller:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
+            if self.until is not None and time.monotonic() >= self.until:
+                break
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
 
     def start(self, deadline: float | None = None) -> "ServerInfoPoller":
@@ -224,11 +238,13 @@ class ServerInfoPoller:
         """Stop the loop; by default take one last poll so the tail of the ring is captured."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s + 5)
-        if final_poll:
+            wait = self.timeout_s + 5
+            if self.until is not None:
+                wait = min(wait, max(self.until - time.monotonic(), 0.0) + 2.0)
+            self._thread.join(timeout=wait)
+        if final_poll and (self.until is None or time.monotonic() < self.until):
             try:
                 self.poll_once()
             except Exception as e:  # noqa: BLE001
                 self.stats.errors += 1
                 self.stats.last_error = f"final poll: {type(e).__name__}: {e}"
-        self._session.close()

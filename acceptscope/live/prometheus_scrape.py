@@ -46,7 +46,8 @@ def parse_metrics(text: str, prefix: str = SPEC_PREFIX, t: float | None = None) 
 class MetricsScraper:
     """Scrape ``base_url/metrics`` on demand or on a background interval; keep a bounded history."""
 
-    def __init__(self, base_url: str, *, history: int = 10_000, timeout_s: float = 5.0, prefix: str = SPEC_PREFIX):
+    def __init__(self, base_url: str, *, history: int = 10_000, timeout_s: float = 5.0, prefix: str = SPEC_PREFIX,
+                 until: float | None = None):
         self.url = base_url.rstrip("/") + "/metrics"
         self.prefix = prefix
         self.timeout_s = timeout_s
@@ -57,12 +58,13 @@ class MetricsScraper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._session = requests.Session()
+        self.until = until  # monotonic hard stop: no scrape runs past it
 
     def scrape(self) -> list[Sample]:
+        from acceptscope.live.http import fetch
+
         try:
-            r = self._session.get(self.url, timeout=self.timeout_s, allow_redirects=False)
-            r.raise_for_status()
+            r = fetch(self.url, deadline_s=self.timeout_s, max_bytes=64 << 20, until=self.until)
             samples = parse_metrics(r.text, self.prefix)
         except (requests.RequestException, ValueError) as e:
             self.errors += 1
@@ -95,4 +97,3 @@ class MetricsScraper:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        self._session.close()

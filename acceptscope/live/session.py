@@ -62,7 +62,8 @@ class CaptureConfig:
     duration_s: float | None = None  # capture-only mode: how long to watch (with traffic: until it ends)
     loopback_only: bool = False
     sink_max_batches: int = 64
-    http_timeout_s: float = 60.0
+    http_timeout_s: float = 60.0  # total deadline of one request (connect, headers and body)
+    max_response_bytes: int = 1 << 30  # larger /server_info bodies are refused (one failed poll each)
     launch: dict | None = None  # the ArmSpec config when we launched the server
 
 
@@ -215,13 +216,18 @@ class _Tail:
             self.stats["errors"].append(f"{type(e).__name__}: {e}")
 
 
-def fetch_server_info(base_url: str, timeout_s: float = 60.0) -> dict:
+def fetch_server_info(base_url: str, timeout_s: float = 60.0, *, max_bytes: int = 1 << 30,
+                      until: float | None = None) -> dict:
+    from acceptscope.live.http import fetch
+
     try:
-        r = requests.get(base_url.rstrip("/") + "/server_info", timeout=timeout_s, allow_redirects=False)
-        r.raise_for_status()
-        return r.json()
-    except (requests.RequestException, ValueError) as e:
+        info = fetch(base_url.rstrip("/") + "/server_info", deadline_s=timeout_s, max_bytes=max_bytes,
+                     until=until).json()
+    except (requests.RequestException, ValueError, RecursionError) as e:
         raise CaptureError(f"{base_url}/server_info: {type(e).__name__}: {e}") from None
+    if not isinstance(info, dict):
+        raise CaptureError(f"{base_url}/server_info: expected a JSON object, got {type(info).__name__}")
+    return info
 
 
 def describe_server(info: dict) -> dict:
@@ -259,12 +265,17 @@ class LiveCapture:
         self.warnings: list[str] = []
         self.drive_result: DriveResult | None = None
         self._t0 = 0.0
+        self.until: float | None = None
 
     def start(self) -> "LiveCapture":
         from acceptscope.ingest.server_info import RING_CAPACITY, ServerInfoIngestor, run_row_from_server_info
 
         cfg = self.cfg
-        info = fetch_server_info(self.base_url, cfg.http_timeout_s)
+        self._t0 = time.monotonic()
+        # --duration is a hard stop: no request, poll or scrape runs past it (plus a short grace for the last poll)
+        self.until = None if not cfg.duration_s else self._t0 + cfg.duration_s + min(5.0, 0.25 * cfg.duration_s)
+        info = fetch_server_info(self.base_url, cfg.http_timeout_s, max_bytes=cfg.max_response_bytes,
+                                 until=self.until)
         self.server = describe_server(info)
         if self.server["algorithm"] != "DSPARK":
             raise CaptureError(f"{self.base_url}: speculative_algorithm is {self.server['algorithm']!r}, not 'DSPARK'")
@@ -288,21 +299,24 @@ class LiveCapture:
         self.sink.put({"runs": [run_row]})
         ingestor = ServerInfoIngestor(self.run_id, "live", ring_capacity=cfg.ring_capacity or RING_CAPACITY,
                                       expected_gamma=self.server["gamma"], expected_arm=mode)
-        self._t0 = time.monotonic()
         self.poller = ServerInfoPoller(
             self.base_url, self.run_id, self.sink.put, interval_s=cfg.poll_interval_s, clear=cfg.clear,
             clear_threshold_records=cfg.clear_threshold_records, timeout_s=cfg.http_timeout_s, ingestor=ingestor,
-            drop_tables=("runs",),
+            drop_tables=("runs",), max_bytes=cfg.max_response_bytes, until=self.until,
         ).start()
         if cfg.estimator_path or cfg.sts_stem:
             self.tail = _Tail(self.run_id, self.sink, cfg.estimator_path, cfg.sts_stem, cfg.tail_interval_s,
                               gamma=self.server["gamma"]).start()
         if cfg.scrape_metrics:
-            self.scraper = MetricsScraper(self.base_url).start(cfg.metrics_interval_s)
+            self.scraper = MetricsScraper(self.base_url, until=self.until).start(cfg.metrics_interval_s)
         return self
 
     def drive(self, prompts: Sequence[Prompt], drive: DriveConfig) -> DriveResult:
         """Send traffic (same prompts/seeds for every arm); request rows stream into the sink."""
+        self.until = None  # with traffic the capture lasts as long as the traffic: no duration stop
+        for part in (self.poller, self.scraper):
+            if part is not None:
+                part.until = None
         drive = replace(drive, run_id=self.run_id, base_url=self.base_url,  # rows belong to this capture's run
                         loopback_only=drive.loopback_only or self.cfg.loopback_only)
         self.drive_result = Driver(drive, on_rows=lambda rows: self.sink.put({"requests": rows}),
@@ -328,6 +342,11 @@ class LiveCapture:
             self.sink.close()
         else:
             self.sink.flush()
+        if self.run_id:
+            try:
+                self.store.mark_complete(self.run_id)
+            except Exception as e:  # noqa: BLE001 - the capture is stored; only the mark is missing
+                self.warnings.append(f"run not marked complete: {type(e).__name__}: {e}")
         ps = self.poller.stats if self.poller else None
         if ps and ps.last_error:
             self.warnings.append(f"poller: {ps.last_error}")

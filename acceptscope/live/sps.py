@@ -34,6 +34,8 @@ from typing import Any, Callable, Sequence
 
 import requests
 
+from acceptscope.live.http import fetch
+
 WARMUP_STEPS = 8
 PROFILER_MODULE = "sglang.benchmark.dspark_sps_profiler"
 
@@ -147,8 +149,7 @@ class SweepResult:
 
 
 def _post(s: requests.Session, url: str, body: Any, timeout: float) -> Any:
-    r = s.post(url, json=body, timeout=timeout, allow_redirects=False)
-    r.raise_for_status()
+    r = fetch(url, method="POST", json=body, deadline_s=timeout, max_bytes=16 << 20)  # (s: kept for callers)
     try:
         return r.json()
     except ValueError:
@@ -184,7 +185,7 @@ def sps_sweep(cfg: SweepConfig, sink: Callable[[dict[str, Any]], None],
     say = progress or (lambda m: None)
     res = SweepResult()
     with requests.Session() as s:
-        info = s.get(base + "/server_info", timeout=cfg.http_timeout_s).json()
+        info = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
         states = info.get("internal_states") or []
         dumps = [st.get("dspark_info_record") for st in states if isinstance(st, dict)]
         if info.get("speculative_algorithm") != "DSPARK" or not dumps or not all(dumps):
@@ -224,8 +225,8 @@ def sps_sweep(cfg: SweepConfig, sink: Callable[[dict[str, Any]], None],
                 while time.monotonic() - t0 < cfg.round_timeout_s:
                     time.sleep(cfg.poll_interval_s)
                     try:
-                        payload = s.get(base + "/server_info", timeout=cfg.http_timeout_s).json()
-                    except (requests.RequestException, ValueError):
+                        payload = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
+                    except (requests.RequestException, ValueError, RecursionError):
                         continue
                     batch = ing.feed(payload, source=base + "/server_info", line=poll_no)
                     poll_no += 1
@@ -237,10 +238,10 @@ def sps_sweep(cfg: SweepConfig, sink: Callable[[dict[str, Any]], None],
                 load.join(timeout=30)
                 # the steps between the last poll and the abort belong to this cell, not the next one
                 try:
-                    payload = s.get(base + "/server_info", timeout=cfg.http_timeout_s).json()
+                    payload = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
                     rows.extend(ing.feed(payload, source=base + "/server_info", line=poll_no).rows("steps"))
                     poll_no += 1
-                except (requests.RequestException, ValueError):
+                except (requests.RequestException, ValueError, RecursionError):
                     res.failures.append(f"repeat={rep} bs/rank={bs} frac={frac}: closing poll failed; "
                                         "the next cell may start with this cell's last steps")
                 wall = time.monotonic() - t0

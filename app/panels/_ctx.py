@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import pandas as pd
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~$:])")
+
+
+def plain(value: Any) -> str:
+    """``value`` as literal text inside Streamlit markdown (st.info/error/caption, help tooltips).
+
+    Streamlit never renders raw HTML there, but markdown is still markup: a run id, workload name
+    or error message (all data) could otherwise draw links, images or LaTeX. Every markdown
+    metacharacter is backslash-escaped, so it shows exactly as stored.
+    """
+    return _MD_SPECIAL.sub(r"\\\1", str(value))
 
 
 @dataclass

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.panels._ctx import plain
+
 TITLE = "Estimators"
 _ORDER = {"compact": 0, "cap-accept": 1, "static": 2}
 
@@ -25,7 +27,7 @@ def render(ctx) -> None:
     with st.spinner("running estimators ..."):
         views, why = ctx.q("estimates", run)
     if why:
-        st.info(f"Estimators not shown: {why}")
+        st.info(f"Estimators not shown: {plain(why)}")
         return
     if not views:
         st.info("The estimators returned nothing for this run.")
@@ -33,10 +35,10 @@ def render(ctx) -> None:
     for name, v in views.items():
         st.subheader(name)
         if v["skipped"]:
-            st.caption(f"skipped on this run: {v['skipped']}")
+            st.caption(f"skipped on this run: {plain(v['skipped'])}")
             continue
         if v["error"]:
-            st.warning(f"{name} failed: {v['error']}")
+            st.warning(f"{name} failed: {plain(v['error'])}")
             continue
         for i, fig in enumerate(v["figures"]):
             st.plotly_chart(fig, key=f"est_{name}_{i}")

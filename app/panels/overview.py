@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.panels._ctx import plain
+
 TITLE = "Arm comparison"
 
 COLS = ["run_id", "arm", "engine", "gamma", "audit_group", "requests_seen", "blocks", "mean_window", "mean_acc_len",
@@ -21,13 +23,13 @@ def render(ctx) -> None:
     for col, row in zip(cols, s.itertuples(index=False)):
         util = "n/a" if row.utilization != row.utilization or row.utilization is None else f"{row.utilization:.1%}"
         col.metric(f"{row.arm} accept length", f"{(row.mean_acc_len or 0):.2f}",
-                   help=f"{row.run_id}: mean committed tokens per block (bonus included)")
+                   help=f"{plain(row.run_id)}: mean committed tokens per block (bonus included)")
         col.caption(f"window {(row.mean_window or 0):.2f} · utilization {util} · {row.blocks or 0} blocks")
     st.dataframe(s[[c for c in COLS if c in s.columns]], hide_index=True)
     for row in s.itertuples(index=False):
         if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \
                 and row.mean_window >= row.gamma - 1e-9:
-            st.error(f"{row.run_id}: compact verified every draft (window = gamma = {row.gamma} on every block): "
+            st.error(f"{plain(row.run_id)}: compact verified every draft (window = gamma = {row.gamma} on every block): "
                      "no trimming, zero scheduling gain (SGLang degenerates to verify-all without an SPS table).")
     st.caption("ceiling = mean(uncapped correct drafts + 1), observed in cap-accept and static only; "
                "utilization = Σ accept length / Σ ceiling.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.panels._ctx import plain
+
 from app import figures as F
 
 TITLE = "Utilization"
@@ -20,7 +22,7 @@ def render(ctx) -> None:
     if "compact" in arms and "cap-accept" in arms:
         inf = ctx.q("sampling_inference", arms["compact"], arms["cap-accept"])
         if isinstance(inf, str):
-            st.info(f"No full-traffic inference: {inf}")
+            st.info(f"No full-traffic inference: {plain(inf)}")
         else:
             u, c = inf["utilization"], inf["ceiling"]
             a, b, d = st.columns(3)
