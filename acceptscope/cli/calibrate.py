@@ -6,7 +6,15 @@ from pathlib import Path
 
 import typer
 
-from acceptscope.cli._common import EXIT_NO_DATA, EXIT_USAGE, DbOption, JsonOption, console, emit_json
+from acceptscope.cli._common import (
+    EXIT_NO_DATA,
+    EXIT_USAGE,
+    DbOption,
+    JsonOption,
+    console,
+    emit_json,
+    open_store_read_only,
+)
 
 HELP = """Fit Sequential Temperature Scaling for a run and write SGLang's STS JSON.
 
@@ -62,11 +70,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_USAGE)
         from rich.table import Table
 
-        from acceptscope.store import Store
         from estimators import load_run, sts_in_force
         from estimators.calibration import StsCalibrator, calibration_data, check_sglang_sts, compare
 
-        store = Store(db, read_only=True)
+        store = open_store_read_only(db)
         try:
             data = load_run(store, run)
         except KeyError as e:
