@@ -38,6 +38,8 @@ def load_run(store, run_id: str) -> dict[str, Any]:
     out = {"run": runs.iloc[0].to_dict()}
     for t in ("request_steps", "steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
         out[t] = store.read_table(t, run_id)
+        if t != "request_steps":  # (BlockFrame sorts request_steps itself)
+            out[t] = _key_order(out[t], t)
     sps_hash = out["run"].get("sps_hash")
     out["sps_table"] = None
     if sps_hash:
@@ -57,6 +59,17 @@ def load_run(store, run_id: str) -> dict[str, Any]:
         if len(d):
             out["sts_temperatures"] = d.temperature.to_numpy()
     return out
+
+
+def _key_order(df: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Rows in primary-key order: the held-out splits (cost, calibration) draw per row, so results
+    must not depend on the order rows were stored in (ingest order, or a lake's partitions)."""
+    from acceptscope import schema
+
+    key = [k for k in schema.table(table).key if k in df.columns]
+    if len(df) < 2 or not key:
+        return df
+    return df.sort_values(key, kind="stable", ignore_index=True)
 
 
 def _sps_from_config(config_json, sps_hash):
@@ -86,15 +99,31 @@ def _truth_runs(store, gamma: int, exclude: str, audit_group=None) -> list[str]:
     return d.run_id.tolist()
 
 
+class LocalTail:
+    """Where :func:`run_all` fits and applies the tail estimator: in this process (the default).
+    ``estimators.spark.SparkTail`` has the same two methods and runs them over a Parquet lake."""
+
+    def fit(self, store, run_ids: list[str], frame, gamma: int):
+        """Hazards from ``frame`` (the run being estimated) or, when None, from ``run_ids``' request-steps."""
+        from estimators.tail import TailEstimator
+
+        if frame is not None:
+            return TailEstimator().fit(frame)
+        return TailEstimator().fit(store.read_table("request_steps", run_ids), gamma=gamma)
+
+    def estimate(self, est, run_id: str, frame, gather, hazard_boot: int, seed: int):
+        return est.estimate(frame, gather=gather, hazard_boot=hazard_boot, seed=seed)
+
+
 def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
-            use_sglang_pg: bool = False) -> dict[str, Any]:
-    """Every estimator that applies to ``run_id``; see the module docstring."""
+            use_sglang_pg: bool = False, tail_engine=None) -> dict[str, Any]:
+    """Every estimator that applies to ``run_id``; see the module docstring. ``tail_engine``: where
+    the tail estimator runs (default :class:`LocalTail`)."""
     from estimators.bracket import bracket_from_jsonl, trim_counters
     from estimators.calibration import calibration_data, compare
     from estimators.cost import CostModel
     from estimators.frame import BlockFrame
     from estimators.planner import audit
-    from estimators.tail import TailEstimator
     from estimators.utilization import utilization
 
     data = load_run(store, run_id)
@@ -104,23 +133,23 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     gamma = int(data["run"]["gamma"])
     frame = BlockFrame.from_request_steps(rs, gamma=gamma)
     res: dict[str, Any] = {"skipped": {}}
+    engine = tail_engine or LocalTail()
     # tail
     if frame.has_truth.all():
-        est = TailEstimator().fit(frame)
+        est = engine.fit(store, [run_id], frame, gamma)
         train_note = "this run (ceiling recorded: estimates are exact)"
     else:
         others = _truth_runs(store, gamma, run_id, data["run"].get("audit_group"))
         if others:
-            train = store.read_table("request_steps", others)
-            est = TailEstimator().fit(train, gamma=gamma)
+            est = engine.fit(store, others, None, gamma)
             train_note = f"hazards fitted on truth runs {others}"
         else:
-            est = TailEstimator().fit(frame)
+            est = engine.fit(store, [run_id], frame, gamma)
             train_note = "no truth-bearing run with this gamma: hazards fitted on this run's observed outcomes"
     # SGLang's pg p/q can extend the walk (``use_sglang_pg``); off by default: not validated yet
     gather = ({"gather": data["estimator_gather"], "rows": data["estimator_rows"]}
               if use_sglang_pg and len(data["estimator_gather"]) else None)
-    tail = est.estimate(frame, gather=gather, hazard_boot=0 if frame.has_truth.all() else hazard_boot, seed=seed)
+    tail = engine.estimate(est, run_id, frame, gather, 0 if frame.has_truth.all() else hazard_boot, seed)
     tail.notes.append(train_note)
     if len(steps):
         from estimators.validation import batch_band

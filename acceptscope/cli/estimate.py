@@ -23,6 +23,11 @@ Exit codes: 0 ok; 2 bad arguments or unreadable database; 3 no such run / no dat
 Examples:
   acceptscope estimate --db audit.duckdb
   acceptscope estimate --db audit.duckdb --run ref-compact-1 --json > est.json
+  acceptscope estimate --lake LAKE --engine spark --master 'local[2]' --json
+
+With --lake LAKE --engine spark (needs the [spark] extra) the same estimators run over a
+Parquet lake written by `acceptscope export` (estimators/spark.py: the tail walk and per-block
+predictions on the executors) and print the same JSON as --db on the same runs.
 """
 
 
@@ -34,10 +39,23 @@ def register(app: typer.Typer) -> None:
         n_boot: int = typer.Option(200, "--n-boot", min=10, help="Bootstrap replicates for intervals."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and the splits."),
         json_out: bool = JsonOption,
+        lake: Optional[Path] = typer.Option(None, "--lake", help="Parquet lake written by `acceptscope export` (with --engine spark)."),
+        engine: str = typer.Option("local", "--engine", help="local (the --db file, in process) or spark (--lake)."),
+        master: str = typer.Option("local[2]", "--master", help="Spark master URL (--engine spark)."),
     ) -> None:
         from rich.progress import Progress
         from rich.table import Table
 
+        if engine not in ("local", "spark") or (engine == "spark") != (lake is not None):
+            console.print("[red]--engine must be local (with --db) or spark (with --lake LAKE)[/red]")
+            raise typer.Exit(EXIT_USAGE)
+        if lake is not None:
+            out = _estimate_lake(lake, run, master, n_boot, seed)
+            if json_out:
+                emit_json(out)
+            else:
+                console.print_json(data=out)
+            return
         if not db.exists():
             console.print(f"[red]{db}: no such database file[/red]")
             raise typer.Exit(EXIT_USAGE)
@@ -84,3 +102,25 @@ def register(app: typer.Typer) -> None:
                       f"{u['in_window_accept_rate']:.3f}", f"{u['spec_accept_rate']:.3f}",
                       f"{r['bracket']['trim']['trim_regret_rate']:.3f}", "-" if c is None else f"{c:.3f}")
         console.print(t)
+
+
+def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, seed: int) -> dict:
+    if not lake.is_dir():
+        console.print(f"[red]{lake}: no such lake directory[/red]")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        import pyspark  # noqa: F401  (estimators.spark imports it lazily)
+
+        from estimators.spark import estimate_lake
+    except ImportError as e:
+        console.print(f"[red]--engine spark needs pyspark (pip install 'acceptscope[spark]'): {e}[/red]")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        out = estimate_lake(lake, [run] if run else None, master=master, n_boot=n_boot, seed=seed)
+    except (FileNotFoundError, KeyError) as e:
+        console.print(f"[red]{lake}: {e}[/red]")
+        raise typer.Exit(EXIT_NO_DATA if isinstance(e, KeyError) else EXIT_USAGE)
+    if not out:
+        console.print(f"[yellow]{lake}: no runs[/yellow]")
+        raise typer.Exit(EXIT_NO_DATA)
+    return out
