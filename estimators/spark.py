@@ -215,14 +215,18 @@ def _row_keys(frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 TRAIN_FIELDS = [("run_id", pa.string()), ("rid", pa.string()), ("pos", pa.int64()), ("seq", pa.int64()),
                 ("k", pa.int64()), ("x", pa.float64()), ("y", pa.float64()), ("wt", pa.float64()),
-                ("greedy", pa.bool_()), ("state", pa.int64()), ("n", pa.int64()), ("truth", pa.bool_())]
+                ("greedy", pa.bool_()), ("state", pa.int64()), ("n", pa.int64()), ("truth", pa.bool_()),
+                ("cpu_s", pa.float64())]
 
 
 def _train_partition(batches, est, gamma: int, chunk_rows: int):
     """Hazard training positions of a partition's requests (``HazardModel._long`` per chunk), then one
     row per request (``pos = -1``) with its number of request-steps ``n`` and whether it has truth."""
+    import time
+
     sch = pa.schema(TRAIN_FIELDS)
     for tbl in _request_chunks(batches, chunk_rows):
+        t0 = time.process_time()
         frame = _frame(tbl, gamma)
         wk = est._walk(frame, np.arange(frame.n), None)
         L, _ = est.hazard._long(frame, wk["h"], wk["state"])
@@ -243,17 +247,22 @@ def _train_partition(batches, est, gamma: int, chunk_rows: int):
              pa.array(np.concatenate([np.asarray(L["greedy"], bool), np.zeros(q, bool)])),
              pa.array(np.concatenate([np.asarray(L["state"], np.int64), np.zeros(q, np.int64)])),
              pa.array(np.concatenate([np.zeros(m, np.int64), n.astype(np.int64)])),
-             pa.array(np.concatenate([np.zeros(m, bool), truth]))], schema=sch)
+             pa.array(np.concatenate([np.zeros(m, bool), truth])),
+             pa.array(np.concatenate([np.zeros(m + q - 1), [time.process_time() - t0]]) if q else np.zeros(m))],
+            schema=sch)
 
 
 def _estimate_partition(batches, est, refits, gamma: int, seed: int, chunk_rows: int):
     """Per-block tail results of a partition's requests, one pickled payload per chunk."""
+    import time
+
     for tbl in _request_chunks(batches, chunk_rows):
+        t0 = time.process_time()
         frame = _frame(tbl, gamma)
         res = est.estimate(frame, hazard_boot=len(refits or ()), seed=seed, refits=refits)
         run, rid, pos = _row_keys(frame)
         payload = dict(run_id=run, rid=rid, pos=pos, blocks=res.blocks, pmf=res.pmf, boot=res._boot,
-                       notes=list(frame.notes))
+                       notes=list(frame.notes), rows=frame.n, cpu_s=time.process_time() - t0)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(payload, protocol=5)], pa.binary())], names=["payload"])
 
 
@@ -287,6 +296,8 @@ class SparkTail:
     def __init__(self, store: LakeStore, chunk_rows: int = CHUNK_ROWS):
         self.store, self.spark, self.chunk_rows = store, store.spark, chunk_rows
         self.parts = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+        # what the last fit / estimate cost: executor CPU seconds (summed over chunks) and what came back
+        self.stats: dict[str, float] = {}
 
     def _rs(self, run_ids):
         from pyspark.sql import functions as F
@@ -331,8 +342,32 @@ class SparkTail:
         L = dict(row=row[order], k=col("k")[p][order], x=col("x")[p][order], y=col("y")[p][order],
                  wt=col("wt")[p][order], greedy=col("greedy")[p][order].astype(bool), state=col("state")[p][order],
                  req=req[order], n_req=int(len(codes)))
+        self.stats.update(fit_executor_cpu_s=float(col("cpu_s").sum()), fit_rows_collected=int(got.num_rows),
+                          fit_bytes_collected=int(got.nbytes))
         hz.fit_long(L, used, gamma)
         return est
+
+    def refits(self, est, hazard_boot: int, seed: int) -> list:
+        """The hazard model's ``hazard_boot`` request-bootstrap refits, one task each: the training
+        layout is broadcast, the weights are drawn on the driver in the order the local path draws
+        them (``TailEstimator.refit_weights``), so every refit is the local one."""
+        import time
+
+        weights = est.refit_weights(hazard_boot, seed)
+        bc = self.spark.sparkContext.broadcast(est.hazard)
+        t0 = time.perf_counter()
+
+        def one(iw):
+            i, w = iw
+            t = time.process_time()
+            m = _strip(bc.value.refit(w))
+            return i, pickle.dumps(m, protocol=5), time.process_time() - t
+
+        got = sorted(self.spark.sparkContext.parallelize(list(enumerate(weights)), hazard_boot).map(one).collect())
+        bc.destroy()
+        self.stats.update(refit_tasks=len(got), refit_executor_cpu_s=float(sum(g[2] for g in got)),
+                          refit_wall_s=time.perf_counter() - t0)
+        return [pickle.loads(g[1]) for g in got]
 
     def _train_rows(self, run_ids, gamma: int, used: str) -> pa.Table:
         from estimators.tail import TailEstimator
@@ -355,9 +390,9 @@ class SparkTail:
 
         if gather is not None:
             raise NotImplementedError("SGLang pg log-probs (use_sglang_pg) are not distributed: run estimate --db")
-        refits = est.hazard_refits(hazard_boot, seed) if hazard_boot and hasattr(est.hazard, "_train") else None
+        refits = self.refits(est, hazard_boot, seed) if hazard_boot and hasattr(est.hazard, "_train") else None
         remote = TailEstimator_like(est)
-        bc = self.spark.sparkContext.broadcast((remote, None if refits is None else [_strip(m) for m in refits]))
+        bc = self.spark.sparkContext.broadcast((remote, refits))
         G, chunk = frame.gamma, self.chunk_rows
 
         def fn(batches):
@@ -366,7 +401,10 @@ class SparkTail:
 
         rows = _by_request(self._rs([run_id]), self.parts).mapInArrow(fn, "payload binary").toArrow()
         bc.destroy()
-        parts = [pickle.loads(p) for p in rows.column("payload").to_pylist()]
+        payloads = rows.column("payload").to_pylist()
+        parts = [pickle.loads(p) for p in payloads]
+        self.stats.update(estimate_executor_cpu_s=float(sum(p["cpu_s"] for p in parts)), estimate_chunks=len(parts),
+                          estimate_bytes_collected=int(sum(len(p) for p in payloads)))
         if not parts:
             raise ValueError(f"run {run_id!r} has no request_steps in {self.store.path}")
         # place every executor row at its frame row: first row of its request + position in it

@@ -365,9 +365,13 @@ class TailEstimator:
     def hazard_refits(self, hazard_boot: int, seed: int = 0) -> list:
         """The ``hazard_boot`` request-bootstrap refits of the fitted hazard model that
         :meth:`estimate` uses (the Spark path makes them once on the driver and broadcasts them)."""
+        return [self.hazard.refit(w) for w in self.refit_weights(hazard_boot, seed)]
+
+    def refit_weights(self, hazard_boot: int, seed: int = 0) -> list[np.ndarray]:
+        """Poisson(1) weights per training request of each hazard refit (in draw order)."""
         rng = np.random.default_rng(seed)
         nreq = self.hazard._train["n_req"]
-        return [self.hazard.refit(rng.poisson(1.0, nreq).astype(float)) for _ in range(hazard_boot)]
+        return [rng.poisson(1.0, nreq).astype(float) for _ in range(hazard_boot)]
 
     def estimate(self, data, gamma: int | None = None, gather=None,
                  hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 1 << 19, refits=None) -> TailResult:
