@@ -348,7 +348,7 @@ class SparkTail:
         return est
 
     def refits(self, est, hazard_boot: int, seed: int) -> list:
-        """The hazard model's ``hazard_boot`` request-bootstrap refits, one task each: the training
+        """The hazard model's ``hazard_boot`` request-bootstrap refits, spread over tasks: the training
         layout is broadcast, the weights are drawn on the driver in the order the local path draws
         them (``TailEstimator.refit_weights``), so every refit is the local one."""
         import time
@@ -363,7 +363,8 @@ class SparkTail:
             m = _strip(bc.value.refit(w))
             return i, pickle.dumps(m, protocol=5), time.process_time() - t
 
-        got = sorted(self.spark.sparkContext.parallelize(list(enumerate(weights)), hazard_boot).map(one).collect())
+        slices = max(1, min(hazard_boot, self.parts))  # a few refits per task: a task costs ~1 s of overhead here
+        got = sorted(self.spark.sparkContext.parallelize(list(enumerate(weights)), slices).map(one).collect())
         bc.destroy()
         self.stats.update(refit_tasks=len(got), refit_executor_cpu_s=float(sum(g[2] for g in got)),
                           refit_wall_s=time.perf_counter() - t0)
