@@ -56,6 +56,22 @@ def make_lake(root: Path, n_requests: int, seed: int = 0) -> tuple[Path, Path, i
     return db, lake, len(rs)
 
 
+def _worst_rel(a, b, skip=("fit_seconds",)) -> tuple[float, int]:
+    """Largest relative difference between the numbers of two JSON trees (same shape asserted)."""
+    if isinstance(a, dict):
+        assert set(a) == set(b)
+        got = [_worst_rel(a[k], b[k]) for k in a if k not in skip]
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        got = [_worst_rel(x, y) for x, y in zip(a, b)]
+    elif isinstance(a, float) and isinstance(b, (int, float)):
+        return (0.0 if a == b else abs(a - b) / max(abs(a), abs(b))), 1
+    else:
+        assert a == b, (a, b)
+        return 0.0, 1
+    return max([g[0] for g in got], default=0.0), sum(g[1] for g in got)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
@@ -65,7 +81,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
 
     from acceptscope.store import Store
-    from estimators import run_all
+    from estimators import run_all, to_jsonable
     from estimators.spark import LakeStore, SparkTail, spark_session
 
     root = Path(tempfile.mkdtemp(prefix="acceptscope-spark-bench-"))
@@ -74,7 +90,7 @@ def main(argv=None) -> dict:
     print(f"lake: {n} request-steps in {a.run} ({time.perf_counter() - t0:.1f} s to simulate + export) at {lake}")
 
     t0, c0 = time.perf_counter(), time.process_time()
-    run_all(Store(db), a.run)
+    local = to_jsonable(run_all(Store(db), a.run))
     local_s, local_cpu = time.perf_counter() - t0, time.process_time() - c0
     rs_bytes = sum(p.stat().st_size for p in (lake / "request_steps").rglob("*.parquet"))
     out = {"request_steps": n, "requests": a.requests, "local_duckdb_s": local_s, "local_duckdb_cpu_s": local_cpu, "masters": {},
@@ -109,15 +125,16 @@ def main(argv=None) -> dict:
             job_s = time.perf_counter() - t
             t, c = time.perf_counter(), time.process_time()
             eng = Timed(store)
-            run_all(store, a.run, tail_engine=eng)
+            dist = run_all(store, a.run, tail_engine=eng)
             total, driver_cpu = time.perf_counter() - t, time.process_time() - c
+            worst, nvals = _worst_rel(local, to_jsonable(dist))
         finally:
             spark.stop()
         tail_s = timing["fit"] + timing["estimate"]
         out["masters"][master] = m = dict(total_s=total, tail_s=tail_s, fit_s=timing["fit"], estimate_s=timing["estimate"],
                                           driver_s=total - tail_s, job_s=job_s,
                                           tail_rows_per_s=n / tail_s, end_to_end_rows_per_s=n / total,
-                                          driver_cpu_s=driver_cpu, **{k: v for k, v in timing.items() if "cpu" in k},
+                                          driver_cpu_s=driver_cpu, equal_values=nvals, worst_rel_diff_vs_local=worst, **{k: v for k, v in timing.items() if "cpu" in k},
                                           **eng.stats)
         print(f"{master:>9}: end to end {total:6.1f} s ({n / total:8.0f} rows/s); tail (fit {timing['fit']:.1f} s + "
               f"estimate {timing['estimate']:.1f} s) {n / tail_s:8.0f} rows/s; driver rest {total - tail_s:.1f} s; "
@@ -129,6 +146,7 @@ def main(argv=None) -> dict:
               f"estimate {st['estimate_executor_cpu_s']:.2f} s); driver CPU {driver_cpu:.2f} s "
               f"({1e6 * driver_cpu / n:.0f} us/row; tail part {timing['fit_driver_cpu'] + timing['estimate_driver_cpu']:.2f} s); "
               f"collected {eng.stats['fit_bytes_collected'] / n:.0f} + {eng.stats['estimate_bytes_collected'] / n:.0f} B/row")
+        print(f"{'':>9}  JSON vs the single-machine path: {nvals} values, worst relative difference {worst:.3g}")
     ms = list(out["masters"])
     if len(ms) >= 2:
         r = out["masters"][ms[-1]]["tail_rows_per_s"] / out["masters"][ms[0]]["tail_rows_per_s"]
