@@ -131,7 +131,7 @@ def main(argv=None) -> dict:
         finally:
             spark.stop()
         tail_s = timing["fit"] + timing["estimate"]
-        out["masters"][master] = m = dict(total_s=total, tail_s=tail_s, fit_s=timing["fit"], estimate_s=timing["estimate"],
+        out["masters"][master] = dict(total_s=total, tail_s=tail_s, fit_s=timing["fit"], estimate_s=timing["estimate"],
                                           driver_s=total - tail_s, job_s=job_s,
                                           tail_rows_per_s=n / tail_s, end_to_end_rows_per_s=n / total,
                                           driver_cpu_s=driver_cpu, equal_values=nvals, worst_rel_diff_vs_local=worst, **{k: v for k, v in timing.items() if "cpu" in k},

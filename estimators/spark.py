@@ -40,7 +40,6 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema
-from acceptscope.export import exportable_tables, hash_tables
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")
@@ -392,7 +391,7 @@ class SparkTail:
         if gather is not None:
             raise NotImplementedError("SGLang pg log-probs (use_sglang_pg) are not distributed: run estimate --db")
         refits = self.refits(est, hazard_boot, seed) if hazard_boot and hasattr(est.hazard, "_train") else None
-        remote = TailEstimator_like(est)
+        remote = _broadcastable(est)
         bc = self.spark.sparkContext.broadcast((remote, refits))
         G, chunk = frame.gamma, self.chunk_rows
 
@@ -432,7 +431,7 @@ class SparkTail:
                           hazard_info=dict(est.hazard.info_), notes=notes, _boot=boot)
 
 
-def TailEstimator_like(est):
+def _broadcastable(est):
     """A copy of a fitted TailEstimator whose hazard model has no training layout (for broadcast)."""
     import copy
 
