@@ -4,9 +4,12 @@ Layout (Spark-standard hive partitioning, ``key=value`` directories)::
 
     OUT/<table>/run_id=<id>/part-<uuid>-<n>.parquet                  most tables
     OUT/request_steps/run_id=<id>/rank=<r>/part-<uuid>-<n>.parquet   and steps
+    OUT/sps_tables/table_hash=<h>/part-<uuid>-<n>.parquet            and sts_tables
     OUT/_acceptscope_export.json                                     what was written
 
-Every table with a ``run_id`` column is exported (``runs`` included). Partition
+Every table with a ``run_id`` column is exported (``runs`` included), and a full
+export (``tables=None``) adds the SPS / STS table rows the exported runs reference by
+hash (``runs.sps_hash`` / ``sts_hash``), partitioned by ``table_hash``. Partition
 values are URI-encoded by pyarrow; a NULL ``run_id`` (only ``rejects`` allows
 one) goes to ``run_id=__HIVE_DEFAULT_PARTITION__`` as Hive/Spark expect. The
 partition columns live in the path, not in the files, so a reader must enable
@@ -41,11 +44,23 @@ NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 EXTRA_PARTITIONS: dict[str, tuple[str, ...]] = {"request_steps": ("rank",), "steps": ("rank",)}
 
 
+# Tables keyed by a content hash that ``runs`` rows reference (``sps_hash``, ``sts_hash``): a full
+# export also writes the rows of the referenced hashes, partitioned by ``table_hash``, so the
+# lake holds everything the estimators read for a run.
+HASH_TABLES: dict[str, str] = {"sps_tables": "sps_hash", "sts_tables": "sts_hash"}
+
+
 def exportable_tables() -> list[schema.Table]:
     return [t for t in schema.ALL_TABLES if "run_id" in t.names]
 
 
+def hash_tables() -> list[schema.Table]:
+    return [schema.table(n) for n in HASH_TABLES]
+
+
 def partition_columns(t: schema.Table) -> tuple[str, ...]:
+    if t.name in HASH_TABLES:
+        return ("table_hash",)
     return ("run_id",) + EXTRA_PARTITIONS.get(t.name, ())
 
 
@@ -54,13 +69,38 @@ def _partitioning(t: schema.Table) -> ds.Partitioning:
     return ds.HivePartitioning(pa.schema(fields), null_fallback=NULL_PARTITION)
 
 
-def _remove_run_dirs(table_dir: Path, run_id: str | None) -> None:
+def _remove_run_dirs(table_dir: Path, run_id: str | None, key: str = "run_id") -> None:
     if not table_dir.is_dir():
         return
     want = NULL_PARTITION if run_id is None else run_id
     for d in table_dir.iterdir():
-        if d.is_dir() and d.name.startswith("run_id=") and unquote(d.name[len("run_id="):]) == want:
+        if d.is_dir() and d.name.startswith(f"{key}=") and unquote(d.name[len(key) + 1:]) == want:
             shutil.rmtree(d)
+
+
+def _write(con_factory, t: schema.Table, sql: str, params, table_dir: Path, token: str) -> int:
+    """Stream one query's rows into ``table_dir`` (hive partitions of ``t``); returns the row count."""
+    rows = 0
+    with con_factory() as con:
+        reader = fetch_arrow_reader(con, sql, params)
+
+        def batches(reader=reader):
+            nonlocal rows
+            for b in reader:
+                rows += b.num_rows
+                yield b.cast(t.arrow_schema) if b.schema != t.arrow_schema else b
+
+        ds.write_dataset(
+            pa.RecordBatchReader.from_batches(t.arrow_schema, batches()),
+            table_dir,
+            format="parquet",
+            partitioning=_partitioning(t),
+            basename_template=f"part-{token}-{{i}}.parquet",
+            existing_data_behavior="overwrite_or_ignore",
+            file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
+            max_rows_per_group=128 * 1024,
+        )
+    return rows
 
 
 def export_parquet(
@@ -115,29 +155,27 @@ def export_parquet(
             where = "run_id IS NULL" if run is None else "run_id = ?"
             order = ", ".join(_q(k) for k in t.key)
             sql = f"SELECT * FROM {_q(t.name)} WHERE {where} ORDER BY {order}"
-            rows = 0
-            with store.connect(read_only=True) as con:
-                reader = fetch_arrow_reader(con, sql, None if run is None else [run])
-
-                def batches(reader=reader):
-                    nonlocal rows
-                    for b in reader:
-                        rows += b.num_rows
-                        yield b.cast(t.arrow_schema) if b.schema != t.arrow_schema else b
-
-                ds.write_dataset(
-                    pa.RecordBatchReader.from_batches(t.arrow_schema, batches()),
-                    table_dir,
-                    format="parquet",
-                    partitioning=_partitioning(t),
-                    basename_template=f"part-{token}-{{i}}.parquet",
-                    existing_data_behavior="overwrite_or_ignore",
-                    file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
-                    max_rows_per_group=128 * 1024,
-                )
+            rows = _write(lambda: store.connect(read_only=True), t, sql, None if run is None else [run], table_dir, token)
             written[t.name] += rows
             if progress is not None:
                 progress(t.name, rows)
+    if tables is None:  # the SPS / STS tables the exported runs reference, by hash
+        ids = [r for r in runs if r is not None]
+        for t in hash_tables():
+            ref = HASH_TABLES[t.name]
+            hashes = sorted(h for h in store.query_df(
+                f"SELECT DISTINCT {_q(ref)} AS h FROM runs WHERE {_q(ref)} IS NOT NULL AND run_id IN (SELECT UNNEST(?))",
+                [ids])["h"]) if ids else []
+            written[t.name] = 0
+            for h in hashes:
+                _remove_run_dirs(out / t.name, h, "table_hash")
+                order = ", ".join(_q(k) for k in t.key)
+                sql = f"SELECT * FROM {_q(t.name)} WHERE table_hash = ? ORDER BY {order}"
+                rows = _write(lambda: store.connect(read_only=True), t, sql, [h], out / t.name, token)
+                written[t.name] += rows
+                if progress is not None and rows:
+                    progress(t.name, rows)
+            chosen = chosen + [t]
     summary = {
         "out_dir": str(out),
         "runs": [r for r in runs if r is not None],

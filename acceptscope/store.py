@@ -683,6 +683,26 @@ class Store:
             return int(con.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*values.values(), run_id])
                        .fetchone()[0])
 
+    def fill_temperatures(self, run_ids: Sequence[str]) -> int:
+        """Fill ``request_steps.temperature`` where NULL: the request's own (``requests``), else the
+        run's (``runs.temperature``). SGLang's dumps carry none; written once here, every reader (the
+        estimators, an exported lake, the dashboard) sees the same temperatures. Returns rows filled."""
+        if self.read_only:
+            raise PermissionError(f"{self.path}: this Store was opened read_only")
+        ids = list(run_ids)
+        if not ids:
+            return 0
+        with self.connect() as con:
+            a = con.execute(
+                "UPDATE request_steps AS rs SET temperature = q.temperature FROM requests AS q "
+                "WHERE rs.run_id = q.run_id AND rs.rid = q.rid AND rs.temperature IS NULL "
+                "AND q.temperature IS NOT NULL AND rs.run_id IN (SELECT UNNEST(?))", [ids]).fetchone()[0]
+            b = con.execute(
+                "UPDATE request_steps AS rs SET temperature = r.temperature FROM runs AS r "
+                "WHERE rs.run_id = r.run_id AND rs.temperature IS NULL AND r.temperature IS NOT NULL "
+                "AND rs.run_id IN (SELECT UNNEST(?))", [ids]).fetchone()[0]
+        return int(a) + int(b)
+
     def writer(self, **kwargs: Any) -> "TelemetryWriter":  # noqa: F821 - imported lazily
         """A streaming, buffered, thread-safe writer (see ``acceptscope.writer``)."""
         from acceptscope.writer import TelemetryWriter

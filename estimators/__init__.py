@@ -39,6 +39,8 @@ def load_run(store, run_id: str) -> dict[str, Any]:
     out = {"run": runs.iloc[0].to_dict()}
     for t in ("request_steps", "steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
         out[t] = store.read_table(t, run_id)
+        if t != "request_steps":  # (BlockFrame sorts request_steps itself)
+            out[t] = _key_order(out[t], t)
     out["request_steps"] = _with_temperatures(store, run_id, out["request_steps"], out["run"].get("temperature"))
     sps_hash = out["run"].get("sps_hash")
     out["sps_table"] = None
@@ -152,6 +154,17 @@ def read_training(store, runs: list[str]) -> pd.DataFrame:
                      ignore_index=True)
 
 
+def _key_order(df: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Rows in primary-key order: the held-out splits (cost, calibration) draw per row, so results
+    must not depend on the order rows were stored in (ingest order, or a lake's partitions)."""
+    from acceptscope import schema
+
+    key = [k for k in schema.table(table).key if k in df.columns]
+    if len(df) < 2 or not key:
+        return df
+    return df.sort_values(key, kind="stable", ignore_index=True)
+
+
 def _sps_from_config(config_json, sps_hash):
     import hashlib
     from pathlib import Path
@@ -180,19 +193,35 @@ def _audit_truth_runs(store, gamma: int, exclude: str, audit_group) -> list[str]
     return store.query_df(q, [int(gamma), exclude, audit_group]).run_id.tolist()
 
 
+class LocalTail:
+    """Where :func:`run_all` fits and applies the tail estimator: in this process (the default).
+    ``estimators.spark.SparkTail`` has the same two methods and runs them over a Parquet lake."""
+
+    def fit(self, store, run_ids: list[str], frame, gamma: int):
+        """Hazards from ``frame`` (the run being estimated) or, when None, from ``run_ids``' request-steps."""
+        from estimators.tail import TailEstimator
+
+        if frame is not None:
+            return TailEstimator().fit(frame)
+        return TailEstimator().fit(read_training(store, run_ids), gamma=gamma)
+
+    def estimate(self, est, run_id: str, frame, gather, hazard_boot: int, seed: int):
+        return est.estimate(frame, gather=gather, hazard_boot=hazard_boot, seed=seed)
+
+
 def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
-            use_sglang_pg: bool = False, hazards_from: str | None = None) -> dict[str, Any]:
+            use_sglang_pg: bool = False, hazards_from: str | None = None, tail_engine=None) -> dict[str, Any]:
     """Every estimator that applies to ``run_id``; see the module docstring.
 
     Tail hazards of a run without a recorded ceiling come from its own observed outcomes, from
     the truth-bearing arm of its own audit (``audit_group``), or from ``hazards_from`` when the
-    user names a run; a named run must pass :func:`hazard_compatibility` (ValueError)."""
+    user names a run; a named run must pass :func:`hazard_compatibility` (ValueError).
+    ``tail_engine``: where the tail estimator runs (default :class:`LocalTail`)."""
     from estimators.bracket import bracket_from_jsonl, trim_counters
     from estimators.calibration import calibration_data, compare
     from estimators.cost import CostModel
     from estimators.frame import BlockFrame
     from estimators.planner import audit
-    from estimators.tail import TailEstimator
     from estimators.utilization import utilization
 
     data = load_run(store, run_id)
@@ -202,17 +231,20 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     gamma = int(data["run"]["gamma"])
     frame = BlockFrame.from_request_steps(rs, gamma=gamma)
     res: dict[str, Any] = {"skipped": {}}
+    res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in ("arm", "engine", "gamma", "temperature",
+                                                                          "sts_hash", "sps_hash")})
+    engine = tail_engine or LocalTail()
     # tail
     if frame.has_truth.all():
-        est = TailEstimator().fit(frame)
+        est = engine.fit(store, [run_id], frame, gamma)
         train_note = "this run: ceiling recorded on every request-step (the verify ran the whole block): no tail is estimated"
     else:
         others, train_note = hazard_runs(store, run_id, gamma, data["run"].get("audit_group"), hazards_from)
-        est = TailEstimator().fit(read_training(store, others) if others else frame, gamma=gamma)
+        est = engine.fit(store, others, None, gamma) if others else engine.fit(store, [run_id], frame, gamma)
     # SGLang's pg p/q can extend the walk (``use_sglang_pg``); off by default: not validated yet
     gather = ({"gather": data["estimator_gather"], "rows": data["estimator_rows"]}
               if use_sglang_pg and len(data["estimator_gather"]) else None)
-    tail = est.estimate(frame, gather=gather, hazard_boot=0 if frame.has_truth.all() else hazard_boot, seed=seed)
+    tail = engine.estimate(est, run_id, frame, gather, 0 if frame.has_truth.all() else hazard_boot, seed)
     tail.notes.append(train_note)
     if len(steps):
         from estimators.validation import batch_band

@@ -188,6 +188,12 @@ class HazardModel:
             self.info_ = dict(method="confidence", source="none")
             return self
         L, used = self._long(frame, walk, state)
+        return self.fit_long(L, used, G, sample_weight_by_request)
+
+    def fit_long(self, L: dict, used: str, gamma: int, sample_weight_by_request=None) -> "HazardModel":
+        """Fit on a training layout already built by :meth:`_long` (one entry per training position;
+        the Spark path builds it per partition of requests and concatenates it in frame order)."""
+        self.gamma_ = gamma
         self._train = L
         self.info_ = dict(method=self.method, source=used, n_positions=int(L["k"].size),
                           n_rows=int(np.unique(L["row"]).size))

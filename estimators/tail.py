@@ -384,14 +384,26 @@ class TailEstimator:
             _first_from_bonus(frame, rows, wk)
         return wk
 
+    def hazard_refits(self, hazard_boot: int, seed: int = 0) -> list:
+        """The ``hazard_boot`` request-bootstrap refits of the fitted hazard model that
+        :meth:`estimate` uses (the Spark path makes them once on the driver and broadcasts them)."""
+        return [self.hazard.refit(w) for w in self.refit_weights(hazard_boot, seed)]
+
+    def refit_weights(self, hazard_boot: int, seed: int = 0) -> list[np.ndarray]:
+        """Poisson(1) weights per training request of each hazard refit (in draw order)."""
+        rng = np.random.default_rng(seed)
+        nreq = self.hazard._train["n_req"]
+        return [rng.poisson(1.0, nreq).astype(float) for _ in range(hazard_boot)]
+
     def estimate(self, data, gamma: int | None = None, gather=None,
-                 hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 1 << 19) -> TailResult:
+                 hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 1 << 19, refits=None) -> TailResult:
         """Predictive ceilings for every request-step of ``data`` (truth columns are never read,
         except to copy them into ``blocks.truth`` for validation).
 
         Only censored blocks need the walk, the hazards and the intervals: whole-array passes over
         them, ``chunk_rows`` censored blocks at a time (bounded memory; fewer, larger passes are
-        faster). Every step is row-wise, so the result does not depend on the chunking."""
+        faster). Every step is row-wise, so the result does not depend on the chunking.
+        ``refits``: the hazard refits of :meth:`hazard_refits`, when made elsewhere."""
         if isinstance(data, BlockFrame):
             frame = data
         else:
@@ -435,14 +447,13 @@ class TailEstimator:
             cols["truth"] = np.where(frame.has_truth, frame.ceiling, np.nan)
         res = TailResult(blocks=pd.DataFrame(cols, copy=False), pmf=pmf, gamma=G, levels=tuple(self.levels),
                          hazard_info=dict(self.hazard.info_), notes=list(frame.notes))
-        if hazard_boot and hasattr(self.hazard, "_train"):
-            rng = np.random.default_rng(seed)
-            nreq = self.hazard._train["n_req"]
+        if hazard_boot and (refits is not None or hasattr(self.hazard, "_train")):
+            models = self.hazard_refits(hazard_boot, seed) if refits is None else refits
             mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()
-            means = np.empty((hazard_boot, n))
-            vars_ = np.empty((hazard_boot, n))
-            for i in range(hazard_boot):
-                hm = self.hazard.refit(rng.poisson(1.0, nreq).astype(float)).predict(frame, rows, c["state"])
+            means = np.empty((len(models), n))
+            vars_ = np.empty((len(models), n))
+            for i, model in enumerate(models):
+                hm = model.predict(frame, rows, c["state"])
                 _, mc, vc = self._pmf(frame, rows, c["h"], hm)
                 means[i], vars_[i] = mean, var
                 means[i, rows], vars_[i, rows] = mc, vc

@@ -74,7 +74,7 @@ def utilization(data, tail=None, steps: pd.DataFrame | None = None, gamma: int |
         pmf = tail.pmf
         notes.append("ceiling estimated by the tail estimator; intervals: bootstrap of the mean ceiling")
     base = pd.DataFrame({"run_id": df.run_id.to_numpy(), "rid": df.rid.to_numpy(),
-                         "workload": df["workload"].to_numpy() if "workload" in df else "all",
+                         "workload": df["workload"].fillna("all").to_numpy() if "workload" in df else "all",
                          "window": frame.window, "correct": frame.correct, "acc_len": frame.correct + 1,
                          "ceiling": ceil_mean, "forward_ct": df.forward_ct.to_numpy(), "rank": df["rank"].to_numpy(),
                          "epoch": df.epoch.to_numpy()})

@@ -32,6 +32,11 @@ Exit codes: 0 ok; 2 bad arguments or unreadable database; 3 no such run / no dat
 Examples:
   acceptscope estimate --db audit.duckdb
   acceptscope estimate --db audit.duckdb --run ref-compact-1 --json > est.json
+  acceptscope estimate --lake LAKE --engine spark --master 'local[2]' --json
+
+With --lake LAKE --engine spark (needs the [spark] extra) the same estimators run over a
+Parquet lake written by `acceptscope export` (estimators/spark.py: the tail walk and per-block
+predictions on the executors) and print the same JSON as --db on the same runs.
 """
 
 
@@ -48,10 +53,23 @@ def register(app: typer.Typer) -> None:
         n_boot: int = typer.Option(200, "--n-boot", min=10, help="Bootstrap replicates for intervals."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and the splits."),
         json_out: bool = JsonOption,
+        lake: Optional[Path] = typer.Option(None, "--lake", help="Parquet lake written by `acceptscope export` (with --engine spark)."),
+        engine: str = typer.Option("local", "--engine", help="local (the --db file, in process) or spark (--lake)."),
+        master: str = typer.Option("local[2]", "--master", help="Spark master URL (--engine spark)."),
     ) -> None:
         from rich.progress import Progress
         from rich.table import Table
 
+        if engine not in ("local", "spark") or (engine == "spark") != (lake is not None):
+            console.print("[red]--engine must be local (with --db) or spark (with --lake LAKE)[/red]")
+            raise typer.Exit(EXIT_USAGE)
+        if lake is not None:
+            out = _estimate_lake(lake, run, master, n_boot, seed)
+            if json_out:
+                emit_json(out)
+            else:
+                console.print_json(data=out)
+            return
         if not db.exists():
             console.print(f"[red]{db}: no such database file[/red]")
             raise typer.Exit(EXIT_USAGE)
@@ -92,14 +110,11 @@ def register(app: typer.Typer) -> None:
                     out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed, hazards_from=hazards_from))
                 except (ValueError, KeyError) as e:
                     if hazards_from is not None and "--hazards-from" in str(e):
-                        console.print(f"[red]{e}[/red]", markup=False, highlight=False, soft_wrap=True)
+                        console.print(str(e), style="red", markup=False, highlight=False, soft_wrap=True)
                         raise typer.Exit(EXIT_USAGE)
                     out[rid] = {"error": str(e)}
                 except duckdb.Error as e:  # a file damaged past its header
                     raise unreadable_db(db, e) from None
-                if "error" not in out[rid]:
-                    row = runs.set_index("run_id").loc[rid]
-                    out[rid]["run"] = {"arm": row["arm"], "engine": row["engine"], "gamma": int(row["gamma"])}
                 out[rid]["complete"] = rid not in incomplete
                 prog.advance(task)
         if json_out:
@@ -127,3 +142,25 @@ def register(app: typer.Typer) -> None:
             if "error" not in r:
                 console.print(f"{rid}: {r['tail']['summary']['statement']}", markup=False, highlight=False,
                               soft_wrap=True)
+
+
+def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, seed: int) -> dict:
+    if not lake.is_dir():
+        console.print(f"[red]{lake}: no such lake directory[/red]")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        import pyspark  # noqa: F401  (estimators.spark imports it lazily)
+
+        from estimators.spark import estimate_lake
+    except ImportError as e:
+        console.print(f"[red]--engine spark needs pyspark (pip install 'acceptscope[spark]'): {e}[/red]")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        out = estimate_lake(lake, [run] if run else None, master=master, n_boot=n_boot, seed=seed)
+    except (FileNotFoundError, KeyError) as e:
+        console.print(f"[red]{lake}: {e}[/red]")
+        raise typer.Exit(EXIT_NO_DATA if isinstance(e, KeyError) else EXIT_USAGE)
+    if not out:
+        console.print(f"[yellow]{lake}: no runs[/yellow]")
+        raise typer.Exit(EXIT_NO_DATA)
+    return out

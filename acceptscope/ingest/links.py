@@ -1,4 +1,4 @@
-"""Link a server run to the STS and SPS tables it served with, and to its traffic's temperature.
+"""Link a server run to the STS and SPS tables it served with, and its request-steps to their temperature.
 
 ``/server_info`` names the tables the server loaded (``speculative_dspark_confidence_sts_path``,
 ``speculative_dspark_sps_table_path``), as paths on the server's machine. The files a user
@@ -38,7 +38,8 @@ def named_tables(config_json: Optional[str]) -> dict[str, str]:
 def link_run_tables(store: Any, this_ingest: Iterable[str] = (), *, run_dirs: Optional[dict] = None,
                     temperature: Optional[float] = None) -> list[str]:
     """Fill empty ``runs.sts_hash`` / ``sps_hash`` from ingested tables; set ``temperature`` on the
-    runs of ``this_ingest``. Returns one note per link made or missing (runs of this ingest)."""
+    runs of ``this_ingest`` and fill their request-steps' temperatures (request records first).
+    Returns one note per link made or missing (runs of this ingest)."""
     this_ingest = set(this_ingest)
     run_dirs = run_dirs or {}
     runs = store.query_arrow("SELECT run_id, sts_hash, sps_hash, config_json FROM runs").to_pylist()
@@ -71,4 +72,8 @@ def link_run_tables(store: Any, this_ingest: Iterable[str] = (), *, run_dirs: Op
             updates[rid]["temperature"] = float(temperature)
     for rid, values in updates.items():
         store.update_run(rid, values)
+    if this_ingest and hasattr(store, "fill_temperatures"):
+        n = store.fill_temperatures(sorted(this_ingest))
+        if n:
+            notes.append(f"temperature filled on {n} request-steps (from request records or --temperature)")
     return notes

@@ -1,0 +1,161 @@
+"""The estimators on Spark (local[2]) over an exported lake equal ``estimate --db`` on the same runs.
+
+Two lakes, each exported by ``acceptscope export`` from a real store: a reference-engine capture
+(the shipped model pair, a compact and a cap-accept arm; the compact run's id looks numeric, so
+the pinned partition types matter) and the SGLang fixtures ingested by ``acceptscope ingest``.
+One SparkSession for the module; small data, two shuffle partitions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+pytest.importorskip("pyspark")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning:pyspark")
+
+from acceptscope.cli import app  # noqa: E402
+from acceptscope.engine import REPO_ROOT, EngineConfig, run_engine  # noqa: E402
+from acceptscope.store import Store  # noqa: E402
+
+FIX = REPO_ROOT / "fixtures"
+RTOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from estimators.spark import spark_session
+
+    s = spark_session("local[2]", shuffle_partitions=2)
+    yield s
+    s.stop()
+
+
+def _export(db: Path, lake: Path) -> None:
+    res = CliRunner().invoke(app, ["export", "--all", "--parquet", str(lake), "--db", str(db)])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ref")
+    db = root / "ref.duckdb"
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for arm, rid in (("compact", "0100"), ("cap-accept", "ref-cap")):
+            run_engine(EngineConfig(arm=arm, target=str(FIX / "models" / "target"), drafter=str(FIX / "models" / "drafter"),
+                                    workload="mixed", num_requests=32, max_new_tokens=32, max_running_requests=32,
+                                    temperature=1.0, db=str(db), run_id=rid, threads=1, audit_group="g1"))
+    finally:
+        torch.set_num_threads(old)
+    _export(db, root / "lake")
+    return db, root / "lake"
+
+
+@pytest.fixture(scope="module")
+def sgl(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sgl")
+    db = root / "sgl.duckdb"
+    res = CliRunner().invoke(app, ["ingest", str(FIX / "sglang"), "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    _export(db, root / "lake")
+    return db, root / "lake"
+
+
+def _json(args) -> dict:
+    res = CliRunner().invoke(app, ["estimate", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout[res.stdout.index("{"):])
+
+
+def _compare(local, spark, path="") -> tuple[float, int]:
+    """Worst relative difference of the numbers of two JSON trees (and how many numbers), asserting
+    the same keys, lengths, strings, flags and nulls everywhere. ``fit_seconds`` are wall-clock times."""
+    if isinstance(local, dict):
+        assert set(local) == set(spark), (path, set(local) ^ set(spark))
+        pairs = [(local[k], spark[k], f"{path}/{k}") for k in local if k != "fit_seconds"]
+    elif isinstance(local, list):
+        assert len(local) == len(spark), path
+        pairs = [(a, b, f"{path}[{i}]") for i, (a, b) in enumerate(zip(local, spark))]
+    elif isinstance(local, float) and isinstance(spark, (int, float)) and not isinstance(spark, bool):
+        rel = 0.0 if local == spark else abs(local - spark) / max(abs(local), abs(spark))
+        assert rel <= RTOL, (path, local, spark)
+        return rel, 1
+    else:
+        assert local == spark, (path, local, spark)
+        return 0.0, 1
+    worst, n = 0.0, 0
+    for a, b, p in pairs:
+        w, m = _compare(a, b, p)
+        worst, n = max(worst, w), n + m
+    return worst, n
+
+
+@pytest.mark.parametrize("which", ["ref", "sgl"])
+def test_spark_estimate_equals_local(which, ref, sgl, spark):
+    db, lake = ref if which == "ref" else sgl
+    local = _json(["--db", str(db)])
+    dist = _json(["--lake", str(lake), "--engine", "spark", "--master", "local[2]"])
+    assert sorted(local) == sorted(dist) and len(local) == 2
+    for rid, r in local.items():
+        assert "error" not in r, (rid, r)
+        # the parts the brief names are there and were estimated, not skipped
+        assert {"tail", "utilization", "cost"} <= set(r), rid
+        assert r["tail"]["summary"]["n_censored"] > 0, rid
+    assert any("calibration" in r for r in local.values())
+    worst, n = _compare(local, dist)
+    assert n > 300
+    print(f"\n{which}: {n} JSON numbers, worst relative difference local vs spark {worst:.3g}")
+
+
+def test_lake_read_as_exported_and_partitioning_does_not_matter(ref, spark):
+    """Partition columns typed from the record model (a numeric-looking run id stays a string), and
+    the per-block results do not depend on how requests are spread over partitions and chunks."""
+    from pyspark.sql.types import IntegerType, StringType
+
+    from estimators import load_run
+    from estimators.frame import BlockFrame
+    from estimators.spark import LakeStore, SparkTail
+
+    db, lake = ref
+    store = LakeStore(spark, lake)
+    sch = store.frame("request_steps").schema
+    assert isinstance(sch["run_id"].dataType, StringType) and isinstance(sch["rank"].dataType, IntegerType)
+    assert store.runs().run_id.tolist().count("0100") == 1
+    data = load_run(store, "0100")
+    assert "draft_tokens" not in data["request_steps"]  # the walk's lists stay on the executors
+    frame = BlockFrame.from_request_steps(data["request_steps"], gamma=int(data["run"]["gamma"]))
+    results = []
+    for parts, chunk in ((2, 1 << 16), (3, 7)):
+        eng = SparkTail(store, chunk_rows=chunk)
+        eng.parts = parts
+        est = eng.fit(store, ["ref-cap"], None, frame.gamma)
+        results.append((est, eng.estimate(est, "0100", frame, None, 5, seed=3)))
+    (e1, t1), (e2, t2) = results
+    for g in (False, True):
+        if g in e1.hazard.coef_:
+            assert np.array_equal(e1.hazard.coef_[g], e2.hazard.coef_[g])
+    assert t1.blocks.equals(t2.blocks) and np.array_equal(t1.pmf, t2.pmf)
+    assert np.array_equal(t1._boot["means"], t2._boot["means"])
+    # and they are the single-machine estimator's blocks
+    from estimators.tail import TailEstimator
+
+    loc = TailEstimator().fit(Store(db).read_table("request_steps", ["ref-cap"]), gamma=frame.gamma)
+    full = BlockFrame.from_request_steps(Store(db).read_table("request_steps", "0100"), gamma=frame.gamma)
+    lt = loc.estimate(full, hazard_boot=5, seed=3)
+    assert np.allclose(lt.blocks["mean"], t1.blocks["mean"], rtol=RTOL, atol=0)
+    assert np.allclose(lt._boot["means"], t1._boot["means"], rtol=RTOL, atol=0)
+    assert (lt.blocks["hi95"] == t1.blocks["hi95"]).all()
+
+
+def test_cli_lake_errors(tmp_path):
+    r = CliRunner().invoke(app, ["estimate", "--lake", str(tmp_path), "--json"])
+    assert r.exit_code == 2 and "--engine" in r.output
+    r = CliRunner().invoke(app, ["estimate", "--lake", str(tmp_path / "nope"), "--engine", "spark", "--json"])
+    assert r.exit_code == 2 and "no such lake" in r.output
