@@ -251,3 +251,23 @@ def write_measured_profile(doc: dict, out, *, shape: Optional[str] = None, mbin:
     }
     Path(str(out) + ".manifest.json").write_text(json.dumps(man, indent=1, sort_keys=True), encoding="utf-8")
     return man
+
+
+def vclock_check(replays: Sequence[dict], table) -> dict:
+    """Virtual clock vs measured GPU step time on replayed window sets.
+
+    ``replays``: ``gpu_profile`` replay rows (``bs``, ``batch_tokens``, ``step_ms``); the prediction is the
+    table's step time for ``bs`` requests verifying ``batch_tokens`` tokens, exactly what the engine's
+    virtual clock charges a step.
+    """
+    rows = []
+    for r in replays:
+        pred = table.step_seconds(int(r["bs"]), int(r["batch_tokens"]) - int(r["bs"])) * 1e3
+        rows.append({**{k: r[k] for k in ("bs", "batch_tokens", "step_ms") if k in r},
+                     "predicted_ms": pred, "rel_err": (pred - r["step_ms"]) / r["step_ms"]})
+    if not rows:
+        raise ValueError("no replayed steps")
+    e = np.array([x["rel_err"] for x in rows])
+    a = np.abs(e)
+    return {"steps": len(rows), "median_rel_err": float(np.median(a)), "p90_rel_err": float(np.quantile(a, 0.9)),
+            "max_rel_err": float(a.max()), "mean_bias_rel": float(e.mean()), "rows": rows}
