@@ -67,8 +67,9 @@ class AuditConfig:
     # engine options (same names and meaning as `acceptscope run` / EngineConfig); the audit's defaults
     # (AUDIT_DEFAULTS) fill what is not given: a GPU cost profile, its batch, STS fitted on a calibration split
     engine_options: dict = field(default_factory=dict)
-    # cap-accept requests of the STS calibration split (prompts disjoint from the audited ones)
-    calibration_requests: int = 120
+    # cap-accept requests of the STS calibration split (prompts disjoint from the audited ones);
+    # 0 = half the audit's requests, at least 16
+    calibration_requests: int = 0
     # compact-vs-static throughput over batch sizes on the virtual clock, for the highest- and lowest-accept
     # workloads (needs a cost profile); () = skip
     curve_batches: tuple = (1, 4, 16, 64, 256)
@@ -151,9 +152,7 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
     from acceptscope.store import Store
     from estimators.calibration import StsCalibrator, calibration_data
 
-    n = int(cfg.calibration_requests)
-    if n <= 0:
-        raise ValueError("calibration_requests must be > 0 to fit STS (or pass sts='none' / a table path)")
+    n = int(cfg.calibration_requests) or max(16, int(n_audit) // 2)
     keep = {k: v for k, v in opts.items() if k not in ("sts", "num_requests", "request_keys", "window_replay_run",
                                                          "run_id", "audit_group", "prompt_offset")}
     run_id = f"{group}-calibration"

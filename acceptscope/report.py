@@ -102,6 +102,10 @@ def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: 
             raise KeyError(f"no runs with audit_group {audit_group!r}")
         return list(sel["run_id"])
     grouped = runs.dropna(subset=["audit_group"])
+    # an audit's STS calibration split and throughput-curve runs sit in sub-groups "<group>/..."; the newest
+    # audit is the newest top-level group
+    top = grouped[~grouped["audit_group"].str.contains("/", regex=False)]
+    grouped = top if len(top) else grouped
     if len(grouped):  # runs() is newest first
         return list(runs[runs["audit_group"] == grouped["audit_group"].iloc[0]]["run_id"])
     return list(runs["run_id"])
@@ -613,8 +617,14 @@ def _fig_tail(t: pd.DataFrame) -> Any:
 
 
 def _mape(steps: pd.DataFrame) -> float | None:
+    """Mean |predicted - step time| / step time. On the virtual clock the step time is the modeled one, and
+    only steps that executed what they scheduled count (cap-accept runs full width whatever it planned)."""
     measured = steps["step_gpu_ms"].where(steps["step_gpu_ms"].notna(), steps["step_cpu_ms"])
     ok = steps["predicted_step_ms"].notna() & measured.notna() & (measured > 0)
+    if "modeled_step_ms" in steps and steps["modeled_step_ms"].notna().any():
+        measured = steps["modeled_step_ms"]
+        ok = (steps["predicted_step_ms"].notna() & measured.notna()
+              & (steps["executed_verify_tokens"] == steps["num_verify_tokens"]))
     if not ok.any():
         return None
     return float(np.mean(np.abs(steps.loc[ok, "predicted_step_ms"] - measured[ok]) / measured[ok]))

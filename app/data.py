@@ -153,7 +153,7 @@ class Reader:
         return self.df(
             f"""
             SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
-                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s
+                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s, modeled_step_ms
             FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id, rank, epoch, forward_ct
             """,
             [list(run_ids)],

@@ -70,8 +70,9 @@ def register(app: typer.Typer) -> None:
         cost_profile: Optional[str] = typer.Option(None, "--cost-profile", help="GPU cost profile the planner uses "
                                                    "and the virtual clock times steps with (default h200-qwen3-8b; "
                                                    "a shipped name, an SPS table path, or 'none' for the wall clock)."),
-        calibration_requests: int = typer.Option(120, "--calibration-requests", min=1,
-                                                 help="Requests of the STS calibration split."),
+        calibration_requests: int = typer.Option(0, "--calibration-requests", min=0,
+                                                 help="Requests of the STS calibration split (0: half the audit's, "
+                                                      "at least 16)."),
         curve_batches: str = typer.Option("1,4,16,64,256", "--curve-batches",
                                           help="Batch sizes of the compact-vs-static throughput curve ('' skips it)."),
         target: Optional[str] = typer.Option(None, "--target", help="Target model directory."),
