@@ -67,7 +67,7 @@ def fig_regime(cmp: pd.DataFrame) -> go.Figure:
     fig.add_bar(x=wl, y=cmp["utilization"], name="this audit (utilization)", marker_color="#1f77b4",
                 showlegend=False, row=1, col=2)
     lo, hi = BLOG_UTILIZATION
-    fig.add_hrect(y0=lo, y1=hi, fillcolor="#9ca3af", opacity=0.25, line_width=0, row=1, col=2)
+    fig.add_hrect(y0=lo, y1=hi, fillcolor="#9ca3af", opacity=0.35, line_width=0, layer="below", row=1, col=2)
     fig.update_yaxes(range=[0, 1.05], row=1, col=2)
     fig.update_layout(title="Windows contract with difficulty (grey: SGLang blog; band: blog's 0.88–0.97)",
                       height=380, template="plotly_white", barmode="group",
