@@ -19,6 +19,14 @@ self-contained HTML report.
 Exit codes: 0 parity holds; 1 parity broken (per-request findings in the
 report and in --json); 2 bad arguments; 3 nothing to audit.
 
+By default the audit serves in the regime DSpark exists for: SGLang's planner
+on the H200 Qwen3-8B cost profile (fixtures/profiles) at batch 64, each step
+timed on that profile's virtual clock, STS fitted on a cap-accept calibration
+split of disjoint prompts and served in both arms; it then runs compact and
+static over batch 1..256 on the high- and low-accept workloads (the
+throughput curve in the report). --cost-profile none / --sts none /
+--curve-batches '' turn those off.
+
 \b
 Examples:
   # the main job (a few minutes on 2 CPU cores):

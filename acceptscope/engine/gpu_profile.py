@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import platform
 import subprocess
 import sys
