@@ -536,8 +536,13 @@ def _regime_sections(page: "_Page", reader: Any, runs: pd.DataFrame, compact: st
             page.add("curve", _profile_html(str(cfg["sps_path"])))
     groups = runs["audit_group"].dropna().unique()
     curve = pd.DataFrame()
+    import duckdb
+
     for g in groups:
-        c = reader.throughput_curve(f"{g}/curve")
+        try:
+            c = reader.throughput_curve(f"{g}/curve")
+        except duckdb.BinderException:  # a file from before the virtual clock
+            c = pd.DataFrame()
         if len(c):
             curve = c
             break

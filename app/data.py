@@ -150,14 +150,17 @@ class Reader:
 
     def step_costs(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Per-step cost telemetry (what the cost model predicts vs what the step took)."""
-        return self.df(
-            f"""
+        import duckdb
+
+        sql = f"""
             SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
-                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s, modeled_step_ms
+                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
             FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id, rank, epoch, forward_ct
-            """,
-            [list(run_ids)],
-        )
+            """
+        try:
+            return self.df(sql.format(modeled=", modeled_step_ms"), [list(run_ids)])
+        except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
+            return self.df(sql.format(modeled=""), [list(run_ids)])
 
     # -- drill-down -------------------------------------------------------
     def requests(self, run_id: str, limit: int = 5000) -> pd.DataFrame:

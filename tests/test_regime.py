@@ -169,3 +169,18 @@ def test_audit_defaults_put_the_regime_in_force():
     assert "cost_profile" not in effective_options({"cost_profile": "none"})
     assert "sts" not in effective_options({"sts": "none"})
     assert effective_options({"max_running_requests": 8})["max_running_requests"] == 8
+
+
+def test_a_file_from_before_the_virtual_clock_still_reads_and_is_upgraded_on_write(tmp_path):
+    import duckdb
+
+    from acceptscope.store import Store
+
+    p = tmp_path / "old.duckdb"
+    Store(p)
+    con = duckdb.connect(str(p))
+    con.execute("ALTER TABLE steps DROP COLUMN modeled_step_ms")
+    con.close()
+    assert "modeled_step_ms" not in Reader(p).step_costs(["x"]).columns  # read-only: no migration, no error
+    Store(p)  # a writer adds the nullable columns added since
+    assert "modeled_step_ms" in Reader(p).step_costs(["x"]).columns
