@@ -184,3 +184,22 @@ def test_a_file_from_before_the_virtual_clock_still_reads_and_is_upgraded_on_wri
     assert "modeled_step_ms" not in Reader(p).step_costs(["x"]).columns  # read-only: no migration, no error
     Store(p)  # a writer adds the nullable columns added since
     assert "modeled_step_ms" in Reader(p).step_costs(["x"]).columns
+
+
+def test_profile_cli_measures_a_shape_and_writes_both_formats(tmp_path):
+    from typer.testing import CliRunner
+
+    from acceptscope.cli import app
+
+    out = tmp_path / "tiny.json"
+    r = CliRunner().invoke(app, ["profile", "--device", "cpu", "--shape", "tiny", "--batch-sizes", "1,2,4",
+                                 "--fracs", "0,0.5,1", "--context-len", "8", "--steps", "2", "--draft-layers", "1",
+                                 "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    man = json.loads((tmp_path / "tiny.json.manifest.json").read_text())
+    assert man["shape"]["name"] == "tiny" and man["provenance"]["torch"] == torch.__version__
+    assert len(man["cells"]) == 9 and (tmp_path / "tiny.cells.json").is_file()
+    assert isinstance(sps_mod.load_sps(out), sps_mod.SpsTableAdditive)
+    assert isinstance(sps_mod.load_sps(tmp_path / "tiny.1d.json"), sps_mod.SpsTable1D)
+    bad = CliRunner().invoke(app, ["profile", "--device", "cpu", "--shape", "qwen9", "--out", str(out)])
+    assert bad.exit_code == 2 and "unknown shape" in bad.output

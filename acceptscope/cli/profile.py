@@ -51,8 +51,8 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default 1)."),
         device: str = typer.Option("cpu", "--device", help="cpu: profile the reference engine; cuda: a "
                                    "real-shape random-weight decoder (--shape) on the GPU."),
-        shape: Optional[str] = typer.Option(None, "--shape", help="qwen3-1.7b | qwen3-8b | qwen3-32b "
-                                            "(--device cuda / --from-measurements)."),
+        shape: Optional[str] = typer.Option(None, "--shape", help="qwen3-1.7b | qwen3-8b | qwen3-32b (a real-shape "
+                                            "random-weight decoder on --device; 'tiny' for a CPU smoke run)."),
         from_measurements: Optional[Path] = typer.Option(None, "--from-measurements", help="Fit the tables from a "
                                                          "GPU measurement JSON instead of measuring."),
         draft_layers: int = typer.Option(5, "--draft-layers", min=0, help="--device cuda: drafter layers."),
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.progress import Progress
 
-        if device != "cpu" or from_measurements is not None:
+        if device != "cpu" or from_measurements is not None or shape is not None:
             _gpu_profile(device, shape, from_measurements, out, batch_sizes, fracs, steps, context_len, mbin,
                          gamma, draft_layers, json_out)
             return
@@ -109,7 +109,7 @@ def _gpu_profile(device, shape, from_measurements, out, batch_sizes, fracs, step
         from acceptscope.engine import gpu_profile as gp
 
         if shape is None:
-            console.print("[red]--device cuda needs --shape (qwen3-1.7b, qwen3-8b or qwen3-32b)[/red]")
+            console.print(f"[red]--device {device} needs --shape (qwen3-1.7b, qwen3-8b or qwen3-32b)[/red]")
             raise typer.Exit(EXIT_USAGE)
         bss = batch_sizes if batch_sizes != "1,2,4,8,16,32" else "1,2,4,8,16,32,64,128,256"
         frs = fracs if fracs != "0,0.25,0.5,0.75,1" else "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875,1"
@@ -120,6 +120,7 @@ def _gpu_profile(device, shape, from_measurements, out, batch_sizes, fracs, step
         if gamma:
             argv += ["--gamma", str(gamma)]
         try:
+            gp.get_shape(shape)
             gp.main(argv)
         except (ValueError, RuntimeError) as e:
             console.print(f"[red]{e}[/red]")
