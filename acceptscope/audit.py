@@ -166,7 +166,13 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
     path.write_text(cal.to_sglang_json(dataset=f"{cfg.db}:{run_id}", label=data.label,
                                        extra={"calibration_run": run_id, "prompt_offset": int(n_audit)}),
                     encoding="utf-8")
+    from acceptscope.engine.workloads import load_prompts
+
+    # disjoint by prompt index; texts can still repeat (templated generators, a cycled short JSONL file): count them
+    seen = {p.text for p in load_prompts(keep.get("workload", cfg.workload), int(n_audit))}
+    overlap = sum(p.text in seen for p in load_prompts(keep.get("workload", cfg.workload), n, offset=int(n_audit)))
     return {"run_id": run_id, "path": str(path), "temperatures": cal.temperatures_, "samples": int(len(data.z)),
+            "prompts_shared_with_audit": int(overlap),
             "ece_before_in_sample": cal.ece_before_, "ece_after_in_sample": cal.ece_after_}
 
 

@@ -164,6 +164,9 @@ def _print(res) -> None:
     cal = res.calibration
     if cal:
         console.print(f"STS fitted on {cal['samples']} calibration blocks ({cal['run_id']}): {cal['path']}")
+        if cal.get("prompts_shared_with_audit"):
+            console.print(f"[yellow]{cal['prompts_shared_with_audit']} calibration prompts also occur in the audit "
+                          "(a short prompt file is cycled): the calibration split is not fully disjoint[/yellow]")
     if res.curve:
         pts = {(p["workload"], p["batch"], p["arm"]): p["modeled_tokens_per_s"] for p in res.curve}
         for wl in dict.fromkeys(p["workload"] for p in res.curve):
