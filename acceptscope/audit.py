@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from pathlib import Path
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Optional
 
@@ -27,6 +28,28 @@ from acceptscope.cli._common import EXIT_FAILURE, EXIT_OK
 
 PRODUCTION_ARM = "compact"
 AUDIT_ARM = "cap-accept"
+STS_CALIBRATE = "calibrate"
+# The regime the audit serves in unless told otherwise: SGLang's planner on a cost table measured on a GPU
+# (an H200, Qwen3-8B shape) at a batch where extra verify tokens cost real time, STS in force.
+AUDIT_DEFAULTS = {"cost_profile": "h200-qwen3-8b", "max_running_requests": 64, "sts": STS_CALIBRATE}
+
+
+def effective_options(engine_options: dict) -> dict:
+    """The audit's engine options: ``AUDIT_DEFAULTS`` under what was given.
+
+    ``sps`` given without ``cost_profile`` means the wall clock on that table; ``cost_profile='none'``
+    likewise drops the profile; ``sts='none'`` serves without STS.
+    """
+    opts = dict(engine_options)
+    if "cost_profile" not in opts and "sps" not in opts:
+        opts["cost_profile"] = AUDIT_DEFAULTS["cost_profile"]
+    if opts.get("cost_profile") in (None, "none"):
+        opts.pop("cost_profile", None)
+    opts.setdefault("max_running_requests", AUDIT_DEFAULTS["max_running_requests"])
+    opts.setdefault("sts", AUDIT_DEFAULTS["sts"])
+    if opts.get("sts") in (None, "none"):
+        opts.pop("sts", None)
+    return opts
 
 
 @dataclass
@@ -41,8 +64,17 @@ class AuditConfig:
     audit_group: Optional[str] = None
     estimators: bool = True
     n_boot: int = 2000
-    # engine options (same names and meaning as `acceptscope run` / EngineConfig)
+    # engine options (same names and meaning as `acceptscope run` / EngineConfig); the audit's defaults
+    # (AUDIT_DEFAULTS) fill what is not given: a GPU cost profile, its batch, STS fitted on a calibration split
     engine_options: dict = field(default_factory=dict)
+    # cap-accept requests of the STS calibration split (prompts disjoint from the audited ones);
+    # 0 = half the audit's requests, at least 16
+    calibration_requests: int = 0
+    # compact-vs-static throughput over batch sizes on the virtual clock, for the highest- and lowest-accept
+    # workloads (needs a cost profile); () = skip
+    curve_batches: tuple = (1, 4, 16, 64, 256)
+    curve_min_requests: int = 8
+    curve_max_new_tokens: int = 32
 
 
 @dataclass
@@ -55,6 +87,8 @@ class AuditResult:
     report: Any = None  # ReportResult
     audited_keys: int = 0
     wall_s: float = 0.0
+    calibration: Optional[dict] = None  # the STS calibration split (calibrate_sts), when fitted
+    curve: list = field(default_factory=list)  # compact-vs-static throughput points (run_curve)
 
     @property
     def exit_code(self) -> int:
@@ -73,6 +107,8 @@ class AuditResult:
                 "path": str(rep.path) if rep.path else None, "findings": [asdict(f) for f in rep.findings],
                 "estimators": rep.estimators, "headline": rep.headline,
             },
+            "calibration": self.calibration,
+            "curve": self.curve,
             "exit_code": self.exit_code,
         }
 
@@ -84,16 +120,105 @@ def new_audit_group() -> str:
 # ---------------------------------------------------------------------------
 # reference engine
 # ---------------------------------------------------------------------------
-def _engine_config(cfg: AuditConfig, arm: str, group: str, **overrides: Any) -> Any:
+def _engine_config(cfg: AuditConfig, arm: str, group: str, opts: Optional[dict] = None, **overrides: Any) -> Any:
     from acceptscope.engine import EngineConfig
 
+    base = cfg.engine_options if opts is None else opts
     known = {f.name for f in fields(EngineConfig)}
-    unknown = sorted(set(cfg.engine_options) - known)
+    unknown = sorted(set(base) - known)
     if unknown:
         raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
-    opts = {**cfg.engine_options, **overrides}
-    return EngineConfig(arm=arm, workload=cfg.workload, db=str(cfg.db), audit_group=group,
-                        run_id=f"{group}-{arm}", **opts)
+    merged = {"run_id": f"{group}-{arm}", "workload": cfg.workload, **base, **overrides}
+    return EngineConfig(arm=arm, db=str(cfg.db), audit_group=merged.pop("audit_group", group), **merged)
+
+
+def sts_path_for(db: str, group: str) -> Path:
+    """Where the audit writes the STS table it fits (next to the database)."""
+    p = Path(db)
+    return p.with_name(f"{p.stem}.{group}.sts.json")
+
+
+def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
+                  progress: Optional[Callable[[str, int, int], None]] = None) -> dict:
+    """Fit STS on a calibration split and write an SGLang-loadable table; returns what was done.
+
+    The split is a cap-accept run (every block verified in full, so the label is uncensored) on prompts
+    disjoint from the audit's (``prompt_offset`` = the audit's request count, so no workload repeats an
+    audited prompt index), served without STS, in audit group ``<group>/calibration``. Temperatures are
+    fitted by the smooth NLL method (``estimators.calibration``) on the realized label; both audit arms
+    then serve with the table, as production would.
+    """
+    from acceptscope.engine import run_engine
+    from acceptscope.store import Store
+    from estimators.calibration import StsCalibrator, calibration_data
+
+    n = int(cfg.calibration_requests) or max(16, int(n_audit) // 2)
+    keep = {k: v for k, v in opts.items() if k not in ("sts", "num_requests", "request_keys", "window_replay_run",
+                                                         "run_id", "audit_group", "prompt_offset")}
+    run_id = f"{group}-calibration"
+    cb = None if progress is None else (lambda n_done, _t: progress("calibration", n_done, n))
+    run_engine(_engine_config(cfg, AUDIT_ARM, group, keep, run_id=run_id, audit_group=f"{group}/calibration",
+                              num_requests=n, prompt_offset=int(n_audit)), progress=cb)
+    rs = Store(cfg.db, read_only=True).read_table("request_steps", run_id=run_id)
+    data = calibration_data(rs, label="realized")
+    cal = StsCalibrator("smooth-nll").fit(data.z, data.y)
+    path = sts_path_for(cfg.db, group)
+    path.write_text(cal.to_sglang_json(dataset=f"{cfg.db}:{run_id}", label=data.label,
+                                       extra={"calibration_run": run_id, "prompt_offset": int(n_audit)}),
+                    encoding="utf-8")
+    from acceptscope.engine.workloads import load_prompts
+
+    # disjoint by prompt index; texts can still repeat (templated generators, a cycled short JSONL file): count them
+    seen = {p.text for p in load_prompts(keep.get("workload", cfg.workload), int(n_audit))}
+    overlap = sum(p.text in seen for p in load_prompts(keep.get("workload", cfg.workload), n, offset=int(n_audit)))
+    return {"run_id": run_id, "path": str(path), "temperatures": cal.temperatures_, "samples": int(len(data.z)),
+            "prompts_shared_with_audit": int(overlap),
+            "ece_before_in_sample": cal.ece_before_, "ece_after_in_sample": cal.ece_after_}
+
+
+def _label_map(workload: str) -> dict:
+    from acceptscope.engine.workloads import BUILTIN, parse_spec
+
+    return {(w if w in BUILTIN else Path(w).stem): w for w in parse_spec(workload)}
+
+
+def run_curve(cfg: AuditConfig, group: str, opts: dict, by_workload: dict,
+              progress: Optional[Callable[[str, int, int], None]] = None) -> list[dict]:
+    """Compact vs static over ``cfg.curve_batches`` on the virtual clock, highest- and lowest-accept workloads.
+
+    Each point is a real engine run (``max_running_requests = batch``, ``max(batch, curve_min_requests)``
+    requests of ``curve_max_new_tokens`` tokens, no per-position telemetry) in audit group
+    ``<group>/curve``; throughput is decode tokens per modeled second. The high-accept workload is math
+    when served (the blog's gsm8k class), else the highest-accept one; the low one the lowest-accept.
+    Returns the points (the report recomputes them from the database).
+    """
+    from acceptscope.engine import run_engine
+
+    if not opts.get("cost_profile") or not cfg.curve_batches:
+        return []
+    acc = {w: d.get("accept_length") or 0.0 for w, d in by_workload.items() if d.get("verify_ct")}
+    labels = _label_map(cfg.workload)
+    ranked = [w for w in sorted(acc, key=acc.get, reverse=True) if w in labels]
+    if not ranked:
+        return []
+    chosen = list(dict.fromkeys(["math" if "math" in ranked else ranked[0], ranked[-1]]))
+    keep = {k: v for k, v in opts.items() if k not in ("num_requests", "request_keys", "window_replay_run",
+                                                         "run_id", "audit_group", "max_running_requests",
+                                                         "per_position", "workload", "max_new_tokens")}
+    points = []
+    for wl in chosen:
+        for b in cfg.curve_batches:
+            n = max(int(b), int(cfg.curve_min_requests))
+            for arm in (PRODUCTION_ARM, "static"):
+                rid = f"{group}-curve-{wl}-b{b}-{arm}"
+                cb = None if progress is None else (lambda n_done, _t: progress("curve", n_done, None))
+                s = run_engine(_engine_config(cfg, arm, group, keep, run_id=rid, audit_group=f"{group}/curve",
+                                              workload=labels[wl], num_requests=n, max_running_requests=int(b),
+                                              max_new_tokens=int(cfg.curve_max_new_tokens), per_position=False),
+                               progress=cb)
+                points.append({"workload": wl, "batch": int(b), "arm": arm, "run_id": rid,
+                               "modeled_tokens_per_s": s.modeled_tokens_per_s, "mean_window": s.mean_window})
+    return points
 
 
 def _run_reference(cfg: AuditConfig, group: str, progress: Optional[Callable[[str, int, int], None]]) -> dict:
@@ -103,13 +228,18 @@ def _run_reference(cfg: AuditConfig, group: str, progress: Optional[Callable[[st
     from app.data import Reader
 
     out: dict = {}
-    n_total = cfg.engine_options.get("num_requests", EngineConfig.num_requests)
+    opts = effective_options(cfg.engine_options)
+    n_total = opts.get("num_requests", EngineConfig.num_requests)
+    if opts.get("sts") == STS_CALIBRATE:
+        cal = calibrate_sts(cfg, group, opts, n_total, progress)
+        opts["sts"] = cal["path"]
+        out["_calibration"] = cal
 
     def prog(arm: str, total: Optional[int]):
         # the engine reports (requests finished now, their tokens); surfaces want (arm, advance, total)
         return None if progress is None else (lambda n_done, _tokens: progress(arm, n_done, total))
 
-    s = run_engine(_engine_config(cfg, PRODUCTION_ARM, group), progress=prog(PRODUCTION_ARM, n_total))
+    s = run_engine(_engine_config(cfg, PRODUCTION_ARM, group, opts), progress=prog(PRODUCTION_ARM, n_total))
     out[PRODUCTION_ARM] = s.to_dict()
     n_audit = s.requests
     subset: dict = {}
@@ -121,13 +251,14 @@ def _run_reference(cfg: AuditConfig, group: str, progress: Optional[Callable[[st
         sample = audit_sampling.sample_keys(keys, cfg.audit_fraction, cfg.sample_seed)
         subset["request_keys"] = [(w, int(i)) for w, i in zip(sample["workload"], sample["prompt_index"])]
         n_audit = len(subset["request_keys"])
-    a = run_engine(_engine_config(cfg, AUDIT_ARM, group, **subset,
+    a = run_engine(_engine_config(cfg, AUDIT_ARM, group, opts, **subset,
                                   **({"window_replay_run": s.run_id} if subset else {})),
                    progress=prog(AUDIT_ARM, n_audit))
     out[AUDIT_ARM] = a.to_dict()
     if cfg.with_static:
-        st = run_engine(_engine_config(cfg, "static", group, **subset), progress=prog("static", n_audit))
+        st = run_engine(_engine_config(cfg, "static", group, opts, **subset), progress=prog("static", n_audit))
         out["static"] = st.to_dict()
+    out["_curve"] = run_curve(cfg, group, opts, s.by_workload, progress)
     return out
 
 
@@ -173,6 +304,7 @@ def run_audit(cfg: AuditConfig, progress: Optional[Callable[[str, int, int], Non
     group = cfg.audit_group or new_audit_group()
     say(f"running arms ({cfg.engine} engine, audit group {group})")
     runs = (_run_reference if cfg.engine == "reference" else _run_sglang)(cfg, group, progress)
+    extras = {k: runs.pop(k) for k in ("_calibration", "_curve") if k in runs}
     reader = Reader(cfg.db)
     ids = {arm: r["run_id"] for arm, r in runs.items()}
     say("checking parity")
@@ -191,4 +323,5 @@ def run_audit(cfg: AuditConfig, progress: Optional[Callable[[str, int, int], Non
                               thresholds=Thresholds(), use_estimators=cfg.estimators,
                               title=f"acceptscope audit {group}")
     audited = sampling.n_audited if sampling is not None else 0
-    return AuditResult(group, str(cfg.db), runs, parity, sampling, report, audited, time.perf_counter() - t0)
+    return AuditResult(group, str(cfg.db), runs, parity, sampling, report, audited, time.perf_counter() - t0,
+                       calibration=extras.get("_calibration"), curve=extras.get("_curve") or [])

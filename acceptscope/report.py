@@ -25,11 +25,13 @@ import pandas as pd
 from acceptscope import schema
 
 # section ids, in page order (tests check that each is present)
-SECTIONS = ("summary", "runs", "parity", "calibration", "survival", "windows", "utilization", "tail", "cost",
-            "data-quality")
+SECTIONS = ("summary", "runs", "regime", "curve", "parity", "calibration", "survival", "windows", "utilization",
+            "tail", "cost", "data-quality")
 SECTION_TITLES = {
     "summary": "Summary",
     "runs": "Runs",
+    "regime": "The seeds' regime: windows per workload, next to the SGLang blog",
+    "curve": "Compact vs static throughput over batch size (virtual clock)",
     "parity": "Audit parity",
     "calibration": "Calibration (reliability per position, before and after STS)",
     "survival": "Survival vs empirical acceptance",
@@ -100,6 +102,10 @@ def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: 
             raise KeyError(f"no runs with audit_group {audit_group!r}")
         return list(sel["run_id"])
     grouped = runs.dropna(subset=["audit_group"])
+    # an audit's STS calibration split and throughput-curve runs sit in sub-groups "<group>/..."; the newest
+    # audit is the newest top-level group
+    top = grouped[~grouped["audit_group"].str.contains("/", regex=False)]
+    grouped = top if len(top) else grouped
     if len(grouped):  # runs() is newest first
         return list(runs[runs["audit_group"] == grouped["audit_group"].iloc[0]]["run_id"])
     return list(runs["run_id"])
@@ -256,6 +262,9 @@ def build_report(
             findings.append(Finding("warn", "scheduler", f"no trimming in {row.run_id}: cap_trim is 0 on every "
                                     "block, so the scheduler verified whole blocks (no cost table?)"))
 
+    # -- the seeds' regime and the throughput curve -------------------------------
+    _regime_sections(page, reader, runs, compact, audit, findings, headline)
+
     # -- parity --------------------------------------------------------------
     par: ParityReport | None = parity
     if par is None and compact and audit:
@@ -408,7 +417,14 @@ def build_report(
             page.fig("cost", F.fig_step_costs(steps, runs), "per step; measured = device time where recorded, "
                      "else host inter-step time")
         page.fig("cost", F.fig_throughput(steps, runs), "verify tokens the target ran per decode step")
-        if mape is not None:
+        virtual = "modeled_step_ms" in steps and steps["modeled_step_ms"].notna().any()
+        if mape is not None and virtual:
+            headline["cost_mape"] = mape
+            findings.append(Finding("info", "cost", f"virtual clock: the planner's predicted step time matches the "
+                                    f"cost profile's modeled step time ({mape:.1%} mean absolute, by construction on "
+                                    "compact steps); the profile itself is checked against the GPU in the curve "
+                                    "section's cost-profile table"))
+        elif mape is not None:
             headline["cost_mape"] = mape
             findings.append(Finding("warn" if mape > th.cost_mape else "ok", "cost",
                                     f"step-time model error {mape:.0%} mean absolute (threshold {th.cost_mape:.0%})"))
@@ -469,6 +485,110 @@ def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
 # ---------------------------------------------------------------------------
 # pieces
 # ---------------------------------------------------------------------------
+def _run_config(reader: Any, run_id: str) -> dict:
+    import json
+
+    c = reader.df(f'SELECT config_json FROM "{RUNS_TABLE}" WHERE run_id = ?', [run_id])["config_json"]
+    try:
+        return json.loads(c.iloc[0]) if len(c) and isinstance(c.iloc[0], str) else {}
+    except ValueError:
+        return {}
+
+
+def _profile_html(sps_path: str) -> str:
+    """Provenance, bound ratio and virtual-clock check of a measured GPU cost profile (if it has a manifest)."""
+    import json
+
+    p = Path(sps_path)
+    man_p = Path(str(p) + ".manifest.json")
+    if not man_p.is_file():
+        return f"<p class='note'>cost table {html.escape(p.name)}: no GPU manifest next to it.</p>"
+    man = json.loads(man_p.read_text(encoding="utf-8"))
+    prov, bound, shape = man.get("provenance", {}), man.get("bound", {}), man.get("shape", {})
+    rows = {
+        "profile": p.name, "GPU": prov.get("gpu"), "driver": prov.get("driver"),
+        "torch / CUDA": f"{prov.get('torch')} / {prov.get('cuda')}", "measured": prov.get("date_utc"),
+        "shape": f"{shape.get('name')} ({man.get('target_layers')} of {shape.get('layers')} layers, hidden "
+                 f"{shape.get('hidden')}), drafter {man.get('draft_layers')} layers",
+        "context / gamma": f"{man.get('context_len')} tokens / {man.get('gamma')}",
+        "HBM copy bandwidth (measured)": f"{(prov.get('copy_bandwidth_bytes_per_s') or 0) / 1e12:.2f} TB/s",
+        "batch-1 verify": f"{min((bound.get('batch1_verify_ms') or {'-': float('nan')}).values()):.2f} ms",
+        "bandwidth bound (weights / measured BW)": f"{bound.get('bound_ms', float('nan')):.2f} ms "
+                                                   f"(ratio {bound.get('ratio_min', float('nan')):.2f})",
+        "bandwidth bound (weights / datasheet BW)": f"{bound.get('datasheet_bound_ms', float('nan')):.2f} ms "
+                                                    f"(ratio {bound.get('ratio_vs_datasheet', float('nan')):.2f})",
+        "additive fit on its cells": "median {:.1%}, max {:.1%} relative error".format(
+            man["tables"]["additive"]["fit"]["median_rel_err"], man["tables"]["additive"]["fit"]["max_rel_err"]),
+    }
+    out = "<h3>Cost profile</h3>" + _kv_table(rows)
+    vc = p.with_name(p.name.removesuffix(".json") + ".vclock.json")
+    if vc.is_file():
+        doc = json.loads(vc.read_text(encoding="utf-8"))
+        for name, r in doc.get("checks", {}).items():
+            out += (f"<p class='note'>virtual clock vs measured {html.escape(str(doc.get('gpu')))} step time on "
+                    f"{r['steps']} {html.escape(name)} steps: median error {r['median_rel_err']:.1%}, "
+                    f"p90 {r['p90_rel_err']:.1%}, bias {r['mean_bias_rel']:+.1%}.</p>")
+    return out
+
+
+def _regime_sections(page: "_Page", reader: Any, runs: pd.DataFrame, compact: str | None, audit: str | None,
+                     findings: list, headline: dict) -> None:
+    """Per-workload windows / utilization next to the SGLang blog's, and the compact-vs-static curve."""
+    from app import regime as R
+
+    src = audit or compact
+    if src is None:
+        page.note("regime", "needs a compact or cap-accept run.")
+    else:
+        cmp = R.blog_comparison(reader.regime_by_workload([src]))
+        if compact and audit:
+            cw = reader.regime_by_workload([compact]).set_index("workload")["mean_window"]
+            cmp.insert(4, "compact_mean_window", cmp["workload"].map(cw))
+        page.add("regime", _table(cmp))
+        page.fig("regime", R.fig_regime(cmp), f"windows and utilization per workload ({html.escape(src)}); grey: "
+                 f"<a href='{R.BLOG_URL}'>SGLang DSpark blog</a> (gsm8k, arena-hard, poetry)")
+        cfg = _run_config(reader, src)
+        page.note("regime", f"served with cost profile {html.escape(str(cfg.get('cost_profile') or cfg.get('sps_path')))}"
+                  f" on the {html.escape(str(cfg.get('clock', 'wall')))} clock, batch "
+                  f"{html.escape(str(cfg.get('max_running_requests')))}, temperature "
+                  f"{html.escape(str(cfg.get('temperature')))}, STS {html.escape(str(cfg.get('sts') or 'none'))}. "
+                  "Windows are the cap-accept arm's (parity makes them compact's); utilization = Σ accept length / "
+                  "Σ (ceiling + 1); shares count blocks. The blog's block holds six drafts, ours seven.")
+        headline["regime"] = cmp.to_dict("records")
+        tr = (cmp["share_trimmed"] * cmp["blocks"]).sum() / max(cmp["blocks"].sum(), 1)
+        headline["share_trimmed"] = float(tr)
+        findings.append(Finding("info", "regime", "mean window per workload " + ", ".join(
+            f"{html.escape(str(r.workload))} {r.mean_window:.2f}" for r in cmp.itertuples()) +
+            f"; {tr:.0%} of blocks trimmed"))
+        if cfg.get("sps_path"):
+            page.add("curve", _profile_html(str(cfg["sps_path"])))
+    groups = runs["audit_group"].dropna().unique()
+    curve = pd.DataFrame()
+    import duckdb
+
+    for g in groups:
+        try:
+            c = reader.throughput_curve(f"{g}/curve")
+        except duckdb.BinderException:  # a file from before the virtual clock
+            c = pd.DataFrame()
+        if len(c):
+            curve = c
+            break
+    if curve.empty:
+        page.note("curve", "no curve runs for this audit (needs a cost profile; acceptscope audit runs them unless "
+                           "--curve-batches '').")
+        return
+    page.fig("curve", R.fig_throughput_curve(curve), "decode tokens per modeled second (the cost profile's step "
+             "times for the tokens each step verified); each point is one engine run at that batch")
+    ratios = R.curve_ratios(curve)
+    page.add("curve", _table(ratios))
+    headline["curve"] = ratios.to_dict("records")
+    for wl, g in ratios.groupby("workload"):
+        lo, hi = g.sort_values("batch").iloc[0], g.sort_values("batch").iloc[-1]
+        findings.append(Finding("info", "curve", f"{html.escape(str(wl))}: compact/static {lo.ratio:.2f}x at batch "
+                                f"{int(lo.batch)}, {hi.ratio:.2f}x at batch {int(hi.batch)} (virtual clock)"))
+
+
 def _kv_table(d: dict) -> str:
     def cell(v: Any) -> str:
         return _fmt(v) if not isinstance(v, (list, dict)) else html.escape(str(v)[:200])
@@ -537,8 +657,14 @@ def _fig_tail(t: pd.DataFrame) -> Any:
 
 
 def _mape(steps: pd.DataFrame) -> float | None:
+    """Mean |predicted - step time| / step time. On the virtual clock the step time is the modeled one, and
+    only steps that executed what they scheduled count (cap-accept runs full width whatever it planned)."""
     measured = steps["step_gpu_ms"].where(steps["step_gpu_ms"].notna(), steps["step_cpu_ms"])
     ok = steps["predicted_step_ms"].notna() & measured.notna() & (measured > 0)
+    if "modeled_step_ms" in steps and steps["modeled_step_ms"].notna().any():
+        measured = steps["modeled_step_ms"]
+        ok = (steps["predicted_step_ms"].notna() & measured.notna()
+              & (steps["executed_verify_tokens"] == steps["num_verify_tokens"]))
     if not ok.any():
         return None
     return float(np.mean(np.abs(steps.loc[ok, "predicted_step_ms"] - measured[ok]) / measured[ok]))

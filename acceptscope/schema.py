@@ -145,6 +145,8 @@ STEPS = Table(
         _c("draft_gpu_ms", pa.float64(), "drafter time (ms)"),
         _c("target_verify_gpu_ms", pa.float64(), "target verify time (ms)"),
         _c("wall_time_s", pa.float64(), "seconds since run start when the step ended"),
+        _c("modeled_step_ms", pa.float64(), "virtual-clock step time: the run's cost profile's prediction for the "
+           "verify tokens actually executed (ms); NULL when the run used the wall clock"),
     ),
     key=("run_id", "rank", "epoch", "forward_ct"),
     doc="One row per decode step per DP rank.",

@@ -567,6 +567,15 @@ class Store:
                 except BaseException:
                     con.execute("ROLLBACK")
                     raise
+            if not read_only:  # a file written by an older release: add the nullable columns added since
+                have: dict[str, set] = {}
+                for tn, cn in con.execute("SELECT table_name, column_name FROM duckdb_columns()").fetchall():
+                    have.setdefault(tn, set()).add(cn)
+                for t in schema.ALL_TABLES:
+                    if t.name in have:
+                        for c in t.columns:
+                            if c.nullable and c.name not in have[t.name]:
+                                con.execute(f"ALTER TABLE {_q(t.name)} ADD COLUMN {_q(c.name)} {duck_type(c.type)}")
             if any(t.name == "request_steps" for t in missing):  # created just now, as asked
                 pk = primary_keys
             else:

@@ -25,10 +25,10 @@ if str(_ROOT) not in sys.path:  # `streamlit run app/dashboard.py` puts app/ fir
 import streamlit as st  # noqa: E402
 
 from app.data import Reader  # noqa: E402
-from app.panels import calibration, cost, drilldown, estimates, overview, utilization, windows  # noqa: E402
+from app.panels import calibration, cost, drilldown, estimates, overview, regime, utilization, windows  # noqa: E402
 from app.panels._ctx import Ctx, plain  # noqa: E402
 
-PANELS = (overview, calibration, windows, utilization, estimates, cost, drilldown)
+PANELS = (overview, regime, calibration, windows, utilization, estimates, cost, drilldown)
 
 
 def db_path() -> str:

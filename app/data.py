@@ -150,14 +150,17 @@ class Reader:
 
     def step_costs(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Per-step cost telemetry (what the cost model predicts vs what the step took)."""
-        return self.df(
-            f"""
+        import duckdb
+
+        sql = f"""
             SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
-                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s
+                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
             FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id, rank, epoch, forward_ct
-            """,
-            [list(run_ids)],
-        )
+            """
+        try:
+            return self.df(sql.format(modeled=", modeled_step_ms"), [list(run_ids)])
+        except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
+            return self.df(sql.format(modeled=""), [list(run_ids)])
 
     # -- drill-down -------------------------------------------------------
     def requests(self, run_id: str, limit: int = 5000) -> pd.DataFrame:
@@ -196,4 +199,49 @@ class Reader:
             FROM "{RUNS}" r WHERE r.run_id IN (SELECT unnest(?)) ORDER BY r.run_id
             """,
             [list(run_ids)],
+        )
+
+    # -- the seeds' regime (windows that contract with difficulty; compact vs static) -------------
+    def regime_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """Per (run, workload): mean window, shares of blocks at the full window / at <= 3 / trimmed,
+        utilization against the ceiling (where observed) and the calibrated survival's mean."""
+        return self.df(
+            f"""
+            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, count(*) AS blocks,
+                   avg(rs."window") AS mean_window,
+                   avg(CASE WHEN rs."window" >= r.gamma THEN 1.0 ELSE 0.0 END) AS share_full_window,
+                   avg(CASE WHEN rs."window" <= 3 THEN 1.0 ELSE 0.0 END) AS share_window_le3,
+                   avg(CASE WHEN rs."window" < r.gamma THEN 1.0 ELSE 0.0 END) AS share_trimmed,
+                   avg(acc_len) AS mean_acc_len,
+                   sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
+                     / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization,
+                   any_value(r.gamma) AS gamma
+            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
+            WHERE rs.run_id IN (SELECT unnest(?))
+            GROUP BY ALL ORDER BY rs.run_id, workload
+            """,
+            [list(run_ids)],
+        )
+
+    def throughput_curve(self, audit_group: str) -> pd.DataFrame:
+        """Decode throughput per (workload, batch, arm) of the runs in ``audit_group`` on the virtual clock:
+        tokens after each request's prefill token / the sum of modeled step times (runs without a
+        modeled clock are left out)."""
+        return self.df(
+            f"""
+            WITH t AS (SELECT run_id, sum(modeled_step_ms) / 1e3 AS modeled_s, count(*) AS steps,
+                              sum(executed_verify_tokens) AS verify_tokens
+                       FROM "{STEPS}" GROUP BY run_id HAVING count(modeled_step_ms) > 0),
+                 q AS (SELECT run_id, any_value(workload) AS workload, sum(completion_tokens - 1) AS tokens,
+                              count(*) AS requests
+                       FROM "{REQ}" GROUP BY run_id)
+            SELECT q.workload, CAST(json_extract_string(r.config_json, '$.max_running_requests') AS INTEGER) AS batch,
+                   r.arm, r.run_id, q.requests, q.tokens, t.steps, t.modeled_s,
+                   q.tokens / t.modeled_s AS tokens_per_s,
+                   t.verify_tokens / t.steps AS verify_tokens_per_step
+            FROM "{RUNS}" r JOIN t USING (run_id) JOIN q USING (run_id)
+            WHERE r.audit_group = ?
+            ORDER BY q.workload, batch, r.arm
+            """,
+            [audit_group],
         )

@@ -29,7 +29,7 @@ _MODELS = os.environ.get("ACCEPTSCOPE_TEST_MODELS")
 MODEL_ARGS = ["--target", f"{_MODELS}/target", "--drafter", f"{_MODELS}/drafter"] if _MODELS else []
 # small enough for 2 CPU cores, big enough for every workload of `mixed` to have several requests
 AUDIT_ARGS = ["--workload", "mixed", "--requests", "16", "--max-new-tokens", "24", "--with-static",
-              "--no-estimators"]
+              "--no-estimators", "--calibration-requests", "8", "--curve-batches", "2"]
 
 
 def _engine_ready() -> str | None:
@@ -67,9 +67,12 @@ def audit(tmp_path_factory):
 def test_audit_runs_both_arms_into_one_file(audit):
     db, s = audit
     assert set(s["runs"]) == {"compact", "cap-accept", "static"}
-    runs = Reader(db).runs()
+    every = Reader(db).runs()
+    # the file also holds the STS calibration split and the throughput-curve runs, in sub-groups
+    assert set(every["audit_group"]) == {s["audit_group"], f"{s['audit_group']}/calibration",
+                                         f"{s['audit_group']}/curve"}
+    runs = every[every["audit_group"] == s["audit_group"]]
     assert set(runs["arm"]) == {"compact", "cap-accept", "static"}
-    assert runs["audit_group"].nunique() == 1 and runs["audit_group"].iloc[0] == s["audit_group"]
     summ = Reader(db).run_summary(list(runs["run_id"])).set_index("arm")
     # the audit arm observes the ceiling, production does not
     assert summ.loc["cap-accept", "ceiling_accept_len"] >= summ.loc["cap-accept", "mean_acc_len"]
@@ -165,7 +168,8 @@ def test_sampled_audit_cli(tmp_path, temperature):
     res = CliRunner().invoke(app, ["audit", "--db", str(db), "--no-report", "--json", "--workload", "math,chat",
                                    "--requests", "8", "--max-new-tokens", "16", "--audit-fraction", "0.5",
                                    "--temperature", temperature,
-                                   "--sample-seed", "7", "--no-estimators", *MODEL_ARGS])
+                                   "--sample-seed", "7", "--no-estimators", "--curve-batches", "", "--sts", "none",
+                                   *MODEL_ARGS])
     assert res.exit_code == EXIT_OK, res.output
     s = json.loads(res.stdout[res.stdout.index("{"):])
     assert s["runs"]["compact"]["requests"] == 8 and s["runs"]["cap-accept"]["requests"] == 4

@@ -13,7 +13,7 @@ from app.data import Reader
 from tests.test_audit import build_audit_db
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "dashboard.py")
-HEADERS = ["Arm comparison", "Calibration", "Windows", "Utilization", "Estimators", "Cost", "Request drill-down"]
+HEADERS = ["Arm comparison", "Regime vs blog", "Calibration", "Windows", "Utilization", "Estimators", "Cost", "Request drill-down"]
 
 
 @pytest.fixture(scope="module")

@@ -119,3 +119,30 @@ def test_report_cli_json_and_errors(audit, tmp_path):
     Store(tmp_path / "empty.duckdb")  # telemetry schema, no runs yet
     r = CliRunner().invoke(app, ["report", "--db", str(tmp_path / "empty.duckdb"), "--out", str(out)])
     assert r.exit_code == 3 and "holds no runs" in r.output
+
+
+def test_regime_and_curve_sections_show_the_audit_next_to_the_blog(audit, report):
+    """The audit fitted STS on its calibration split, served on the GPU cost profile, ran the curve, and the
+    report puts per-workload windows next to the blog's and the compact-vs-static curve."""
+    from app import regime as R
+    from app.data import Reader
+
+    db, s = audit
+    out, res = report
+    assert s["calibration"]["samples"] > 0 and len(s["calibration"]["temperatures"]) == 7
+    runs = Reader(db).runs().set_index("run_id")
+    assert runs.loc[f"{s['audit_group']}-compact", "sts_hash"] == runs.loc[f"{s['audit_group']}-cap-accept", "sts_hash"]
+    assert runs.loc[f"{s['audit_group']}-compact", "sts_hash"] is not None
+    curve = Reader(db).throughput_curve(f"{s['audit_group']}/curve")
+    assert set(curve["arm"]) == {"compact", "static"} and (curve["tokens_per_s"] > 0).all()
+    assert set(curve["workload"]) == {"math", "poetry"}  # the high- and the low-accept workload of `mixed`
+    r = R.curve_ratios(curve)
+    assert len(r) == 2 and r["ratio"].notna().all()
+    p = _Collect()
+    p.feed(out.read_text(encoding="utf-8"))
+    assert p.figures.get("regime", 0) >= 1 and p.figures.get("curve", 0) >= 1
+    text = out.read_text(encoding="utf-8")
+    assert "gsm8k" in text and "arena-hard" in text and "Cost profile" in text
+    cmp = res.headline["regime"]
+    assert {c["workload"] for c in cmp} == {"math", "code", "chat", "poetry"}
+    assert next(c for c in cmp if c["workload"] == "poetry")["blog_mean_window"] == 2.91

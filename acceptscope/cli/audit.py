@@ -19,6 +19,14 @@ self-contained HTML report.
 Exit codes: 0 parity holds; 1 parity broken (per-request findings in the
 report and in --json); 2 bad arguments; 3 nothing to audit.
 
+By default the audit serves in the regime DSpark exists for: SGLang's planner
+on the H200 Qwen3-8B cost profile (fixtures/profiles) at batch 64, each step
+timed on that profile's virtual clock, STS fitted on a cap-accept calibration
+split of disjoint prompts and served in both arms; it then runs compact and
+static over batch 1..256 on the high- and low-accept workloads (the
+throughput curve in the report). --cost-profile none / --sts none /
+--curve-batches '' turn those off.
+
 \b
 Examples:
   # the main job (a few minutes on 2 CPU cores):
@@ -61,10 +69,20 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (same in every arm)."),
         gamma: Optional[int] = typer.Option(None, "--gamma", help="Draft block size (default: the drafter's)."),
         batch: Optional[int] = typer.Option(None, "--batch", "--max-running-requests", min=1,
-                                            help="Max running requests."),
+                                            help="Max running requests (default 64)."),
         lag_steps: Optional[int] = typer.Option(None, "--lag-steps", min=1, help="Confidence lag (decode steps)."),
-        sts: Optional[str] = typer.Option(None, "--sts", help="STS calibration JSON."),
-        sps: Optional[str] = typer.Option(None, "--sps", help="SPS cost table JSON ('default', 'none' or a path)."),
+        sts: Optional[str] = typer.Option(None, "--sts", help="STS: 'calibrate' (default: fit on a disjoint "
+                                          "cap-accept calibration split, serve both arms with it), 'none', or a JSON path."),
+        sps: Optional[str] = typer.Option(None, "--sps", help="SPS cost table JSON ('default', 'none' or a path) on the "
+                                          "wall clock; use --cost-profile for the virtual clock."),
+        cost_profile: Optional[str] = typer.Option(None, "--cost-profile", help="GPU cost profile the planner uses "
+                                                   "and the virtual clock times steps with (default h200-qwen3-8b; "
+                                                   "a shipped name, an SPS table path, or 'none' for the wall clock)."),
+        calibration_requests: int = typer.Option(0, "--calibration-requests", min=0,
+                                                 help="Requests of the STS calibration split (0: half the audit's, "
+                                                      "at least 16)."),
+        curve_batches: str = typer.Option("1,4,16,64,256", "--curve-batches",
+                                          help="Batch sizes of the compact-vs-static throughput curve ('' skips it)."),
         target: Optional[str] = typer.Option(None, "--target", help="Target model directory."),
         drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter model directory."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
@@ -87,7 +105,13 @@ def register(app: typer.Typer) -> None:
         opts = {k: v for k, v in dict(
             num_requests=requests, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
             temperature=temperature, seed=seed, gamma=gamma, max_running_requests=batch, lag_steps=lag_steps,
-            sts=sts, sps=sps, target=target, drafter=drafter, threads=threads).items() if v is not None}
+            sts=sts, sps=sps, cost_profile=cost_profile, target=target, drafter=drafter,
+            threads=threads).items() if v is not None}
+        try:
+            curve = tuple(int(x) for x in curve_batches.split(",") if x.strip())
+        except ValueError:
+            console.print(f"[red]--curve-batches {curve_batches!r}: expected comma-separated integers[/red]")
+            raise typer.Exit(EXIT_USAGE)
         if urls is not None:
             if engine != "sglang":
                 console.print("[red]--urls only applies to --engine sglang[/red]")
@@ -95,7 +119,8 @@ def register(app: typer.Typer) -> None:
             opts["urls"] = urls
         cfg = AuditConfig(db=str(db), engine=engine, workload=workload, out=None if no_report else str(out),
                           with_static=with_static, audit_fraction=audit_fraction, sample_seed=sample_seed,
-                          audit_group=audit_group, estimators=not no_estimators, engine_options=opts)
+                          audit_group=audit_group, estimators=not no_estimators, engine_options=opts,
+                          calibration_requests=calibration_requests, curve_batches=curve)
         with Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as bar:
             tasks: dict = {}
@@ -125,7 +150,7 @@ def _print(res) -> None:
     from rich.table import Table
 
     t = Table(title=f"audit {res.audit_group}", show_lines=False)
-    for c in ("arm", "run_id", "requests", "accept len", "window", "tok/s", "wall s"):
+    for c in ("arm", "run_id", "requests", "accept len", "window", "tok/s (CPU)", "tok/s (modeled)", "wall s"):
         t.add_column(c)
     def num(r: dict, k: str, fmt: str) -> str:
         v = r.get(k)
@@ -133,8 +158,22 @@ def _print(res) -> None:
 
     for arm, r in res.runs.items():
         t.add_row(arm, str(r.get("run_id")), str(r.get("requests", "–")), num(r, "mean_accept_length", ".2f"),
-                  num(r, "mean_window", ".2f"), num(r, "tokens_per_s", ".0f"), num(r, "wall_s", ".1f"))
+                  num(r, "mean_window", ".2f"), num(r, "tokens_per_s", ".0f"), num(r, "modeled_tokens_per_s", ".0f"),
+                  num(r, "wall_s", ".1f"))
     console.print(t)
+    cal = res.calibration
+    if cal:
+        console.print(f"STS fitted on {cal['samples']} calibration blocks ({cal['run_id']}): {cal['path']}")
+        if cal.get("prompts_shared_with_audit"):
+            console.print(f"[yellow]{cal['prompts_shared_with_audit']} calibration prompts also occur in the audit "
+                          "(a short prompt file is cycled): the calibration split is not fully disjoint[/yellow]")
+    if res.curve:
+        pts = {(p["workload"], p["batch"], p["arm"]): p["modeled_tokens_per_s"] for p in res.curve}
+        for wl in dict.fromkeys(p["workload"] for p in res.curve):
+            ratios = [f"b{b}: {pts[(wl, b, 'compact')] / pts[(wl, b, 'static')]:.2f}"
+                      for b in dict.fromkeys(p["batch"] for p in res.curve)
+                      if pts.get((wl, b, "compact")) and pts.get((wl, b, "static"))]
+            console.print(f"compact/static modeled throughput, {wl}: " + ", ".join(ratios))
     p = res.parity
     if p.ok:
         console.print(f"[green]parity holds[/green]: {p.pairs} request pairs committed identical tokens")

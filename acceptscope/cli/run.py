@@ -38,6 +38,12 @@ def register(app: typer.Typer) -> None:
         sts: Optional[Path] = typer.Option(None, "--sts", help="SGLang STS calibration JSON."),
         sps: str = typer.Option("default", "--sps", help="SGLang SPS table JSON (either format); 'default' = shipped "
                                 "reference table, 'none' = no table (verify-all)."),
+        cost_profile: Optional[str] = typer.Option(None, "--cost-profile", help="Serve on a GPU cost profile (a "
+                                                   "shipped name such as h200-qwen3-8b, or an SPS table path): the "
+                                                   "planner uses it instead of --sps and steps are timed on its "
+                                                   "virtual clock."),
+        prompt_offset: int = typer.Option(0, "--prompt-offset", min=0, help="Skip the first N prompts of every "
+                                          "workload (a split disjoint from another run's prompts)."),
         lag_steps: int = typer.Option(2, "--lag-steps", min=1, help="Confidence lag for the budget (decode steps)."),
         no_per_position: bool = typer.Option(False, "--no-per-position", help="Do not record per-position lists."),
         target: str = typer.Option("fixtures/models/target", "--target", help="Target model directory."),
@@ -61,6 +67,7 @@ def register(app: typer.Typer) -> None:
             max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, temperature=temperature, seed=seed,
             gamma=gamma, max_running_requests=batch, sts=str(sts) if sts else None, sps=sps, lag_steps=lag_steps,
             per_position=not no_per_position, db=str(db), run_id=run_id, audit_group=audit_group, threads=threads,
+            cost_profile=cost_profile, prompt_offset=prompt_offset,
         )
         with Progress(
             TextColumn(f"[bold]{arm}[/bold]"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
@@ -92,6 +99,9 @@ def register(app: typer.Typer) -> None:
         t.add_row("[bold]all[/bold]", str(summary.requests), str(summary.completion_tokens),
                   f"{summary.mean_accept_length:.2f}")
         console.print(t)
+        if summary.modeled_s is not None:
+            console.print(f"virtual clock ({cost_profile}): {summary.modeled_s:.3f} s of decode steps, "
+                          f"{summary.modeled_tokens_per_s:.0f} tok/s")
         console.print(
             f"wall {summary.wall_s:.1f}s  {summary.tokens_per_s:.1f} tok/s  decode steps {summary.decode_steps}  "
             f"mean window {summary.mean_window:.2f}  verify tokens scheduled {summary.scheduled_verify_tokens} / "

@@ -21,8 +21,12 @@ PACKAGE_DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_TARGET = "fixtures/models/target"
 DEFAULT_DRAFTER = "fixtures/models/drafter"
 DEFAULT_SPS = PACKAGE_DATA / "sps_reference.json"
+PROFILE_DIR = REPO_ROOT / "fixtures" / "profiles"
+# the GPU cost profile the audit serves on by default (measured on an H200; fixtures/profiles/README.md)
+DEFAULT_COST_PROFILE = "h200-qwen3-8b"
 
-__all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_models", "resolve_model_path", "DEFAULT_SPS", "table_rows"]
+__all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_models", "resolve_model_path", "DEFAULT_SPS",
+           "table_rows", "resolve_cost_profile", "DEFAULT_COST_PROFILE", "PROFILE_DIR"]
 
 
 def resolve_model_path(p: str | Path) -> Path:
@@ -32,6 +36,20 @@ def resolve_model_path(p: str | Path) -> Path:
         return path.resolve()
     cand = REPO_ROOT / path
     return cand if cand.exists() else path
+
+
+def resolve_cost_profile(spec: str | Path) -> Path:
+    """A shipped profile name (``h200-qwen3-8b``, see ``fixtures/profiles``) or a path to an SPS table."""
+    s = str(spec)
+    named = PROFILE_DIR / f"{s}.json"
+    if "/" not in s and not s.endswith(".json") and named.is_file():
+        return named
+    p = resolve_model_path(s)
+    if not p.is_file():
+        names = sorted(f.name.removesuffix(".json") for f in PROFILE_DIR.glob("*.json")
+                       if not f.name.endswith((".1d.json", ".manifest.json", ".vclock.json")))
+        raise FileNotFoundError(f"cost profile {s!r}: no such file, and not one of the shipped profiles {names}")
+    return p
 
 
 @dataclass
@@ -61,6 +79,11 @@ class EngineConfig:
     request_keys: Optional[list] = None
     # run_id (same db) whose per-request verify windows this arm replays (audit arm on a subset)
     window_replay_run: Optional[str] = None
+    # serve on a cost profile (a shipped name such as "h200-qwen3-8b", or an SPS table path): the planner
+    # uses that table (it replaces sps) and every decode step is timed on the virtual clock
+    cost_profile: Optional[str] = None
+    # skip the first N prompts of every workload (a calibration split disjoint from the audited prompts)
+    prompt_offset: int = 0
 
 
 @dataclass
@@ -82,6 +105,9 @@ class RunSummary:
     db: Optional[str]
     by_workload: dict = field(default_factory=dict)
     writer_stats: Optional[dict] = None
+    clock: str = "wall"  # "modeled": step times from the cost profile (modeled_s); wall_s is CPU time either way
+    modeled_s: Optional[float] = None
+    modeled_tokens_per_s: Optional[float] = None  # decode tokens / modeled decode seconds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -203,14 +229,17 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
         sts_table.check_gamma(gamma, str(sp))
         sts_bytes = Path(sp).read_bytes()
         sts_hash = hashlib.sha256(sts_bytes).hexdigest()  # = sts_mod.file_sha256 = ingest's table_hash
-    sps_table, sps_path = _load_sps(config.sps)
+    if config.cost_profile:
+        sps_table, sps_path = _load_sps(str(resolve_cost_profile(config.cost_profile)))
+    else:
+        sps_table, sps_path = _load_sps(config.sps)
     sps_bytes = Path(sps_path).read_bytes() if sps_path else None
     sps_hash = hashlib.sha256(sps_bytes).hexdigest() if sps_bytes is not None else None
 
     eos = getattr(model.config, "eos_token_id", None)
     if eos is None:
         eos = tok.eos_token_id
-    prompts = load_prompts(config.workload, config.num_requests)
+    prompts = load_prompts(config.workload, config.num_requests, offset=config.prompt_offset)
     if config.request_keys is not None:
         keep = {(str(w), int(i)) for w, i in config.request_keys}
         prompts = [p for p in prompts if (p.workload, p.prompt_index) in keep]
@@ -233,7 +262,7 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
         store = Store(config.db)
         cfg = asdict(config)
         cfg.update(gamma=gamma, target=str(tpath), drafter=str(dpath), sps_path=sps_path,
-                   torch_threads=torch.get_num_threads())
+                   torch_threads=torch.get_num_threads(), clock="modeled" if config.cost_profile else "wall")
         store.append({schema.RUNS.name: [{
             "run_id": run_id, "arm": config.arm, "engine": "reference", "gamma": gamma,
             "temperature": config.temperature, "target_model": str(tpath), "draft_model": str(dpath),
@@ -255,7 +284,7 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
     engine = Engine(model, drafter, mode=config.arm, gamma=gamma, max_running_requests=config.max_running_requests,
                     max_seq_len=max_len, eos_token_id=eos, sts=sts_table, sps=sps_table, lag_steps=config.lag_steps,
                     seed=config.seed, per_position=config.per_position, sink=sink, run_id=run_id,
-                    window_replay=window_replay)
+                    window_replay=window_replay, clock_table=sps_table if config.cost_profile else None)
     t0 = time.perf_counter()
     results = engine.run(specs, progress=progress)
     wall = time.perf_counter() - t0
@@ -279,7 +308,11 @@ def summarize(engine: Any, results: list, run_id: str, arm: str, gamma: int, wal
         d["correct"] += r.correct_drafts
     for d in by.values():
         d["accept_length"] = d["tokens"] / d["verify_ct"] if d["verify_ct"] else None
+    modeled = getattr(engine, "modeled_s", 0.0) if getattr(engine, "clock_table", None) is not None else None
+    decode_toks = toks - len(results)  # the prefill pass commits each request's first token
     return RunSummary(
+        clock="wall" if modeled is None else "modeled", modeled_s=modeled,
+        modeled_tokens_per_s=(decode_toks / modeled) if modeled else None,
         run_id=run_id, arm=arm, gamma=gamma, requests=len(results), completion_tokens=toks,
         decode_steps=engine.decode_steps, forward_ct=engine.forward_ct, wall_s=wall,
         tokens_per_s=toks / wall if wall > 0 else 0.0,

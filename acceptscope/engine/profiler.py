@@ -167,3 +167,107 @@ def fit_additive(cells: Sequence[Cell], mbin: int = 16, monotone: bool = True) -
         bias = 1e-6
         alpha = [a + shift for a in alpha]
     return SpsTableAdditive(bias, [int(b) for b in bss], alpha, m_probes, theta)
+
+
+def cells_from_measurements(result: dict, component: str = "step_ms") -> list[Cell]:
+    """Cells of one shape from :mod:`acceptscope.engine.gpu_profile` output (``results[i]``).
+
+    ``component`` is ``step_ms`` (draft + verify, what SGLang's profiler times) or ``verify_ms``.
+    Cells the GPU could not run (``error``) are skipped.
+    """
+    if component not in ("step_ms", "verify_ms"):
+        raise ValueError(f"component must be step_ms or verify_ms, got {component!r}")
+    out = []
+    for i, c in enumerate(result.get("cells", [])):
+        if "error" in c:
+            continue
+        for key in ("bs", "frac", "batch_tokens", component):
+            if key not in c:
+                raise ValueError(f"cells[{i}]: field {key}: missing")
+        out.append(Cell(int(c["bs"]), float(c["frac"]), int(c["batch_tokens"]), float(c[component]) / 1e3,
+                        int(c.get("reps", 0))))
+    if not out:
+        raise ValueError("no measured cells")
+    return out
+
+
+def fit_report(table, cells: Sequence[Cell]) -> dict:
+    """How well a fitted table predicts its own cells: median / max relative error of the step time."""
+    rel = [abs(table.step_seconds(c.bs, c.batch_tokens - c.bs) - c.median_s) / c.median_s for c in cells]
+    return {"cells": len(rel), "median_rel_err": float(np.median(rel)), "max_rel_err": float(np.max(rel))}
+
+
+HBM_DATASHEET_BYTES_PER_S = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
+
+
+def write_measured_profile(doc: dict, out, *, shape: Optional[str] = None, mbin: int = 32,
+                           component: str = "step_ms") -> dict:
+    """Fit and write SGLang's two SPS formats from GPU measurements, with a provenance manifest.
+
+    ``doc`` is the JSON that :mod:`acceptscope.engine.gpu_profile` writes. Files: the additive
+    table at ``out``, the 1-D diagonal table at ``<stem>.1d.json`` and ``<out>.manifest.json``
+    (GPU, driver, torch/CUDA, shape, context, date, the measured cells, fit quality and the
+    batch-1 memory-bandwidth bound ratio). Returns the manifest.
+    """
+    import json
+    from pathlib import Path
+
+    from acceptscope.engine import sps as sps_mod
+
+    results = doc.get("results") or []
+    if shape is not None:
+        results = [r for r in results if r.get("shape", {}).get("name") == shape]
+    if len(results) != 1:
+        raise ValueError(f"measurements hold {len(results)} results for shape {shape!r}; name exactly one")
+    r = results[0]
+    cells = cells_from_measurements(r, component)
+    gamma = int(r["gamma"])
+    add = fit_additive(cells, mbin=mbin)
+    diag = fit_diagonal(cells, gamma, max_batch_tokens=max(c.bs for c in cells) * (gamma + 1))
+    out = Path(out)
+    p1 = out.with_name(out.name.removesuffix(".json") + ".1d.json")
+    h_add = sps_mod.write_sps(add, out)
+    h_1d = sps_mod.write_sps(diag, p1)
+    prov = dict(doc.get("provenance") or {})
+    bound = dict(r.get("bound") or {})
+    sheet = HBM_DATASHEET_BYTES_PER_S.get(str(prov.get("gpu")))
+    if bound and sheet:
+        bound["datasheet_bandwidth_bytes_per_s"] = sheet
+        bound["datasheet_bound_ms"] = bound["weight_bytes"] / sheet * 1e3
+        b1 = min(bound["batch1_verify_ms"].values())
+        bound["ratio_vs_datasheet"] = b1 / bound["datasheet_bound_ms"]
+    man = {
+        "kind": "acceptscope.gpu_cost_profile", "shape": r["shape"], "target_layers": r["target_layers"],
+        "draft_layers": r["draft_layers"], "gamma": gamma, "context_len": r["context_len"],
+        "step_component": component, "mbin": mbin, "provenance": prov, "bound": bound,
+        "tables": {"additive": {"path": out.name, "sha256": h_add, "fit": fit_report(add, cells)},
+                   "diagonal": {"path": p1.name, "sha256": h_1d, "fit": fit_report(diag, cells)}},
+        "cells": r["cells"],
+        "method": ("random-weight Qwen3-architecture decoder of the named shape, bf16, full depth unless "
+                   "target_layers says otherwise; per cell a CUDA graph of draft(bs) + compact verify of "
+                   "T = bs + int(frac * bs * gamma) front-packed tokens over a context_len K/V cache; "
+                   "median of CUDA-event times; additive table = OLS bias + alpha[bs] + theta[bin(T)] "
+                   "(monotone), 1-D table = the full-width cells"),
+    }
+    Path(str(out) + ".manifest.json").write_text(json.dumps(man, indent=1, sort_keys=True), encoding="utf-8")
+    return man
+
+
+def vclock_check(replays: Sequence[dict], table) -> dict:
+    """Virtual clock vs measured GPU step time on replayed window sets.
+
+    ``replays``: ``gpu_profile`` replay rows (``bs``, ``batch_tokens``, ``step_ms``); the prediction is the
+    table's step time for ``bs`` requests verifying ``batch_tokens`` tokens, exactly what the engine's
+    virtual clock charges a step.
+    """
+    rows = []
+    for r in replays:
+        pred = table.step_seconds(int(r["bs"]), int(r["batch_tokens"]) - int(r["bs"])) * 1e3
+        rows.append({**{k: r[k] for k in ("bs", "batch_tokens", "step_ms") if k in r},
+                     "predicted_ms": pred, "rel_err": (pred - r["step_ms"]) / r["step_ms"]})
+    if not rows:
+        raise ValueError("no replayed steps")
+    e = np.array([x["rel_err"] for x in rows])
+    a = np.abs(e)
+    return {"steps": len(rows), "median_rel_err": float(np.median(a)), "p90_rel_err": float(np.quantile(a, 0.9)),
+            "max_rel_err": float(a.max()), "mean_bias_rel": float(e.mean()), "rows": rows}

@@ -25,7 +25,9 @@ Serving semantics follow SGLang 0.5.23's DSpark worker:
   ``max_new_tokens``, like SGLang's output check truncates an over-long commit, so they can be
   fewer than ``acc_len`` on a request's last step.
 
-Timings are host wall times (CPU): ``draft_gpu_ms`` around ``propose``,
+Timings are host wall times (CPU), and with a ``clock_table`` (a cost profile) each step also
+gets a *modeled* time (``modeled_step_ms``): the profile's prediction for the verify tokens the
+step executed, so throughput on a CPU describes the profiled GPU regime. Wall times: ``draft_gpu_ms`` around ``propose``,
 ``target_verify_gpu_ms`` around the target verify forward, ``step_gpu_ms`` from draft
 start to the end of commit, ``step_cpu_ms`` between consecutive decode-step ends (None
 right after a prefill pass or above 1 s, as SGLang records it).
@@ -134,6 +136,7 @@ class Engine:
         sink: Optional[TelemetrySink] = None,
         run_id: str = "run",
         window_replay: Optional[Mapping[str, Sequence[int]]] = None,
+        clock_table: Optional[SpsTable] = None,
     ):
         self.mode = check_mode(mode)
         self.drafter = drafter
@@ -167,6 +170,10 @@ class Engine:
         # arm that serves a subset of the traffic replays the production arm's windows, so each
         # request verifies and commits exactly what it did there (the budget is batch-dependent)
         self.window_replay = window_replay
+        # virtual clock: each decode step lasts what this cost profile predicts for the verify tokens
+        # the step actually executed (compact: sum of verify_len; cap-accept / static: bs * (gamma+1))
+        self.clock_table = clock_table
+        self.modeled_s = 0.0
         self.forward_ct = 0
         self.decode_steps = 0
         self.results: list[RequestResult] = []
@@ -355,6 +362,10 @@ class Engine:
                 fin_flags.append(False)
         self.extend_contexts(ext_states, ext_hidden)
         t4 = time.perf_counter()
+        modeled_ms = None
+        if self.clock_table is not None:
+            modeled_ms = self.clock_table.step_seconds(B, vr.executed_tokens - B) * 1e3
+            self.modeled_s += modeled_ms / 1e3
         self.decode_steps += 1
         sched_tokens = int(B + windows.sum())
         self.scheduled_tokens += sched_tokens
@@ -382,6 +393,7 @@ class Engine:
                 "draft_gpu_ms": [(t1 - t0) * 1e3],
                 "target_verify_gpu_ms": [(t3 - t2) * 1e3],
                 "wall_time_s": [t4 - self._t0],
+                "modeled_step_ms": [modeled_ms],
             }, 1))
             self._emit_request_steps(running, prefix_lens, windows, dec, vr, d_tok, d_lp, z, conf, surv, committed, fin_flags, temps)
             self.sink.step_done()

@@ -627,3 +627,96 @@ def train_pair(
     }
     (root / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def refit_confidence_head(target: str | Path, drafter: str | Path, out_dir: str | Path, *, workload: str = "mixed",
+                          num_requests: int = 480, prompt_offset: int = 2000, temperature: float = 0.0,
+                          max_new_tokens: int = 64, batch: int = 64, l2: float = 1e-3, seed: int = 0) -> dict[str, Any]:
+    """Refit the drafter's confidence head on the acceptance the engine actually serves (CPU, seconds).
+
+    Why: the head is trained with ``c* = 1 - TV(q, p)`` (the *sampled* acceptance probability), so at
+    greedy decoding it is overconfident on high-entropy text (chat, verse), and one temperature per
+    position (STS) cannot undo a miscalibration that differs by workload. This serves a cap-accept
+    run (every block verified in full) on prompts disjoint from the evaluation prompts
+    (``prompt_offset``), records the head's input features ``[h_k ; W1[prev_k]]`` of every drafted
+    position, and refits ``w, b`` by L2-regularised logistic regression on the conditional label
+    "draft k accepted given drafts 0..k-1 were" (positions past the first rejection carry no label).
+    Only the confidence head changes; drafts, losslessness and acceptance are unchanged.
+    """
+    from acceptscope.engine import EngineConfig, load_models, run_engine
+    from acceptscope.engine import runner as runner_mod
+
+    seed_everything(seed)
+    _, _, model, dr = load_models(target, drafter)
+    feats: list[torch.Tensor] = []
+    ceilings: list[torch.Tensor] = []
+    head = dr.confidence_logits
+
+    def record_feats(h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        f = h
+        if dr.markov_w1 is not None and dr.config.confidence_with_markov:
+            f = torch.cat([h, dr.markov_w1(prev).to(h.dtype)], dim=-1)
+        feats.append(f.detach().float().clone())
+        return head(h, prev)
+
+    orig_verify = runner_mod.run_verify
+
+    def record_verify(*a, **k):
+        vr = orig_verify(*a, **k)
+        ceilings.append(vr.ceiling.clone())
+        return vr
+
+    import acceptscope.engine as eng_pkg
+
+    orig_load = eng_pkg.load_models
+    dr.confidence_logits = record_feats
+    runner_mod.run_verify = record_verify
+    eng_pkg.load_models = lambda t, d: (Path(t), Path(d), model, dr)
+    try:
+        cfg = EngineConfig(arm="cap-accept", target=str(target), drafter=str(drafter), workload=workload,
+                           num_requests=num_requests, prompt_offset=prompt_offset, temperature=temperature,
+                           max_new_tokens=max_new_tokens, max_running_requests=batch, sps="none", seed=seed)
+        run_engine(cfg)
+    finally:
+        runner_mod.run_verify = orig_verify
+        eng_pkg.load_models = orig_load
+        del dr.confidence_logits
+    X = torch.cat(feats)  # [n, G, F]
+    c = torch.cat(ceilings).long()  # [n] uncapped accepted drafts
+    G = X.shape[1]
+    k = torch.arange(G).unsqueeze(0)
+    valid = k <= c.unsqueeze(1)  # the prefix before k was accepted
+    y = (k < c.unsqueeze(1)).float()
+    Xv, yv = X[valid], y[valid]
+    lin = dr.confidence_head
+    w = torch.nn.Parameter(lin.weight.detach().float().clone().view(-1))
+    b = torch.nn.Parameter(lin.bias.detach().float().clone())
+    opt = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(Xv @ w + b, yv) + l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    def nll() -> float:
+        with torch.no_grad():
+            return float(F.binary_cross_entropy_with_logits(Xv @ w + b, yv))
+
+    before = nll()
+    opt.step(closure)
+    after = nll()
+    with torch.no_grad():
+        lin.weight.copy_(w.view_as(lin.weight).to(lin.weight.dtype))
+        lin.bias.copy_(b.to(lin.bias.dtype))
+    out = Path(out_dir)
+    dr.save_pretrained(out, dtype=torch.bfloat16)
+    info = {"refit_confidence_head": {"workload": workload, "num_requests": num_requests, "prompt_offset": prompt_offset,
+                                      "temperature": temperature, "batch": batch, "samples": int(yv.numel()),
+                                      "positive_rate": float(yv.mean()), "nll_before": before, "nll_after": after,
+                                      "l2": l2, "seed": seed}}
+    tj = out / "training.json"
+    doc = json.loads(tj.read_text()) if tj.is_file() else {}
+    doc.update(info)
+    tj.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    return info

@@ -73,8 +73,14 @@ def parse_spec(spec: str) -> list[str]:
     return list(dict.fromkeys(parts))
 
 
-def load_prompts(spec: str, num_requests: int) -> list[Prompt]:
-    """``num_requests`` prompts, round-robin over the workloads of ``spec``."""
+def load_prompts(spec: str, num_requests: int, offset: int = 0) -> list[Prompt]:
+    """``num_requests`` prompts, round-robin over the workloads of ``spec``.
+
+    ``offset`` skips the first ``offset`` prompts of every workload (prompt indices keep counting from
+    the start), so ``offset = audit prompts per workload`` gives a disjoint calibration split.
+    """
+    if offset < 0:
+        raise ValueError(f"prompt offset must be >= 0, got {offset}")
     names = parse_spec(spec)
     k = len(names)
     per = [num_requests // k + (1 if i < num_requests % k else 0) for i in range(k)]
@@ -84,7 +90,7 @@ def load_prompts(spec: str, num_requests: int) -> list[Prompt]:
             pools.append((name, []))
             continue
         if name in BUILTIN:
-            texts = builtin_prompts(name, n)
+            texts = builtin_prompts(name, n + offset)
             label = name
         elif name.endswith(".jsonl") or Path(name).exists():
             texts = read_turns_jsonl(name)
@@ -97,10 +103,10 @@ def load_prompts(spec: str, num_requests: int) -> list[Prompt]:
         else:
             raise ValueError(f"unknown workload {name!r}: expected one of {BUILTIN}, 'mixed', or a .jsonl path")
         # cycle a short file so every workload gets its share; prompt_index = ordinal within the workload
-        pools.append((label, [texts[i % len(texts)] for i in range(n)]))
+        pools.append((label, [texts[i % len(texts)] for i in range(offset, offset + n)]))
     out: list[Prompt] = []
     for i in range(max(per)):
         for label, texts in pools:
             if i < len(texts):
-                out.append(Prompt(label, i, texts[i]))
+                out.append(Prompt(label, offset + i, texts[i]))
     return out

@@ -1,0 +1,62 @@
+"""The seeds' regime targets of issue 13, read from an audit database (no timing; ratios side by side).
+
+    python bench/regime.py --db audit.duckdb                       # newest audit group
+    python bench/regime.py --db audit.duckdb --windows out.json    # also export its compact step windows
+
+Prints, next to the SGLang blog's figures: the compact arm's mean window per workload, the share of blocks
+trimmed, utilization against the ceiling per workload, ECE after STS per position (cap-accept arm, with
+the run's STS table), and compact / static throughput per batch on the virtual clock. ``--windows`` writes
+the compact arm's per-step windows in the format ``acceptscope.engine.gpu_profile --windows`` replays on a
+GPU (the virtual-clock check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from acceptscope.report import select_runs  # noqa: E402
+from app import figures as F  # noqa: E402
+from app import regime as R  # noqa: E402
+from app.data import Reader  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--audit-group", default=None)
+    ap.add_argument("--windows", default=None, help="write the compact arm's step windows (JSON) here")
+    a = ap.parse_args()
+    r = Reader(a.db)
+    ids = select_runs(r, audit_group=a.audit_group)
+    runs = r.runs().set_index("run_id").loc[ids]
+    arm = {v: k for k, v in runs["arm"].items()}
+    group = runs["audit_group"].iloc[0]
+    cmp = R.blog_comparison(r.regime_by_workload([arm["cap-accept"]]))
+    print(f"audit group {group}")
+    print(cmp.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    tot = (cmp["share_trimmed"] * cmp["blocks"]).sum() / cmp["blocks"].sum()
+    print(f"blocks trimmed: {tot:.1%}")
+    ece = F.ece_table(F.reliability_bins(r, [arm["cap-accept"]]))
+    after = ece[ece["variant"] == "after"][["position", "n", "ece"]]
+    print("ECE after STS per position (cap-accept):", ", ".join(f"k={int(x.position)} {x.ece:.3f} (n={int(x.n)})"
+                                                               for x in after.itertuples()))
+    curve = R.curve_ratios(r.throughput_curve(f"{group}/curve"))
+    if len(curve):
+        print(curve.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if a.windows:
+        df = r.df('SELECT forward_ct, "window" AS w FROM request_steps WHERE run_id = ? ORDER BY forward_ct, '
+                  "req_pool_index", [arm["compact"]])
+        sets = [{"run_id": arm["compact"], "forward_ct": int(fc), "bs": len(g), "windows": [int(x) for x in g.w]}
+                for fc, g in df.groupby("forward_ct", sort=True)]
+        Path(a.windows).write_text(json.dumps(sets))
+        print(f"wrote {len(sets)} step window sets to {a.windows}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The seeds' regime: GPU cost profiles (measurement code on CPU, shipped tables), the virtual clock,
+the calibration split, the audit's defaults, and the report/dashboard sections that show them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from acceptscope.engine import PROFILE_DIR, EngineConfig, resolve_cost_profile, run_engine
+from acceptscope.engine import gpu_profile as gp
+from acceptscope.engine import profiler
+from acceptscope.engine import sps as sps_mod
+from acceptscope.engine.workloads import load_prompts
+from acceptscope.ingest.sps import parse_sps_table
+from app.data import Reader
+from tests._engine_tiny import save_tiny_pair
+
+SHIPPED = ("h200-qwen3-1.7b", "h200-qwen3-8b", "h200-qwen3-32b")
+
+
+def test_ragged_windows_front_pack_like_sglang():
+    assert gp.ragged_windows(4, 6, 7) == [2, 2, 1, 1]
+    assert gp.ragged_windows(3, 0, 7) == [0, 0, 0]
+    assert gp.ragged_windows(2, 14, 7) == [7, 7]
+    with pytest.raises(ValueError):
+        gp.ragged_windows(2, 15, 7)
+
+
+def test_folded_grouped_attention_equals_per_token_reference():
+    """The timed layer's packed -> padded -> folded-GQA attention computes real attention (no mask)."""
+    torch.manual_seed(0)
+    s = gp.get_shape("tiny")
+    bs, G1, ctx = 3, 8, 5
+    d = gp.Decoder(s, 1, bs, ctx, G1 - 1, torch.device("cpu"), torch.float32)
+    win = [2, 0, 7]
+    pad = torch.tensor([b * G1 + j for b, w in enumerate(win) for j in range(w + 1)])
+    T = len(pad)
+    x = torch.randn(T, s.hidden)
+    ly = d.layers[0]
+    j = pad % G1
+    cos, sin = d.cos_t[j].unsqueeze(1), d.sin_t[j].unsqueeze(1)
+    qf, kvp = gp._pre(x, ly.n1, ly.wqkv, ly.qn, ly.kn, cos, sin, pad, bs, G1, s.heads, s.kv_heads, s.head_dim)
+    kvc = d.kvc[0]
+    kvc[:, :bs, :, ctx:] = kvp
+    of = F.scaled_dot_product_attention(qf, kvc[0, :bs], kvc[1, :bs])
+    grp = s.heads // s.kv_heads
+    o = of.reshape(bs, s.kv_heads, G1, grp, s.head_dim).permute(0, 2, 1, 3, 4).reshape(bs * G1, -1).index_select(0, pad)
+    q = gp._rms(x, ly.n1) @ ly.wqkv
+    q = gp._rope(gp._rms(q[:, : s.heads * s.head_dim].reshape(T, s.heads, s.head_dim), ly.qn), cos, sin)
+    for t in range(T):
+        b = int(pad[t]) // G1
+        K, V = kvc[0, b].repeat_interleave(grp, 0), kvc[1, b].repeat_interleave(grp, 0)
+        ref = torch.softmax(q[t].unsqueeze(1) @ K.transpose(1, 2) / s.head_dim ** 0.5, -1) @ V
+        torch.testing.assert_close(o[t], ref.squeeze(1).reshape(-1), rtol=1e-4, atol=1e-5)
+    # the new block's K/V landed behind the context of its own request
+    torch.testing.assert_close(kvc[0, 1, :, ctx], kvp[0, 1, :, 0])
+
+
+def test_profile_shape_on_cpu_yields_cells_replays_and_a_fit():
+    r = gp.profile_shape(gp.get_shape("tiny"), batch_sizes=[1, 4], fracs=[0, 0.5, 1], gamma=3, context_len=8,
+                         draft_layers=1, reps=2, device="cpu", window_sets=[{"bs": 4, "windows": [3, 0, 1, 2]}],
+                         log=lambda m: None)
+    cells = r["cells"]
+    assert [(c["bs"], c["batch_tokens"]) for c in cells] == [(1, 1), (1, 2), (1, 4), (4, 4), (4, 10), (4, 16)]
+    assert all(c["step_ms"] > 0 and c["verify_ms"] > 0 for c in cells)
+    assert r["replays"][0]["batch_tokens"] == 4 + 6
+    b = gp.bound_ratio(r, 4.8e12)
+    s = gp.get_shape("tiny")
+    assert b["weight_bytes"] == 2 * (s.layers * s.layer_params() + s.vocab * s.hidden + s.hidden)
+    assert b["ratio_min"] == pytest.approx(min(b["batch1_verify_ms"].values()) / b["bound_ms"])
+    doc = {"provenance": gp.provenance(torch.device("cpu")), "results": [r]}
+    assert doc["provenance"]["torch"] == torch.__version__
+
+
+def test_shape_weight_bytes_match_the_published_8b():
+    s = gp.get_shape("qwen3-8b")
+    # 36 layers of Qwen3-8B plus its untied LM head: ~7.57 B streamed parameters -> ~3.15 ms at 4.8 TB/s
+    assert 7.5e9 < s.streamed_weight_bytes() / 2 < 7.65e9
+    assert s.kv_bytes_per_token() == 2 * 36 * 2 * 8 * 128
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profiles_load_in_both_formats_with_provenance(name):
+    add = resolve_cost_profile(name)
+    t = sps_mod.load_sps(add)
+    assert isinstance(t, sps_mod.SpsTableAdditive)
+    one_d = add.with_name(f"{name}.1d.json")
+    assert "bias_seconds" not in one_d.read_text() and isinstance(sps_mod.load_sps(one_d), sps_mod.SpsTable1D)
+    for p in (add, one_d):  # the SGLang-strict ingest parser accepts them (no rejects)
+        b = parse_sps_table(p.read_bytes(), source=str(p), run_id="x")
+        assert not len(b.tables.get("rejects", [])) and len(b.tables["sps_tables"])
+    man = json.loads(add.with_name(add.name + ".manifest.json").read_text())
+    prov = man["provenance"]
+    for k in ("gpu", "driver", "torch", "cuda", "date_utc", "copy_bandwidth_bytes_per_s"):
+        assert prov.get(k), k
+    assert man["shape"]["name"] == name.removeprefix("h200-") and man["context_len"] >= 512
+    # the fitted table reproduces the measured cells it was fitted on
+    cells = profiler.cells_from_measurements(man)
+    assert profiler.fit_report(t, cells)["median_rel_err"] < 0.02
+    # step time grows with verify tokens at a large batch: the regime where trimming pays
+    assert t.step_seconds(64, 64 * 7) > 1.3 * t.step_seconds(64, 0)
+
+
+def test_write_measured_profile_round_trips(tmp_path):
+    man = json.loads((PROFILE_DIR / "h200-qwen3-8b.json.manifest.json").read_text())
+    doc = {"provenance": man["provenance"], "results": [{k: man[k] for k in
+                                                           ("shape", "target_layers", "draft_layers", "gamma",
+                                                            "context_len", "cells", "bound")}]}
+    out = tmp_path / "p.json"
+    m2 = profiler.write_measured_profile(doc, out, shape="qwen3-8b")
+    assert out.read_text() == (PROFILE_DIR / "h200-qwen3-8b.json").read_text()
+    assert m2["tables"]["diagonal"]["path"] == "p.1d.json" and (tmp_path / "p.json.manifest.json").is_file()
+    with pytest.raises(ValueError, match="name exactly one"):
+        profiler.write_measured_profile(doc, out, shape="qwen3-32b")
+
+
+def test_vclock_check_relative_errors():
+    t = sps_mod.SpsTableAdditive(0.010, [1, 64], [0.0, 0.004], [1, 512], [0.0, 0.010])
+    pred = t.step_seconds(64, 100) * 1e3
+    r = profiler.vclock_check([{"bs": 64, "batch_tokens": 164, "step_ms": pred * 1.1}], t)
+    assert r["median_rel_err"] == pytest.approx(1 - 1 / 1.1)
+    assert r["mean_bias_rel"] < 0
+
+
+def test_calibration_split_is_disjoint():
+    audit = load_prompts("mixed", 16)
+    cal = load_prompts("mixed", 8, offset=16)
+    assert not {(p.workload, p.prompt_index) for p in audit} & {(p.workload, p.prompt_index) for p in cal}
+    assert {p.prompt_index for p in cal if p.workload == "math"} == {16, 17}
+    assert [p.text for p in load_prompts("math", 6)][4:] == [p.text for p in load_prompts("math", 2, offset=4)]
+
+
+def test_engine_virtual_clock_charges_the_profile_for_executed_tokens(tmp_path):
+    td, dd = save_tiny_pair(tmp_path, gamma=4)
+    db = tmp_path / "v.duckdb"
+    table = sps_mod.load_sps(resolve_cost_profile("h200-qwen3-8b"))
+    out = {}
+    for arm in ("compact", "cap-accept"):
+        s = run_engine(EngineConfig(arm=arm, target=str(td), drafter=str(dd), workload="math,chat", num_requests=6,
+                                    max_new_tokens=12, max_running_requests=3, cost_profile="h200-qwen3-8b",
+                                    db=str(db), run_id=f"v-{arm}", threads=1))
+        assert s.clock == "modeled" and s.modeled_s > 0
+        steps = Reader(db).df("SELECT bs, executed_verify_tokens AS x, modeled_step_ms, budget FROM steps "
+                              "WHERE run_id = ?", [f"v-{arm}"])
+        exp = [table.step_seconds(int(r.bs), int(r.x) - int(r.bs)) * 1e3 for r in steps.itertuples()]
+        assert steps["modeled_step_ms"].tolist() == pytest.approx(exp)
+        assert s.modeled_s == pytest.approx(sum(exp) / 1e3)
+        out[arm] = steps
+    # cap-accept runs every row: its clock charges the full width
+    assert (out["cap-accept"]["x"] == out["cap-accept"]["bs"] * 5).all()
+    cfg = json.loads(Reader(db).df("SELECT config_json FROM runs WHERE run_id = 'v-compact'")["config_json"][0])
+    assert cfg["clock"] == "modeled" and cfg["sps_path"].endswith("h200-qwen3-8b.json")
+
+
+def test_unknown_cost_profile_names_the_shipped_ones():
+    with pytest.raises(FileNotFoundError, match="h200-qwen3-8b"):
+        resolve_cost_profile("h100-nope")
+
+
+def test_audit_defaults_put_the_regime_in_force():
+    from acceptscope.audit import AUDIT_DEFAULTS, effective_options
+
+    o = effective_options({})
+    assert o == {"cost_profile": AUDIT_DEFAULTS["cost_profile"], "max_running_requests": 64, "sts": "calibrate"}
+    assert "cost_profile" not in effective_options({"sps": "default"})
+    assert "cost_profile" not in effective_options({"cost_profile": "none"})
+    assert "sts" not in effective_options({"sts": "none"})
+    assert effective_options({"max_running_requests": 8})["max_running_requests"] == 8
+
+
+def test_a_file_from_before_the_virtual_clock_still_reads_and_is_upgraded_on_write(tmp_path):
+    import duckdb
+
+    from acceptscope.store import Store
+
+    p = tmp_path / "old.duckdb"
+    Store(p)
+    con = duckdb.connect(str(p))
+    con.execute("ALTER TABLE steps DROP COLUMN modeled_step_ms")
+    con.close()
+    assert "modeled_step_ms" not in Reader(p).step_costs(["x"]).columns  # read-only: no migration, no error
+    Store(p)  # a writer adds the nullable columns added since
+    assert "modeled_step_ms" in Reader(p).step_costs(["x"]).columns
+
+
+def test_profile_cli_measures_a_shape_and_writes_both_formats(tmp_path):
+    from typer.testing import CliRunner
+
+    from acceptscope.cli import app
+
+    out = tmp_path / "tiny.json"
+    r = CliRunner().invoke(app, ["profile", "--device", "cpu", "--shape", "tiny", "--batch-sizes", "1,2,4",
+                                 "--fracs", "0,0.5,1", "--context-len", "8", "--steps", "2", "--draft-layers", "1",
+                                 "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    man = json.loads((tmp_path / "tiny.json.manifest.json").read_text())
+    assert man["shape"]["name"] == "tiny" and man["provenance"]["torch"] == torch.__version__
+    assert len(man["cells"]) == 9 and (tmp_path / "tiny.cells.json").is_file()
+    assert isinstance(sps_mod.load_sps(out), sps_mod.SpsTableAdditive)
+    assert isinstance(sps_mod.load_sps(tmp_path / "tiny.1d.json"), sps_mod.SpsTable1D)
+    bad = CliRunner().invoke(app, ["profile", "--device", "cpu", "--shape", "qwen9", "--out", str(out)])
+    assert bad.exit_code == 2 and "unknown shape" in bad.output
