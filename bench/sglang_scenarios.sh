@@ -35,7 +35,7 @@ print(json.dumps({"arm": r["run"]["arm"], "ceiling": s["ceiling"], "n_censored":
                   "statement": s["statement"]}, indent=1))'
   if [[ $s == sts || $s == cap-accept ]]; then
     echo "\$ acceptscope calibrate --db $DB --run $run --out $OUT/$s.next_sts.json"
-    COLUMNS=120 $A calibrate --db "$DB" --run "$run" --out "$OUT/$s.next_sts.json" --n-boot 50 2>/dev/null
+    COLUMNS=120 $A calibrate --db "$DB" --run "$run" --out "$OUT/$s.next_sts.json" --n-boot 50 2>&1 | grep -v "^\s*$" || true
   fi
   echo "\$ acceptscope report --db $DB --run $run -o $OUT/$s.report.html"
   COLUMNS=120 $A report --db "$DB" --run "$run" -o "$OUT/$s.report.html" 2>&1 | grep -v '^\s*$' || true
