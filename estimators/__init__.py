@@ -29,15 +29,19 @@ import pandas as pd
 
 __all__ = ["run_all", "load_run", "to_jsonable"]
 
+STREAM_ROWS = 1 << 20  # run_all streams runs bigger than this (estimators.stream)
 
-def load_run(store, run_id: str) -> dict[str, Any]:
-    """The tables of one run (plus the run row and its SPS/STS tables when recorded)."""
+
+def load_run(store, run_id: str, skip: tuple = ()) -> dict[str, Any]:
+    """The tables of one run (plus the run row and its SPS/STS tables when recorded); tables in
+    ``skip`` are left out (the streaming pass reads ``request_steps`` itself)."""
     runs = store.query_df("SELECT * FROM runs WHERE run_id = ?", [run_id])
     if runs.empty:
         raise KeyError(f"run {run_id!r} not in {store.path}")
     out = {"run": runs.iloc[0].to_dict()}
     for t in ("request_steps", "steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
-        out[t] = store.read_table(t, run_id)
+        if t not in skip:
+            out[t] = store.read_table(t, run_id)
     sps_hash = out["run"].get("sps_hash")
     out["sps_table"] = None
     if sps_hash:
@@ -88,7 +92,17 @@ def _truth_runs(store, gamma: int, exclude: str, audit_group=None) -> list[str]:
 
 def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
             use_sglang_pg: bool = False) -> dict[str, Any]:
-    """Every estimator that applies to ``run_id``; see the module docstring."""
+    """Every estimator that applies to ``run_id``; see the module docstring. A run of more than
+    :data:`STREAM_ROWS` request-steps goes through :func:`estimators.stream.run_all_stream`
+    (bounded memory; the tail result then holds per-request sums, not per-block rows)."""
+    n_rows = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id = ?", [run_id]).n.iloc[0])
+    if n_rows > STREAM_ROWS and not use_sglang_pg:
+        from estimators.stream import run_all_stream
+
+        r = run_all_stream(store, [run_id], n_boot=n_boot, hazard_boot=hazard_boot, seed=seed)[run_id]
+        if isinstance(r, Exception):
+            raise r
+        return r
     from estimators.bracket import bracket_from_jsonl, trim_counters
     from estimators.calibration import calibration_data, compare
     from estimators.cost import CostModel

@@ -259,61 +259,20 @@ class TailResult:
         ``hazard_boot > 0``);
         ``target='population'``: also resamples requests (request-clustered bootstrap), for
         the mean of the traffic these requests were drawn from.
+
+        Per-(group, request) sums and replicate draws seeded by the request key
+        (:mod:`estimators.bootstrap`): the interval does not depend on row order or chunking.
         """
+        from estimators.bootstrap import aggregate_stats, request_stats, row_request_keys, shift_sums
+
         b = self.blocks
-        by = [by] if isinstance(by, str) else (by or [])
-        rng = np.random.default_rng(seed)
-        keys = b[by].astype(str).agg("|".join, axis=1) if by else pd.Series("all", index=b.index)
-        gcode, gnames = pd.factorize(keys)
-        req = pd.factorize(b["run_id"].astype(str) + "\x00" + b["rid"].astype(str))[0]
-        ng = len(gnames)
-        # per (group, request) cluster sums
-        cl = pd.factorize(pd.Series(gcode).astype(str) + ":" + pd.Series(req).astype(str))[0]
-        ncl = cl.max() + 1
-        cl_group = np.zeros(ncl, np.int64)
-        cl_group[cl] = gcode
-        means = self._boot["means"] if self._boot else b["mean"].to_numpy()[None, :]
-        vars_ = self._boot["vars"] if self._boot else b["var"].to_numpy()[None, :]
-        cnt = np.bincount(cl, minlength=ncl).astype(float)
-        reps = np.empty((n_boot, ng))
-        for i in range(n_boot):
-            j = i % means.shape[0]
-            s = np.bincount(cl, weights=means[j], minlength=ncl)
-            v = np.bincount(cl, weights=vars_[j], minlength=ncl)
-            s = s + rng.standard_normal(ncl) * np.sqrt(np.maximum(v, 0))
-            if target == "population":
-                wts = rng.poisson(1.0, ncl).astype(float)
-            else:
-                wts = np.ones(ncl)
-            num = np.bincount(cl_group, weights=wts * s, minlength=ng)
-            den = np.bincount(cl_group, weights=wts * cnt, minlength=ng)
-            reps[i] = num / np.maximum(den, 1e-12)
-        n_per_group = np.bincount(gcode, minlength=ng)
-        est = np.bincount(gcode, weights=b["mean"].to_numpy(), minlength=ng) / n_per_group
-        a = (1 - level) / 2
-        lo, hi = np.quantile(reps, [a, 1 - a], axis=0)
-        # Greedy blocks the data leave unresolved (cut off by the end of the request) are
-        # partially identified: the walk gives bounds, not a distribution, so their
-        # identification width widens the interval rather than a hazard-model guess.
-        if {"bound_lo", "bound_hi", "resolved", "mode"} <= set(b.columns):
-            ident = (b["mode"].eq("greedy") & ~b["resolved"].astype(bool)).to_numpy()
-            if ident.any():
-                below = np.where(ident, b["mean"].to_numpy(float) - b["bound_lo"].to_numpy(float), 0.0)
-                above = np.where(ident, b["bound_hi"].to_numpy(float) - b["mean"].to_numpy(float), 0.0)
-                lo = lo - np.bincount(gcode, weights=np.maximum(below, 0), minlength=ng) / n_per_group
-                hi = hi + np.bincount(gcode, weights=np.maximum(above, 0), minlength=ng) / n_per_group
-        out = pd.DataFrame({"group": gnames, "n": n_per_group,
-                            "n_censored": np.bincount(gcode, weights=b.censored.to_numpy(float), minlength=ng).astype(int),
-                            "mean_ceiling": est, "lo": lo, "hi": hi, "level": level, "target": target})
-        if "truth" in b:
-            t = b["truth"].to_numpy(float)
-            if not np.isnan(t).any():
-                out["truth"] = np.bincount(gcode, weights=t, minlength=ng) / np.bincount(gcode, minlength=ng)
-        if by:
-            parts = out["group"].str.split("|", expand=True)
-            for i, c in enumerate(by):
-                out[c] = parts[i]
-        return out
+        by = [by] if isinstance(by, str) else list(by or [])
+        keys = row_request_keys(b["run_id"], b["rid"])
+        shift = None
+        if self._boot:  # hazard refits: per-group sums of each replicate's shift from the point estimate
+            shift = shift_sums(b, by, self._boot["means"] - b["mean"].to_numpy(float)[None, :])
+        return aggregate_stats(request_stats(b, by, keys=keys), by, level=level, n_boot=n_boot, target=target,
+                               seed=seed, shift=shift)
 
     def figure(self, by: str = "workload"):
         """Aggregate estimated ceiling per group (with interval), against truth where known."""
@@ -353,6 +312,7 @@ class TailEstimator:
         # compact view of the same draws would show (later steps' on-path rows are verified in both)
         wk = self._walk(frame, np.arange(frame.n), gather)
         self.hazard.fit(frame, wk["h"], wk["state"])
+        self.__dict__.pop("_refits", None)  # refits of an earlier fit are stale
         self.gamma_ = frame.gamma
         return self
 
@@ -414,18 +374,28 @@ class TailEstimator:
         res = TailResult(blocks=pd.DataFrame(cols, copy=False), pmf=pmf, gamma=G, levels=tuple(self.levels),
                          hazard_info=dict(self.hazard.info_), notes=list(frame.notes))
         if hazard_boot and hasattr(self.hazard, "_train"):
-            rng = np.random.default_rng(seed)
-            nreq = self.hazard._train["n_req"]
             mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()
             means = np.empty((hazard_boot, n))
             vars_ = np.empty((hazard_boot, n))
-            for i in range(hazard_boot):
-                hm = self.hazard.refit(rng.poisson(1.0, nreq).astype(float)).predict(frame, rows, c["state"])
+            for i, refit in enumerate(self.hazard_refits(hazard_boot, seed)):
+                hm = refit.predict(frame, rows, c["state"])
                 _, mc, vc = self._pmf(frame, rows, c["h"], hm)
                 means[i], vars_[i] = mean, var
                 means[i, rows], vars_[i, rows] = mc, vc
             res._boot = dict(means=means, vars=vars_)
         return res
+
+    def hazard_refits(self, hazard_boot: int, seed: int = 0) -> list:
+        """The hazard model refitted under ``hazard_boot`` request-bootstrap weightings of its training
+        data; fitted once and reused by every :meth:`estimate` call (chunks of one run share them)."""
+        key = (id(self.hazard), hazard_boot, seed)
+        cache = self.__dict__.setdefault("_refits", {})
+        if key not in cache:
+            rng = np.random.default_rng(seed)
+            nreq = self.hazard._train["n_req"]
+            cache.clear()
+            cache[key] = [self.hazard.refit(rng.poisson(1.0, nreq).astype(float)) for _ in range(hazard_boot)]
+        return cache[key]
 
     def _censored(self, frame: BlockFrame, rows: np.ndarray, gather, seed: int) -> dict:
         """Walk, hazards, predictive pmf, identification bounds and intervals of censored ``rows``."""

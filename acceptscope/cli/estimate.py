@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]{db}: no such database file[/red]")
             raise typer.Exit(EXIT_USAGE)
         from acceptscope.store import Store
-        from estimators import run_all, to_jsonable
+        from estimators import to_jsonable
+        from estimators.stream import run_all_stream
 
         store = Store(db)
         runs = store.runs()
@@ -56,13 +57,11 @@ def register(app: typer.Typer) -> None:
         out = {}
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("estimating", total=len(ids))
+            # every run in one ordered pass over the store, in bounded memory (estimators.stream)
+            res = run_all_stream(store, ids, n_boot=n_boot, seed=seed, progress=lambda _rid: prog.advance(task))
             for rid in ids:
-                prog.update(task, description=f"estimating {rid}")
-                try:
-                    out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed))
-                except ValueError as e:
-                    out[rid] = {"error": str(e)}
-                prog.advance(task)
+                r = res[rid]
+                out[rid] = {"error": str(r)} if isinstance(r, Exception) else to_jsonable(r)
         if json_out:
             emit_json(out)
             return
