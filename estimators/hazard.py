@@ -336,7 +336,10 @@ class HazardModel:
                 # full-data fit in a bootstrap replicate, else a flat hazard at the smoothed rate.
                 self.coef_[g] = previous[g] if g in previous else self._flat_coef((w * y).sum(), w.sum())
                 continue
-            lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500)
+            # a refit (bootstrap replicate) starts from the full-data fit: same optimum, a fraction of the iterations
+            lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500, warm_start=g in previous)
+            if g in previous:
+                lr.coef_ = np.asarray(previous[g], float)[None, :].copy()
             lr.fit(Xd[keep], yd[keep], sample_weight=wd[keep])
             self.coef_[g] = lr.coef_[0]
 
