@@ -12,11 +12,12 @@ run's :class:`~estimators.tail.TailEstimator` and reduced to sums before the nex
   intervals come from :func:`estimators.bootstrap.aggregate_stats`, whose draws are seeded by
   the request key, so they do not depend on ``chunk_rows``;
 * utilization: per-group sums, per-position sums, the window histogram, a per-request table;
-* trim counters: sums; calibration: the rows of a stable hash-sample of requests (at most
-  ``sample_rows``); hazards are fitted on such a sample of their training requests;
+* trim counters: sums; calibration: the rows of a stable hash-sample of requests (about
+  ``sample_rows``); hazards are fitted on such a sample of their training requests (at most
+  ``fit_rows`` request-steps);
 * cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps);
 * planner audit: exact on runs that fit in one chunk; on bigger runs, on the first
-  ``sample_rows`` request-steps in step order (the budget recomputation needs whole decode
+  :data:`PLANNER_ROWS` request-steps in step order (the budget recomputation needs whole decode
   steps with each request's history), with the run's streamed totals for the trimming counts.
 
 Memory: a chunk (``chunk_rows`` request-steps, a few hundred bytes each plus the estimator's
@@ -45,6 +46,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -57,6 +59,8 @@ TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "p
                 "cap_trim", "bonus_token", "draft_tokens", "confidence", "confidence_logit", "draft_logprob",
                 "target_logprob", "committed_tokens", "ceiling", "temperature", "workload", "finished")
 ORDER = "run_id, rid, epoch, forward_ct"
+PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
+DUCKDB_MEMORY = "384MB"  # DuckDB's share while sorting by request (it spills beyond)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -65,12 +69,18 @@ ORDER = "run_id, rid, epoch, forward_ct"
 def _configure(con, duckdb_memory: str | None) -> None:
     if duckdb_memory:
         con.execute(f"SET memory_limit='{duckdb_memory}'")
-    con.execute(f"SET temp_directory='{tempfile.gettempdir()}/acceptscope-duckdb-spill'")
+    spill = f"{tempfile.gettempdir()}/acceptscope-duckdb-spill"
+    if con.execute("SELECT current_setting('temp_directory')").fetchone()[0] != spill:
+        try:  # a nested cursor shares the database: its spill directory cannot change once used
+            con.execute(f"SET temp_directory='{spill}'")
+        except duckdb.NotImplementedException:
+            pass
     con.execute("SET preserve_insertion_order=false")
+    con.execute("SET enable_progress_bar=false")
 
 
-def request_chunks(store, run_ids, chunk_rows: int = 1 << 18, columns=TAIL_COLUMNS, where: str = "",
-                   params: list | None = None, duckdb_memory: str | None = "1GB") -> Iterator[tuple[str, pa.Table]]:
+def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",
+                   params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY) -> Iterator[tuple[str, pa.Table]]:
     """``(run_id, table)`` pieces of ``request_steps`` holding whole requests of one run, about
     ``chunk_rows`` rows each (a request longer than that is one piece), in one ordered scan."""
     from acceptscope.store import fetch_arrow_reader
@@ -135,7 +145,7 @@ def _sample_requests(store, run_ids, max_rows: int, seed: int) -> pa.Table | Non
 
 
 def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUMNS,
-                duckdb_memory: str | None = "1GB") -> pa.Table:
+                duckdb_memory: str | None = DUCKDB_MEMORY) -> pa.Table:
     """``request_steps`` of a stable hash-sample of the runs' requests (whole requests; at most
     ``max_rows`` rows, all of them when they fit), ordered by request."""
     from acceptscope.store import fetch_arrow
@@ -204,7 +214,7 @@ class _RunAcc:
     """Sums of one run over its chunks."""
 
     def __init__(self, run_id: str, gamma: int, est, exact: bool, steps: pd.DataFrame, hazard_boot: int, seed: int,
-                 cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None):
+                 cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None, keep_per_request: bool = True):
         self.run_id, self.G, self.est, self.exact = run_id, gamma, est, exact
         self.steps, self.hazard_boot, self.seed = steps, hazard_boot, seed
         self.cal_fraction, self.temperatures = cal_fraction, temperatures
@@ -215,6 +225,8 @@ class _RunAcc:
         self.pos = np.zeros((3, gamma))  # accepted, ceiling_reached, verified
         self.windows: list[pd.DataFrame] = []
         self.per_request: list[pd.DataFrame] = []
+        self.labels: dict[str, dict] = {}  # group column -> label -> code (see _compact)
+        self.keep_per_request = keep_per_request
         self.trim = dict(request_steps=0, trimmed=0, regret=0, window_tokens=0, delivered=0, ceiling_tokens=0.0)
         self.cal: list = []
         self.notes: list[str] = []
@@ -262,7 +274,7 @@ class _RunAcc:
         acc = frame.correct + 1
         for g in GROUPINGS:
             by = list(g)
-            self.stats[g].append(request_stats(b, by, keys=keys))
+            self.stats[g].append(self._compact(request_stats(b, by, keys=keys), g))
             if deltas is not None:
                 self.shifts[g].append(shift_sums(b, by, deltas))
             gc, groups = group_codes(b, by)
@@ -282,7 +294,8 @@ class _RunAcc:
         pr = base.groupby(["run_id", "rid"], sort=False).agg(n=("acc_len", "size"), committed=("acc_len", "sum"),
                                                               ceiling_tokens=("ceiling", "sum"), mean_window=("window", "mean"))
         pr["ceiling_tokens"] += pr["n"]
-        self.per_request.append(pr.reset_index())
+        if self.keep_per_request:
+            self.per_request.append(pr.reset_index())
         t = self.trim
         trimmed = frame.window < G
         t["request_steps"] += n
@@ -306,9 +319,35 @@ class _RunAcc:
                     self.cal.append((d.z[sel], d.y[sel], keys[ok][sel], d.notes))
         self.last_frame, self.last_tail = frame, tail
 
+    def _compact(self, st: pd.DataFrame, g: tuple) -> pd.DataFrame:
+        """Per-(group, request) statistics kept between chunks in ~64 bytes a row: group labels as
+        int32 codes of a per-run dictionary, counts as int32."""
+        for c in g:
+            lab = self.labels.setdefault(c, {})
+            vals = st[c].to_numpy(object)
+            codes = np.empty(len(vals), np.int32)
+            null = pd.isna(vals)
+            if null.any():
+                codes[null] = lab.setdefault("None", len(lab))
+            for v in pd.unique(vals[~null]):  # a few distinct labels per chunk
+                codes[~null & (vals == v)] = lab.setdefault(str(v), len(lab))
+            st[c] = codes
+        for c in ("n", "n_censored", "n_truth"):
+            st[c] = st[c].astype(np.int32)
+        return st
+
+    def _expand(self, st: pd.DataFrame, g: tuple) -> pd.DataFrame:
+        for c in g:
+            lab = self.labels.get(c, {})
+            cats = [None] * len(lab)
+            for k, v in lab.items():
+                cats[v] = k
+            st[c] = pd.Categorical.from_codes(st[c].to_numpy(), categories=cats)
+        return st
+
     # -- results ---------------------------------------------------------
     def tail_result(self, info: dict, notes: list[str]) -> StreamTail:
-        stats = {g: pd.concat(v, ignore_index=True) for g, v in self.stats.items()}
+        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items()}
         shifts = {}
         for g, v in self.shifts.items():
             if v:
@@ -352,11 +391,14 @@ class _RunAcc:
         win = pd.concat(self.windows, ignore_index=True).groupby(["workload", "window"], dropna=False)["count"].sum().reset_index()
         win["workload"] = win["workload"].astype(object).where(win["workload"].notna(), "None")
         win["share"] = win["count"] / win.groupby("workload")["count"].transform("sum")
-        per_req = pd.concat(self.per_request, ignore_index=True)
+        per_req = pd.concat(self.per_request, ignore_index=True) if self.per_request else \
+            pd.DataFrame(columns=["run_id", "rid", "n", "committed", "ceiling_tokens", "mean_window"])
         per_req["utilization"] = per_req.committed / per_req.ceiling_tokens
         notes = [] if self.exact else ["ceiling estimated by the tail estimator; intervals: bootstrap of the mean ceiling"]
         if self.bs_note:
             notes.append(self.bs_note)
+        if not self.keep_per_request:
+            notes.append("per-request table not kept for a run this size (bounded memory)")
         return UtilizationResult(by_group=pd.DataFrame(rows), by_position=by_pos, windows=win, per_request=per_req,
                                  notes=notes)
 
@@ -407,8 +449,8 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
 
 
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
-                   chunk_rows: int = 1 << 18, sample_rows: int = 1 << 19, fit_rows: int = 1 << 20,
-                   duckdb_memory: str | None = "1GB", progress=None) -> dict[str, Any]:
+                   chunk_rows: int = 1 << 17, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
+                   duckdb_memory: str | None = DUCKDB_MEMORY, progress=None) -> dict[str, Any]:
     """:func:`estimators.run_all` for every run in ``run_ids`` (default: all) in one ordered pass
     over ``request_steps``; see the module docstring. Returns ``{run_id: results}``; a run that
     cannot be estimated maps to its ``ValueError``."""
@@ -440,7 +482,7 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
             step_rows = store.query_df("SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps "
                                        "WHERE run_id = ? GROUP BY ALL", [rid])
         acc = _RunAcc(rid, int(m.gamma), est, bool(m.n_truth == m.n_rows), data["steps"], hazard_boot, seed,
-                      frac, data["sts_temperatures"], step_rows)
+                      frac, data["sts_temperatures"], step_rows, keep_per_request=int(m.n_rows) <= sample_rows)
         side[rid] = dict(data=data, notes=notes)
         return acc
 
@@ -527,7 +569,7 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
             frame, ptail = acc.last_frame, acc.last_tail
             p = audit(frame, steps, table, ceiling_estimate=None if acc.exact else ptail.blocks["mean"].to_numpy())
         else:
-            p = _planner_window(store, acc, steps, table, sample_rows, duckdb_memory)
+            p = _planner_window(store, acc, steps, table, PLANNER_ROWS, duckdb_memory)
         p.notes.append("SPS table: " + ("the run's recorded table" if data["sps_table"] else "fitted from this run's timings"))
         res["planner"] = p
     else:

@@ -377,8 +377,9 @@ class TailEstimator:
             mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()
             means = np.empty((hazard_boot, n))
             vars_ = np.empty((hazard_boot, n))
+            feats = self.hazard.features(frame, rows, c["state"])  # shared by every refit
             for i, refit in enumerate(self.hazard_refits(hazard_boot, seed)):
-                hm = refit.predict(frame, rows, c["state"])
+                hm = refit.predict_features(feats)
                 _, mc, vc = self._pmf(frame, rows, c["h"], hm)
                 means[i], vars_[i] = mean, var
                 means[i, rows], vars_[i, rows] = mc, vc
