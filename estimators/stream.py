@@ -52,7 +52,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from estimators.bootstrap import KEY, aggregate_stats, group_codes, request_stats, row_request_keys, shift_sums, uniforms
+from estimators.bootstrap import aggregate_stats, group_codes, request_stats, row_request_keys, shift_sums, uniforms
 
 GROUPINGS = ((), ("workload",), ("band",))
 TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window", "correct_drafts",
