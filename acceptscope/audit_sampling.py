@@ -165,7 +165,13 @@ def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: in
         raise ValueError(f"need at least 2 audited requests paired with compact, got {len(s)}")
     w, a, x, y = (s[c].to_numpy(float) for c in ("w", "a", "x", "y"))
     t, z = y - a, np.maximum(x - a, 0)
-    idx = np.random.default_rng(seed).integers(0, len(s), size=(n_boot, len(s)))
+    m = len(s)
+
+    def resamples():  # the same n_boot index draws on every pass, one (m,) array at a time (no n_boot x m matrix)
+        rng = np.random.default_rng(seed)
+        for _ in range(n_boot):
+            yield rng.integers(0, m, size=m)
+
     alpha = expanded_alpha((1 - level) / 2, len(s))
     exhaustive = len(s) == len(df)  # whole traffic audited: no sampling error left
 
@@ -176,7 +182,7 @@ def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: in
         if exhaustive:
             lo = hi = point
         else:
-            boots = np.array([fn(w[i], t[i], z[i], zbar) for i in idx])
+            boots = np.array([fn(w[i], t[i], z[i], zbar) for i in resamples()])
             lo, hi = np.nanquantile(boots, [alpha, 1 - alpha])
         # a ceiling is never below what was committed: tails truncate at 0
         return Interval(abar + max(point, 0.0), abar + max(float(lo), 0.0), abar + max(float(hi), 0.0))
@@ -187,7 +193,7 @@ def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: in
     if exhaustive:
         direct = Interval(float(wy), float(wy), float(wy))
     else:
-        boots = np.array([np.sum(w[i] * y[i]) / np.sum(w[i]) for i in idx])
+        boots = np.array([np.sum(w[i] * y[i]) / np.sum(w[i]) for i in resamples()])
         lo, hi = np.quantile(boots, [alpha, 1 - alpha])
         direct = Interval(float(wy), float(lo), float(hi))
     method, primary = ("regression", g) if g is not None else ("difference", d)

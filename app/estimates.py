@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 MAX_TABLE_ROWS = 40
+VALIDATION_ROWS = 1 << 19  # the validation harness runs on at most this many request-steps of a run
 
 
 @dataclass
@@ -135,11 +136,20 @@ def run_validation(db: str | Path, truth_run: str, *, n_boot: int = 100, seed: i
     from app.data import Reader
     from acceptscope import schema
 
+    from acceptscope.store import Store
+    from estimators.stream import read_sample
+
     r = Reader(db)
-    rs = r.df(f'SELECT * FROM "{schema.REQUEST_STEPS.name}" WHERE run_id = ?', [truth_run])
+    # a big run is validated on a stable hash-sample of whole requests (bounded memory)
+    n_all = int(r.df(f'SELECT count(*) AS n FROM "{schema.REQUEST_STEPS.name}" WHERE run_id = ?', [truth_run]).n.iloc[0])
+    rs = read_sample(Store(db), [truth_run], VALIDATION_ROWS, seed=seed,
+                     columns=schema.REQUEST_STEPS.names).to_pandas()
     steps = r.df(f'SELECT * FROM "{schema.STEPS.name}" WHERE run_id = ?', [truth_run])
     try:
-        return view("validation", validate(rs, steps=steps, n_boot=n_boot, seed=seed))
+        v = view("validation", validate(rs, steps=steps, n_boot=n_boot, seed=seed))
+        if len(rs) < n_all:
+            v.summary["sampled_request_steps"] = f"{len(rs)} of {n_all} (stable hash-sample of whole requests)"
+        return v
     except Exception as e:
         return EstimateView("validation", error=f"{type(e).__name__}: {e}",
                             raw=traceback.format_exc(limit=2))

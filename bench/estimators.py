@@ -6,8 +6,11 @@
    thread). Time basis: request-steps per second of the same stream (every request-step gets a
    predictive ceiling from us; SGLang's recorder consumes every row of a verify step), plus
    censored blocks/s (ours: censored request-steps estimated; SGLang: blocks it opened). The
-   ratio is ours / SGLang's per request-step, by CPU seconds (the host is shared, so wall
-   seconds are shown too but are noisier).
+   ratio is ours / SGLang's per request-step **on the same rows** (the verify steps SGLang's
+   recorder consumed, estimated by ours as one run), by CPU seconds (the host is shared, so wall
+   seconds are shown too but are noisier). Ours over the tiled >= 1M rows is printed beside it
+   as a throughput figure only: comparing it with SGLang's rate over ~8k rows overstated the
+   ratio 2-3x.
 2. STS: fit time and held-out ECE (15 equal-width bins, realized label) of SGLang's
    ``fit_sts_temperatures`` (subprocess) vs our faithful grid reimplementation and the smooth
    fits, all trained on the same split.
@@ -164,8 +167,11 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0, repeats: int = 3, vo
                            sglang_blocks_per_s=opened / sg["seconds"], sglang_blocks_per_cpu_s=opened / sg["cpu_seconds"],
                            ours_same_stream_rows_per_s=len(sub) / t4, ours_same_stream_rows_per_cpu_s=len(sub) / c4,
                            ours_same_stream_censored=int(r2.blocks.censored.sum()))
-                out["ratio_rows_per_s"] = out["ours_rows_per_s"] / out["sglang_rows_per_s"]
-                out["ratio_rows_per_cpu_s"] = out["ours_rows_per_cpu_s"] / out["sglang_rows_per_cpu_s"]
+                # the ratio compares the SAME rows (the prefix SGLang's recorder consumed); the tiled
+                # big-stream rate is a different workload (fixed costs amortised) and only shown beside it
+                out["ratio_rows_per_s"] = out["ours_same_stream_rows_per_s"] / out["sglang_rows_per_s"]
+                out["ratio_rows_per_cpu_s"] = out["ours_same_stream_rows_per_cpu_s"] / out["sglang_rows_per_cpu_s"]
+                out["ratio_big_stream_vs_sglang_rows_per_cpu_s"] = out["ours_rows_per_cpu_s"] / out["sglang_rows_per_cpu_s"]
                 # cross-check: our recomputation of SGLang's bracket from its own JSONL
                 import pandas as pd
 
@@ -239,8 +245,9 @@ def _print_tail(t: dict) -> None:
           f"{t['sglang_blocks_per_cpu_s']:>9,.0f} opened blocks/CPU-s    ({t['sglang_cpu_seconds']:.2f} CPU-s for "
           f"{t['sglang_rows']} rows / {t['sglang_steps']} steps; wall {t['sglang_rows_per_s']:,.0f} rows/s)")
     print(f"  ours on that same {t['sglang_rows']}-row prefix: {t['ours_same_stream_rows_per_cpu_s']:,.0f} request-steps/CPU-s")
-    print(f"  ratio ours/SGLang per request-step: {t['ratio_rows_per_cpu_s']:.0f}x by CPU time "
-          f"({t['ratio_rows_per_s']:.0f}x by wall time)")
+    print(f"  ratio ours/SGLang on the same {t['sglang_rows']} rows: {t['ratio_rows_per_cpu_s']:.1f}x by CPU time "
+          f"({t['ratio_rows_per_s']:.1f}x by wall time); ours over {t['rows']} rows vs SGLang's {t['sglang_rows']} "
+          f"(different rows, not a ratio claim): {t['ratio_big_stream_vs_sglang_rows_per_cpu_s']:.0f}x")
     print(f"  bracket from SGLang's JSONL (ours): mean [{t['sglang_jsonl_mean_lo']:.4f}, {t['sglang_jsonl_mean_hi']:.4f}] "
           f"over {t['sglang_jsonl_rows']} rows; SGLang's online aggregate: [{t['sglang_online_lo']:.4f}, "
           f"{t['sglang_online_hi']:.4f}] over {t['sglang_online_blocks']}")

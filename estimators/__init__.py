@@ -30,18 +30,25 @@ import pandas as pd
 __all__ = ["run_all", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility", "hazard_runs",
            "read_training"]
 
+RUN_KEYS = ("arm", "engine", "gamma", "temperature", "sts_hash", "sps_hash")  # the run row in run_all's results
+STREAM_ROWS = 1 << 20  # run_all streams runs bigger than this (estimators.stream)
 
-def load_run(store, run_id: str) -> dict[str, Any]:
-    """The tables of one run (plus the run row and its SPS/STS tables when recorded)."""
+
+def load_run(store, run_id: str, skip: tuple = ()) -> dict[str, Any]:
+    """The tables of one run (plus the run row and its SPS/STS tables when recorded); tables in
+    ``skip`` are left out (the streaming pass reads ``request_steps`` itself)."""
     runs = store.query_df("SELECT * FROM runs WHERE run_id = ?", [run_id])
     if runs.empty:
         raise KeyError(f"run {run_id!r} not in {store.path}")
     out = {"run": runs.iloc[0].to_dict()}
     for t in ("request_steps", "steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
+        if t in skip:
+            continue
         out[t] = store.read_table(t, run_id)
         if t != "request_steps":  # (BlockFrame sorts request_steps itself)
             out[t] = _key_order(out[t], t)
-    out["request_steps"] = _with_temperatures(store, run_id, out["request_steps"], out["run"].get("temperature"))
+    if "request_steps" in out:
+        out["request_steps"] = _with_temperatures(store, run_id, out["request_steps"], out["run"].get("temperature"))
     sps_hash = out["run"].get("sps_hash")
     out["sps_table"] = None
     if sps_hash:
@@ -217,6 +224,16 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     the truth-bearing arm of its own audit (``audit_group``), or from ``hazards_from`` when the
     user names a run; a named run must pass :func:`hazard_compatibility` (ValueError).
     ``tail_engine``: where the tail estimator runs (default :class:`LocalTail`)."""
+    n_rows = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id = ?", [run_id]).n.iloc[0])
+    if n_rows > STREAM_ROWS and not use_sglang_pg and tail_engine is None:
+        # bounded memory: one ordered pass in chunks of whole requests (the tail result holds per-request sums)
+        from estimators.stream import run_all_stream
+
+        r = run_all_stream(store, [run_id], n_boot=n_boot, hazard_boot=hazard_boot, seed=seed,
+                           hazards_from=hazards_from)[run_id]
+        if isinstance(r, Exception):
+            raise r
+        return r
     from estimators.bracket import bracket_from_jsonl, trim_counters
     from estimators.calibration import calibration_data, compare
     from estimators.cost import CostModel
@@ -231,8 +248,7 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     gamma = int(data["run"]["gamma"])
     frame = BlockFrame.from_request_steps(rs, gamma=gamma)
     res: dict[str, Any] = {"skipped": {}}
-    res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in ("arm", "engine", "gamma", "temperature",
-                                                                          "sts_hash", "sps_hash")})
+    res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
     engine = tail_engine or LocalTail()
     # tail
     if frame.has_truth.all():

@@ -342,20 +342,28 @@ class HazardModel:
                 # full-data fit in a bootstrap replicate, else a flat hazard at the smoothed rate.
                 self.coef_[g] = previous[g] if g in previous else self._flat_coef((w * y).sum(), w.sum())
                 continue
-            lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500)
+            # a refit (bootstrap replicate) starts from the full-data fit: same optimum, a fraction of the iterations
+            lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500, warm_start=g in previous)
+            if g in previous:
+                lr.coef_ = np.asarray(previous[g], float)[None, :].copy()
             lr.fit(Xd[keep], yd[keep], sample_weight=wd[keep])
             self.coef_[g] = lr.coef_[0]
 
     # ------------------------------------------------------------------
     def predict(self, frame: BlockFrame, rows: np.ndarray | None = None, state: np.ndarray | None = None) -> np.ndarray:
         """``(len(rows), G)`` hazards for every position of the given rows (``state``: walk state)."""
+        return self.predict_features(self.features(frame, rows, state))
+
+    def features(self, frame: BlockFrame, rows: np.ndarray | None = None, state: np.ndarray | None = None) -> dict:
+        """What :meth:`predict` reads of the rows (confidence feature, cell index, walk state, greedy):
+        computed once and shared by the refits of one model (:meth:`predict_features`)."""
         if not self.fitted_:
             raise RuntimeError("HazardModel is not fitted")
         rows = np.arange(frame.n) if rows is None else rows
         G = frame.gamma
         c = frame.confidence[rows]
         if self.method == "confidence":
-            return np.clip(np.where(np.isnan(c), 0.5, c), 0, 1)
+            return dict(c=c)
         if G != self.gamma_:
             raise ValueError(f"hazard model fitted for gamma={self.gamma_}, frame has gamma={G}")
         x = conf_feature(c)
@@ -364,7 +372,14 @@ class HazardModel:
         else:
             st = self._eff_state(frame, rows, state)
         g = np.broadcast_to(frame.greedy[rows][:, None], x.shape)
-        k = self._kidx(frame, rows)
+        return dict(c=c, x=x, st=st, g=g, k=self._kidx(frame, rows))
+
+    def predict_features(self, f: dict) -> np.ndarray:
+        """:meth:`predict` from :meth:`features` of the same model (or of the model it was refitted from)."""
+        if self.method == "confidence":
+            c = f["c"]
+            return np.clip(np.where(np.isnan(c), 0.5, c), 0, 1)
+        x, st, g, k = f["x"], f["st"], f["g"], f["k"]
         if self.method == "binned":
             b = self._bin_index(k.ravel(), x.ravel()).reshape(x.shape)
             return self.table_.reshape(-1).take(self._group(g, st, k) * self.table_.shape[1] + b)  # table_[grp, b]

@@ -116,7 +116,9 @@ def audit(request_steps, steps: pd.DataFrame, table: SpsTable, ceiling_estimate:
     S_lag, fresh = lagged_survival(frame, steps)
     df = frame.df
     key = ["run_id", "rank", "epoch", "forward_ct"]
-    codes, uniq = pd.factorize(df[key].astype(str).agg("|".join, axis=1))
+    from estimators.bootstrap import group_codes
+
+    codes, uniq = group_codes(df, key)  # integer codes per decode step (no per-row string join)
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
     surv_now = np.cumprod(np.nan_to_num(frame.confidence, nan=1.0), 1)

@@ -205,6 +205,21 @@ def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None
     return out
 
 
+def observation_statement(n: int, n_cens: int, resolved: int, truth_mean: float | None, notes: list[str]) -> str:
+    """What is observed and what is estimated, in one sentence a reader can check (``truth_mean``:
+    the recorded mean ceiling when the run recorded it, else None)."""
+    if truth_mean is not None:
+        return (f"ceiling recorded on all {n} request-steps (the verify ran the whole block; mean "
+                f"{truth_mean:.3f} drafts): utilization is exact; the tail figures are the estimator run as if it "
+                f"were hidden ({n_cens - resolved} of {n_cens} trimmed blocks model-based), for comparison with "
+                "the recorded ceiling")
+    src = next((x for x in notes if x.startswith("hazards fitted")), "hazards from a fitted model")
+    return (f"{n - n_cens} of {n} request-steps observed in full (a rejection inside the window, or no "
+            f"trimming); {n_cens} trimmed blocks accepted their whole window: {resolved} resolved exactly from "
+            f"the telemetry (capped bonus, greedy walks, log-probs), {n_cens - resolved} unresolved and "
+            f"estimated with predictive intervals ({src})")
+
+
 def _block_uniforms(frame: BlockFrame, rows: np.ndarray, seed: int) -> np.ndarray:
     """A reproducible uniform per block, a splitmix64 hash of what identifies the block in the
     telemetry (forward_ct, prefix_len, window, drafted tokens): the same block gets the same draw
@@ -251,22 +266,10 @@ class TailResult:
                    greedy_resolved=int((c["mode"].eq("greedy") & c.resolved).sum()),
                    n_resolved=resolved, n_unresolved=int(len(c)) - resolved,
                    ceiling="recorded" if recorded else "estimated",
-                   statement=self._statement(len(b), len(c), resolved, recorded),
+                   statement=observation_statement(len(b), len(c), resolved,
+                                                   float(b["truth"].mean()) if recorded else None, self.notes),
                    hazard=self.hazard_info, notes=self.notes)
         return out
-
-    def _statement(self, n: int, n_cens: int, resolved: int, recorded: bool) -> str:
-        """What is observed and what is estimated, in one sentence a reader can check."""
-        if recorded:
-            return (f"ceiling recorded on all {n} request-steps (the verify ran the whole block; mean "
-                    f"{self.blocks['truth'].mean():.3f} drafts): utilization is exact; the tail figures are the "
-                    f"estimator run as if it were hidden ({n_cens - resolved} of {n_cens} trimmed blocks "
-                    "model-based), for comparison with the recorded ceiling")
-        src = next((x for x in self.notes if x.startswith("hazards fitted")), "hazards from a fitted model")
-        return (f"{n - n_cens} of {n} request-steps observed in full (a rejection inside the window, or no "
-                f"trimming); {n_cens} trimmed blocks accepted their whole window: {resolved} resolved exactly from "
-                f"the telemetry (capped bonus, greedy walks, log-probs), {n_cens - resolved} unresolved and "
-                f"estimated with predictive intervals ({src})")
 
     def aggregate(self, by: list[str] | str | None = None, level: float = 0.95, n_boot: int = 400,
                   target: str = "run", seed: int = 0) -> pd.DataFrame:
@@ -277,65 +280,20 @@ class TailResult:
         ``hazard_boot > 0``);
         ``target='population'``: also resamples requests (request-clustered bootstrap), for
         the mean of the traffic these requests were drawn from.
+
+        Per-(group, request) sums and replicate draws seeded by the request key
+        (:mod:`estimators.bootstrap`): the interval does not depend on row order or chunking.
         """
+        from estimators.bootstrap import aggregate_stats, request_stats, row_request_keys, shift_sums
+
         b = self.blocks
-        by = [by] if isinstance(by, str) else (by or [])
-        rng = np.random.default_rng(seed)
-        # integer group codes (a NULL key is a group of its own), numbered by first appearance
-        if by:
-            gcode = pd.factorize(b.groupby(by, dropna=False, sort=False).ngroup().to_numpy())[0]
-            first = np.unique(gcode, return_index=True)[1]
-            labels = {c: ["(none)" if pd.isna(v) else str(v) for v in b[c].to_numpy()[first]] for c in by}
-            gnames = pd.Index(["|".join(t) for t in zip(*(labels[c] for c in by))])
-        else:
-            gcode, gnames, labels = np.zeros(len(b), np.int64), pd.Index(["all"]), {}
-        req = b.groupby(["run_id", "rid"], dropna=False, sort=False).ngroup().to_numpy()
-        ng = len(gnames)
-        # per (group, request) cluster sums
-        cl = pd.factorize(gcode.astype(np.int64) * (int(req.max()) + 1) + req)[0]
-        ncl = cl.max() + 1
-        cl_group = np.zeros(ncl, np.int64)
-        cl_group[cl] = gcode
-        means = self._boot["means"] if self._boot else b["mean"].to_numpy()[None, :]
-        vars_ = self._boot["vars"] if self._boot else b["var"].to_numpy()[None, :]
-        cnt = np.bincount(cl, minlength=ncl).astype(float)
-        reps = np.empty((n_boot, ng))
-        for i in range(n_boot):
-            j = i % means.shape[0]
-            s = np.bincount(cl, weights=means[j], minlength=ncl)
-            v = np.bincount(cl, weights=vars_[j], minlength=ncl)
-            s = s + rng.standard_normal(ncl) * np.sqrt(np.maximum(v, 0))
-            if target == "population":
-                wts = rng.poisson(1.0, ncl).astype(float)
-            else:
-                wts = np.ones(ncl)
-            num = np.bincount(cl_group, weights=wts * s, minlength=ng)
-            den = np.bincount(cl_group, weights=wts * cnt, minlength=ng)
-            reps[i] = num / np.maximum(den, 1e-12)
-        n_per_group = np.bincount(gcode, minlength=ng)
-        est = np.bincount(gcode, weights=b["mean"].to_numpy(), minlength=ng) / n_per_group
-        a = (1 - level) / 2
-        lo, hi = np.quantile(reps, [a, 1 - a], axis=0)
-        # Greedy blocks the data leave unresolved (cut off by the end of the request) are
-        # partially identified: the walk gives bounds, not a distribution, so their
-        # identification width widens the interval rather than a hazard-model guess.
-        if {"bound_lo", "bound_hi", "resolved", "mode"} <= set(b.columns):
-            ident = (b["mode"].eq("greedy") & ~b["resolved"].astype(bool)).to_numpy()
-            if ident.any():
-                below = np.where(ident, b["mean"].to_numpy(float) - b["bound_lo"].to_numpy(float), 0.0)
-                above = np.where(ident, b["bound_hi"].to_numpy(float) - b["mean"].to_numpy(float), 0.0)
-                lo = lo - np.bincount(gcode, weights=np.maximum(below, 0), minlength=ng) / n_per_group
-                hi = hi + np.bincount(gcode, weights=np.maximum(above, 0), minlength=ng) / n_per_group
-        out = pd.DataFrame({"group": gnames, "n": n_per_group,
-                            "n_censored": np.bincount(gcode, weights=b.censored.to_numpy(float), minlength=ng).astype(int),
-                            "mean_ceiling": est, "lo": lo, "hi": hi, "level": level, "target": target})
-        if "truth" in b:
-            t = b["truth"].to_numpy(float)
-            if not np.isnan(t).any():
-                out["truth"] = np.bincount(gcode, weights=t, minlength=ng) / np.bincount(gcode, minlength=ng)
-        for c in by:
-            out[c] = labels[c]
-        return out
+        by = [by] if isinstance(by, str) else list(by or [])
+        keys = row_request_keys(b["run_id"], b["rid"])
+        shift = None
+        if self._boot:  # hazard refits: per-group sums of each replicate's shift from the point estimate
+            shift = shift_sums(b, by, self._boot["means"] - b["mean"].to_numpy(float)[None, :])
+        return aggregate_stats(request_stats(b, by, keys=keys), by, level=level, n_boot=n_boot, target=target,
+                               seed=seed, shift=shift)
 
     def figure(self, by: str = "workload"):
         """Aggregate estimated ceiling per group (with interval), against truth where known."""
@@ -375,6 +333,7 @@ class TailEstimator:
         # compact view of the same draws would show (later steps' on-path rows are verified in both)
         wk = self._walk(frame, np.arange(frame.n), gather)
         self.hazard.fit(frame, wk["h"], wk["state"])
+        self.__dict__.pop("_refits", None)  # refits of an earlier fit are stale
         self.gamma_ = frame.gamma
         return self
 
@@ -385,9 +344,15 @@ class TailEstimator:
         return wk
 
     def hazard_refits(self, hazard_boot: int, seed: int = 0) -> list:
-        """The ``hazard_boot`` request-bootstrap refits of the fitted hazard model that
-        :meth:`estimate` uses (the Spark path makes them once on the driver and broadcasts them)."""
-        return [self.hazard.refit(w) for w in self.refit_weights(hazard_boot, seed)]
+        """The ``hazard_boot`` request-bootstrap refits of the fitted hazard model that :meth:`estimate`
+        uses: fitted once and reused by every call (chunks of one run share them; the Spark path makes
+        them once on the driver and broadcasts them)."""
+        key = (id(self.hazard), hazard_boot, seed)
+        cache = self.__dict__.setdefault("_refits", {})
+        if key not in cache:
+            cache.clear()
+            cache[key] = [self.hazard.refit(w) for w in self.refit_weights(hazard_boot, seed)]
+        return cache[key]
 
     def refit_weights(self, hazard_boot: int, seed: int = 0) -> list[np.ndarray]:
         """Poisson(1) weights per training request of each hazard refit (in draw order)."""
@@ -452,8 +417,9 @@ class TailEstimator:
             mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()
             means = np.empty((len(models), n))
             vars_ = np.empty((len(models), n))
+            feats = self.hazard.features(frame, rows, c["state"])  # shared by every refit
             for i, model in enumerate(models):
-                hm = model.predict(frame, rows, c["state"])
+                hm = model.predict_features(feats)
                 _, mc, vc = self._pmf(frame, rows, c["h"], hm)
                 means[i], vars_[i] = mean, var
                 means[i, rows], vars_[i, rows] = mc, vc

@@ -104,6 +104,7 @@ def register(app: typer.Typer) -> None:
         out = {}
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("estimating", total=len(ids))
+            # a run of more than estimators.STREAM_ROWS request-steps is streamed in bounded memory (estimators.stream)
             for rid in ids:
                 prog.update(task, description=f"estimating {rid}")
                 try:

@@ -1,0 +1,243 @@
+"""Request-clustered bootstrap: the one place that draws replicate weights and builds aggregate intervals.
+
+Why: an aggregate (mean ceiling of a run, a workload, a batch-size band) must get the same
+interval whether the run was estimated in memory, in chunks of whole requests, or on another
+engine (Spark). So every random draw of the bootstrap is a function of *what it is drawn
+for*, not of the order rows arrive in: replicate ``i`` of request ``(run_id, rid)`` uses a
+splitmix64 hash of (a stable hash of the request key, ``i``, the seed, the stream). A
+request's Poisson(1) weight (``target='population'``: resampling requests) and its
+imputation noise (the censored blocks' predictive variance) are then identical in any
+chunking, and the estimator only has to keep **per-(group, request) sufficient statistics**
+(:data:`TAIL_STATS`) between chunks: sums, not rows.
+
+Two functions make the whole interface (issue 14 reuses them on Spark):
+
+* :func:`request_stats` -- per-block columns in, per-(group, request) sums out;
+* :func:`aggregate_stats` -- those sums (concatenated over any number of chunks of whole
+  requests) in, the aggregate table with intervals out.
+
+Example::
+
+    >>> import pandas as pd
+    >>> from estimators.bootstrap import request_stats, aggregate_stats
+    >>> b = pd.DataFrame({"run_id": "r", "rid": ["a", "a", "b", "c"], "workload": ["x", "x", None, "x"],
+    ...                   "mean": [1.0, 2.0, 3.0, 2.5], "var": [0.0, 0.5, 0.0, 0.2],
+    ...                   "censored": [False, True, False, True]})
+    >>> whole = aggregate_stats(request_stats(b, ["workload"]), ["workload"], n_boot=50)
+    >>> parts = pd.concat([request_stats(b.iloc[:2], ["workload"]), request_stats(b.iloc[2:], ["workload"])])
+    >>> bool(whole.equals(aggregate_stats(parts, ["workload"], n_boot=50)))   # chunking-free
+    True
+    >>> whole.workload.tolist()   # a NULL workload is a group of its own
+    ['None', 'x']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+TAIL_STATS = ("n", "n_censored", "sum_mean", "sum_var", "sum_below", "sum_above", "sum_truth", "n_truth")
+KEY = "req_key"  # uint64 stable hash of (run_id, rid)
+
+_U64 = np.uint64
+# Poisson(1) CDF up to 24 (the tail beyond is < 1e-24)
+_P1_CDF = np.cumsum(np.exp(-1.0) / np.cumprod(np.concatenate([[1.0], np.arange(1, 25, dtype=float)])))
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer (uint64 in, uint64 out; wraps)."""
+    with np.errstate(over="ignore"):
+        h = (h ^ (h >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+        h = (h ^ (h >> _U64(27))) * _U64(0x94D049BB133111EB)
+        return h ^ (h >> _U64(31))
+
+
+def _strings(x) -> np.ndarray:
+    a = np.asarray(x, dtype=object)
+    return a if a.size == 0 or isinstance(a.flat[0], str) else a.astype(str).astype(object)
+
+
+def request_keys(run_id, rid) -> np.ndarray:
+    """Stable uint64 key per (run_id, rid) (pandas' SipHash with its fixed key: the same on any
+    machine, process or chunking)."""
+    r = pd.util.hash_array(_strings(run_id), categorize=True)
+    q = pd.util.hash_array(_strings(rid), categorize=False)
+    with np.errstate(over="ignore"):
+        return _mix(r * _U64(0x9E3779B97F4A7C15) ^ q)
+
+
+def row_request_keys(run_id, rid) -> np.ndarray:
+    """:func:`request_keys` per row, hashing each distinct request once."""
+    rc, _ = pd.factorize(np.asarray(run_id))
+    qc, _ = pd.factorize(np.asarray(rid))
+    code, _ = pd.factorize(rc.astype(np.int64) * (int(qc.max()) + 2 if qc.size else 1) + qc)
+    first = np.zeros(int(code.max()) + 1 if code.size else 0, np.int64)
+    first[code[::-1]] = np.arange(code.size)[::-1]
+    return request_keys(np.asarray(run_id)[first], np.asarray(rid)[first])[code]
+
+
+def uniforms(keys: np.ndarray, i: int, seed: int = 0, stream: int = 0) -> np.ndarray:
+    """Uniform(0, 1) per key for replicate ``i`` (independent streams by ``stream``)."""
+    with np.errstate(over="ignore"):
+        salt = _mix(np.array([_U64(seed) * _U64(0xD6E8FEB86659FD93) + _U64(i) * _U64(0x9E3779B97F4A7C15)
+                              + _U64(stream) * _U64(0xC2B2AE3D27D4EB4F)], dtype=np.uint64))[0]
+        h = _mix(keys ^ salt)
+    return ((h >> _U64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def poisson_weights(keys: np.ndarray, i: int, seed: int = 0) -> np.ndarray:
+    """Poisson(1) replicate weight per request (the request-clustered bootstrap)."""
+    return np.searchsorted(_P1_CDF, uniforms(keys, i, seed, 1), side="right").astype(np.float64)
+
+
+def normal_draws(keys: np.ndarray, i: int, seed: int = 0) -> np.ndarray:
+    """Standard normal per request for replicate ``i`` (imputation noise)."""
+    from scipy.special import ndtri
+
+    return ndtri(uniforms(keys, i, seed, 2))
+
+
+def group_codes(df: pd.DataFrame, by: list[str]) -> tuple[np.ndarray, pd.DataFrame]:
+    """Integer code per row of the ``by`` columns (NULL is a value of its own) and the groups
+    (``by`` columns, one row per code). No string joins: per-column codes combined by radix."""
+    if not by:
+        return np.zeros(len(df), np.int64), pd.DataFrame(index=[0])
+    code = np.zeros(len(df), np.int64)
+    for c in by:
+        cc, _ = pd.factorize(df[c], use_na_sentinel=False)
+        code = code * (int(cc.max()) + 1 if cc.size else 1) + cc
+    code, first = pd.factorize(code)
+    # first row of each code -> the group's values
+    pos = np.full(len(first), -1, np.int64)
+    pos[code[::-1]] = np.arange(len(df))[::-1]
+    return code.astype(np.int64), df[by].iloc[pos].reset_index(drop=True)
+
+
+def request_stats(blocks: pd.DataFrame, by: list[str] | None = None, *, keys: np.ndarray | None = None) -> pd.DataFrame:
+    """Per-(group, request) sufficient statistics of per-block estimates.
+
+    ``blocks``: ``run_id``, ``rid``, ``mean``, ``var``, ``censored`` and optionally ``mode``,
+    ``resolved``, ``bound_lo``, ``bound_hi`` (greedy blocks the data leave unresolved widen the
+    interval by their identification bounds) and ``truth``. ``keys``: precomputed
+    :func:`request_keys` per row. Rows of one request may be split across calls only if they
+    fall in different groups' calls too: chunk by whole requests."""
+    by = list(by or [])
+    n = len(blocks)
+    if keys is None:
+        keys = row_request_keys(blocks["run_id"], blocks["rid"])
+    gcode, groups = group_codes(blocks, by)
+    kcode, kuniq = pd.factorize(keys)
+    cl, cl_first = pd.factorize(gcode * (len(kuniq) + 1) + kcode)
+    ncl = len(cl_first)
+    mean = blocks["mean"].to_numpy(float)
+
+    def s(w):
+        return np.bincount(cl, weights=w, minlength=ncl)
+
+    below = above = np.zeros(n)
+    if {"bound_lo", "bound_hi", "resolved", "mode"} <= set(blocks.columns):
+        ident = (blocks["mode"].to_numpy() == "greedy") & ~blocks["resolved"].to_numpy(bool)
+        if ident.any():
+            below = np.where(ident, np.maximum(mean - blocks["bound_lo"].to_numpy(float), 0), 0.0)
+            above = np.where(ident, np.maximum(blocks["bound_hi"].to_numpy(float) - mean, 0), 0.0)
+    truth = blocks["truth"].to_numpy(float) if "truth" in blocks else np.full(n, np.nan)
+    has_t = ~np.isnan(truth)
+    first = np.zeros(ncl, np.int64)
+    first[cl[::-1]] = np.arange(n)[::-1]
+    out = groups.iloc[gcode[first]].reset_index(drop=True) if by else pd.DataFrame(index=range(ncl))
+    out[KEY] = keys[first]
+    out["n"] = np.bincount(cl, minlength=ncl).astype(np.int64)
+    out["n_censored"] = s(blocks["censored"].to_numpy(float)).astype(np.int64)
+    out["sum_mean"] = s(mean)
+    out["sum_var"] = s(np.maximum(blocks["var"].to_numpy(float), 0))
+    out["sum_below"] = s(below)
+    out["sum_above"] = s(above)
+    out["sum_truth"] = s(np.where(has_t, truth, 0.0))
+    out["n_truth"] = s(has_t.astype(float)).astype(np.int64)
+    return out
+
+
+def _label(v) -> str:
+    return "None" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+
+
+def aggregate_stats(stats: pd.DataFrame, by: list[str] | None = None, *, level: float = 0.95, n_boot: int = 400,
+                    target: str = "run", seed: int = 0, shift: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Mean ceiling per group with a request-clustered bootstrap interval, from :func:`request_stats`
+    rows (of any number of chunks of whole requests).
+
+    Replicate ``i``: every (group, request) sum gets ``z * sqrt(sum of predictive variances)``
+    (imputation noise of its censored blocks, ``z`` drawn per request), and with
+    ``target='population'`` a Poisson(1) weight per request. ``shift``: optional per-group rows
+    (``by`` columns plus ``shift_0 .. shift_{R-1}``) of hazard-refit replicate sums minus the
+    point-estimate sum; replicate ``i`` adds ``shift_{i mod R}`` (scaled by the replicate's
+    weighted share of the group's blocks). Greedy blocks left unresolved widen the interval
+    by their identification bounds."""
+    if target not in ("run", "population"):
+        raise ValueError(f"target must be 'run' or 'population', got {target!r}")
+    by = list(by or [])
+    gcode, groups = group_codes(stats, by)
+    labels = np.array(["|".join(_label(v) for v in row) for row in groups[by].itertuples(index=False)]
+                      if by else ["all"], dtype=object)  # one per group, not per row
+    order = np.argsort(labels, kind="stable")  # groups in label order: independent of chunk order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    g = rank[gcode]
+    groups, labels = groups.iloc[order].reset_index(drop=True), labels[order]
+    ng = len(labels)
+    key = stats[KEY].to_numpy(np.uint64)
+    cnt = stats["n"].to_numpy(float)
+    s0 = stats["sum_mean"].to_numpy(float)
+    sd = np.sqrt(np.maximum(stats["sum_var"].to_numpy(float), 0))
+    n_g = np.bincount(g, weights=cnt, minlength=ng)
+    sum_g = np.bincount(g, weights=s0, minlength=ng)
+    sh = None
+    if shift is not None and len(shift):
+        cols = [c for c in shift.columns if c.startswith("shift_")]
+        if by:  # match on the groups' labels (NULL keys included)
+            lab = np.array(["|".join(_label(v) for v in row) for row in shift[by].itertuples(index=False)], dtype=object)
+            m = shift[cols].groupby(lab).sum().reindex(labels)
+        else:
+            m = shift[cols].sum().to_frame().T
+        sh = m[cols].fillna(0.0).to_numpy(float).T  # (R, ng)
+    # keys repeat across (group, request) clusters of one request: draw once per distinct key
+    kcode, kuniq = pd.factorize(key)
+    kuniq = np.asarray(kuniq, np.uint64)
+    reps = np.empty((n_boot, ng))
+    for i in range(n_boot):
+        noisy = s0 + normal_draws(kuniq, i, seed)[kcode] * sd
+        if target == "population":
+            w = poisson_weights(kuniq, i, seed)[kcode]
+            num = np.bincount(g, weights=w * noisy, minlength=ng)
+            den = np.bincount(g, weights=w * cnt, minlength=ng)
+        else:
+            num = np.bincount(g, weights=noisy, minlength=ng)
+            den = n_g
+        if sh is not None:
+            num = num + sh[i % sh.shape[0]] * den / np.maximum(n_g, 1e-12)
+        reps[i] = num / np.maximum(den, 1e-12)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(reps, [a, 1 - a], axis=0) if n_boot else (np.full(ng, np.nan), np.full(ng, np.nan))
+    lo = lo - np.bincount(g, weights=stats["sum_below"].to_numpy(float), minlength=ng) / n_g
+    hi = hi + np.bincount(g, weights=stats["sum_above"].to_numpy(float), minlength=ng) / n_g
+    out = pd.DataFrame({"group": labels, "n": n_g.astype(np.int64),
+                        "n_censored": np.bincount(g, weights=stats["n_censored"].to_numpy(float), minlength=ng).astype(np.int64),
+                        "mean_ceiling": sum_g / n_g, "lo": lo, "hi": hi, "level": level, "target": target})
+    nt = stats["n_truth"].to_numpy(float)
+    if nt.sum() == cnt.sum() and cnt.sum() > 0:
+        out["truth"] = np.bincount(g, weights=stats["sum_truth"].to_numpy(float), minlength=ng) / n_g
+    for c in by:
+        out[c] = [_label(v) for v in groups[c]]
+    return out
+
+
+def shift_sums(blocks_group: pd.DataFrame, by: list[str], deltas: np.ndarray) -> pd.DataFrame:
+    """Per-group sums of hazard-refit replicate deltas ``deltas`` (R, n rows: replicate mean minus
+    the point mean), as ``aggregate_stats(shift=...)`` takes them (sum them over chunks by ``by``)."""
+    by = list(by or [])
+    gcode, groups = group_codes(blocks_group, by)
+    ng = len(groups)
+    out = groups.copy() if by else pd.DataFrame(index=range(ng))
+    for j in range(deltas.shape[0]):
+        out[f"shift_{j}"] = np.bincount(gcode, weights=deltas[j], minlength=ng)
+    return out

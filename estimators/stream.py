@@ -1,0 +1,637 @@
+"""Every estimator over a whole store in one pass, in memory bounded by a chunk of requests.
+
+Why: one SGLang server at batch 256 writes ~25k request-steps a second (90M an hour). The
+in-memory facade (:func:`estimators.run_all`) builds one :class:`~estimators.frame.BlockFrame`
+and one per-block table for the whole run, which costs gigabytes per million rows. Here the
+store is read **once**, ordered by request, as Arrow record batches; batches are cut at request
+boundaries into chunks of whole requests (``chunk_rows``); each chunk is estimated with the
+run's :class:`~estimators.tail.TailEstimator` and reduced to sums before the next one:
+
+* tail: per-(group, request) sufficient statistics (:func:`estimators.bootstrap.request_stats`)
+  for the run, workload and batch-size-band aggregates, plus per-group hazard-refit shifts;
+  intervals come from :func:`estimators.bootstrap.aggregate_stats`, whose draws are seeded by
+  the request key, so they do not depend on ``chunk_rows``;
+* utilization: per-group sums, per-position sums, the window histogram, a per-request table;
+* trim counters: sums; calibration: the rows of a stable hash-sample of requests (about
+  ``sample_rows``); hazards are fitted on such a sample of their training requests (at most
+  ``fit_rows`` request-steps);
+* cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps);
+* planner audit: exact on runs that fit in one chunk; on bigger runs, on the first
+  :data:`PLANNER_ROWS` request-steps in step order (the budget recomputation needs whole decode
+  steps with each request's history), with the run's streamed totals for the trimming counts.
+
+Memory: a chunk (``chunk_rows`` request-steps, a few hundred bytes each plus the estimator's
+per-block arrays), the per-request statistics (~100 bytes per (group, request)) and DuckDB's
+sort, capped by ``duckdb_memory`` (it spills to a temporary directory). Results have the
+interface of :func:`estimators.run_all`'s (``to_json()``, ``figure()``) and equal them on a
+run that fits in one chunk (the tail's point estimates for any chunking).
+
+Example::
+
+    >>> import tempfile, os
+    >>> from acceptscope.store import Store
+    >>> from estimators.synthetic import simulate
+    >>> from estimators.stream import run_all_stream
+    >>> st = Store(os.path.join(tempfile.mkdtemp(), "t.duckdb"))
+    >>> _ = st.append(simulate(n_requests=40, seed=1).tables)
+    >>> a = run_all_stream(st, n_boot=20, chunk_rows=200)["syn-cap"]
+    >>> b = run_all_stream(st, n_boot=20, chunk_rows=1 << 20)["syn-cap"]
+    >>> bool(a["tail"].aggregate(n_boot=50).equals(b["tail"].aggregate(n_boot=50)))
+    True
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from estimators.bootstrap import aggregate_stats, group_codes, request_stats, row_request_keys, shift_sums, uniforms
+from estimators.tail import observation_statement
+
+GROUPINGS = ((), ("workload",), ("band",))
+TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window", "correct_drafts",
+                "cap_trim", "bonus_token", "draft_tokens", "confidence", "confidence_logit", "draft_logprob",
+                "target_logprob", "committed_tokens", "ceiling", "temperature", "workload", "finished")
+ORDER = "run_id, rid, epoch, forward_ct"
+PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
+DUCKDB_MEMORY = "384MB"  # DuckDB's share while sorting by request (it spills beyond)
+
+
+# ----------------------------------------------------------------------------------------------
+# reading whole requests
+# ----------------------------------------------------------------------------------------------
+def _configure(con, duckdb_memory: str | None) -> None:
+    if duckdb_memory:
+        con.execute(f"SET memory_limit='{duckdb_memory}'")
+    spill = f"{tempfile.gettempdir()}/acceptscope-duckdb-spill"
+    if con.execute("SELECT current_setting('temp_directory')").fetchone()[0] != spill:
+        try:  # a nested cursor shares the database: its spill directory cannot change once used
+            con.execute(f"SET temp_directory='{spill}'")
+        except duckdb.NotImplementedException:
+            pass
+    con.execute("SET preserve_insertion_order=false")
+    con.execute("SET enable_progress_bar=false")
+
+
+def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",
+                   params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY) -> Iterator[tuple[str, pa.Table]]:
+    """``(run_id, table)`` pieces of ``request_steps`` holding whole requests of one run, about
+    ``chunk_rows`` rows each (a request longer than that is one piece), in one ordered scan."""
+    from acceptscope.store import fetch_arrow_reader
+
+    cols = ", ".join(f'"{c}"' for c in columns)
+    sql = f"SELECT {cols} FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) {where} ORDER BY {ORDER}"
+    with store.connect(read_only=True) as con:
+        _configure(con, duckdb_memory)
+        reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []), batch_rows=min(chunk_rows, 1 << 16))
+        pending: list[pa.RecordBatch] = []
+        size = 0
+        for batch in reader:
+            if batch.num_rows == 0:
+                continue
+            pending.append(batch)
+            size += batch.num_rows
+            if size < chunk_rows:
+                continue
+            tbl = pa.Table.from_batches(pending)
+            cut = _last_request_start(tbl)
+            if cut == 0:  # one request so far: keep reading
+                continue
+            yield from _split_runs(tbl.slice(0, cut))
+            rest = tbl.slice(cut).combine_chunks()
+            pending, size = rest.to_batches(), rest.num_rows
+        if size:
+            yield from _split_runs(pa.Table.from_batches(pending))
+
+
+def _last_request_start(tbl: pa.Table) -> int:
+    """Index of the first row of the table's last (run_id, rid) (rows sorted by run_id, rid)."""
+    n = tbl.num_rows
+    run, rid = tbl.column("run_id"), tbl.column("rid")
+    same = pc.and_(pc.equal(rid, rid[n - 1]), pc.equal(run, run[n - 1]))
+    return int(pc.index(same, True).as_py())
+
+
+def _split_runs(tbl: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    run = tbl.column("run_id").combine_chunks()
+    if run[0] == run[len(run) - 1]:
+        yield run[0].as_py(), tbl
+        return
+    codes = np.asarray(pc.dictionary_encode(run).indices)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(codes)) + 1, [len(codes)]])
+    for a, b in zip(starts[:-1], starts[1:]):
+        yield run[int(a)].as_py(), tbl.slice(int(a), int(b - a))
+
+
+def _sample_requests(store, run_ids, max_rows: int, seed: int) -> pa.Table | None:
+    """A stable hash-sample of the runs' requests with at most ``max_rows`` request-steps in all
+    (``None``: every request fits)."""
+    d = store.query_df("SELECT run_id, rid, count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) "
+                       "GROUP BY run_id, rid", [list(run_ids)])
+    if d.n.sum() <= max_rows:
+        return None
+    u = uniforms(row_request_keys(d.run_id, d.rid), 0, seed, stream=3)
+    d = d.iloc[np.argsort(u, kind="stable")]
+    keep = d[np.cumsum(d.n.to_numpy()) <= max_rows]
+    if keep.empty:
+        keep = d.iloc[:1]
+    return pa.table({"run_id": keep.run_id.astype(str).to_numpy(), "rid": keep.rid.astype(str).to_numpy()})
+
+
+def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUMNS,
+                duckdb_memory: str | None = DUCKDB_MEMORY) -> pa.Table:
+    """``request_steps`` of a stable hash-sample of the runs' requests (whole requests; at most
+    ``max_rows`` rows, all of them when they fit), ordered by request."""
+    from acceptscope.store import fetch_arrow
+
+    sel = _sample_requests(store, run_ids, max_rows, seed)
+    cols = ", ".join(f's."{c}"' for c in columns)
+    with store.connect(read_only=True) as con:
+        _configure(con, duckdb_memory)
+        if sel is None:
+            sql = f"SELECT {cols} FROM request_steps s WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {ORDER}"
+            return fetch_arrow(con, sql, [list(run_ids)])
+        con.register("_acceptscope_sample", sel)
+        try:
+            sql = (f"SELECT {cols} FROM request_steps s SEMI JOIN _acceptscope_sample k "
+                   f"ON s.run_id = k.run_id AND s.rid = k.rid ORDER BY {ORDER}")
+            return fetch_arrow(con, sql)
+        finally:
+            con.unregister("_acceptscope_sample")
+
+
+# ----------------------------------------------------------------------------------------------
+# results with the facade's interface
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class StreamTail:
+    """The tail estimator's result over a streamed run: sums, not blocks (see module docstring)."""
+
+    counts: dict
+    stats: dict  # grouping (tuple) -> per-(group, request) statistics
+    shifts: dict  # grouping -> per-group hazard-refit shifts (or absent)
+    gamma: int
+    levels: tuple
+    hazard_info: dict
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        c = self.counts
+        recorded = c["n_truth"] == c["n"]
+        return dict(n_request_steps=int(c["n"]), n_censored=int(c["n_censored"]),
+                    censored_by_mode={k: int(v) for k, v in c["modes"].items() if v},
+                    mean_ceiling=c["sum_mean"] / max(c["n"], 1), mean_accept_length=c["sum_mean"] / max(c["n"], 1) + 1,
+                    greedy_resolved=int(c["greedy_resolved"]), n_resolved=int(c["resolved"]),
+                    n_unresolved=int(c["n_censored"] - c["resolved"]),
+                    ceiling="recorded" if recorded else "estimated",
+                    statement=observation_statement(int(c["n"]), int(c["n_censored"]), int(c["resolved"]),
+                                                    c["sum_truth"] / max(c["n"], 1) if recorded else None,
+                                                    self.notes),
+                    hazard=self.hazard_info, notes=self.notes)
+
+    def aggregate(self, by: list[str] | str | None = None, level: float = 0.95, n_boot: int = 400,
+                  target: str = "run", seed: int = 0) -> pd.DataFrame:
+        by = [by] if isinstance(by, str) else list(by or [])
+        key = tuple(by)
+        if key not in self.stats:
+            raise ValueError(f"streamed tail results keep the groupings {[list(g) for g in self.stats]}, not {by}")
+        return aggregate_stats(self.stats[key], by, level=level, n_boot=n_boot, target=target, seed=seed,
+                               shift=self.shifts.get(key))
+
+    def figure(self, by: str = "workload"):
+        from estimators.figures import interval_figure
+
+        agg = self.aggregate(by=[by], n_boot=200)
+        return interval_figure(agg, x=by, est="mean_ceiling", lo="lo", hi="hi",
+                               truth="truth" if "truth" in agg else None,
+                               title=f"Estimated uncapped ceiling (accepted drafts), 95% interval, by {by}",
+                               yaxis="mean ceiling (drafts)")
+
+    def to_json(self) -> dict:
+        return dict(summary=self.summary(), aggregate=self.aggregate().to_dict("records"))
+
+
+class _RunAcc:
+    """Sums of one run over its chunks."""
+
+    def __init__(self, run_id: str, gamma: int, est, exact: bool, steps: pd.DataFrame, hazard_boot: int, seed: int,
+                 cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None, keep_per_request: bool = True):
+        self.run_id, self.G, self.est, self.exact = run_id, gamma, est, exact
+        self.steps, self.hazard_boot, self.seed = steps, hazard_boot, seed
+        self.cal_fraction, self.temperatures = cal_fraction, temperatures
+        self.counts = dict(n=0, n_censored=0, sum_mean=0.0, greedy_resolved=0, modes={}, resolved=0, n_truth=0,
+                           sum_truth=0.0)
+        self.stats = {g: [] for g in GROUPINGS}
+        self.shifts = {g: [] for g in GROUPINGS}
+        self.util = {g: [] for g in GROUPINGS}
+        self.pos = np.zeros((3, gamma))  # accepted, ceiling_reached, verified
+        self.windows: list[pd.DataFrame] = []
+        self.per_request: list[pd.DataFrame] = []
+        self.labels: dict[str, dict] = {}  # group column -> label -> code (see _compact)
+        self.keep_per_request = keep_per_request
+        self.trim = dict(request_steps=0, trimmed=0, regret=0, window_tokens=0, delivered=0, ceiling_tokens=0.0)
+        self.cal: list = []
+        self.notes: list[str] = []
+        self.chunks = 0
+        # batch size per decode step: the steps table, else (as run_all) the run's request rows per step
+        k = steps[["rank", "epoch", "forward_ct", "bs"]] if len(steps) else step_rows
+        k = k.drop_duplicates(["rank", "epoch", "forward_ct"])
+        self._bs = k.set_index(["rank", "epoch", "forward_ct"])["bs"]
+        self.bs_note = None if len(steps) else "batch size taken as the number of request rows per step (no steps table)"
+
+    def add(self, tbl: pa.Table) -> None:
+        from estimators.frame import BlockFrame
+        from estimators.validation import batch_band
+
+        self.chunks += 1
+        frame = BlockFrame.from_request_steps(tbl, gamma=self.G)
+        for note in frame.notes:
+            if note.split(" ")[0].isdigit():
+                continue  # per-chunk counts (discontinuities): not repeated per chunk
+            if note not in self.notes:
+                self.notes.append(note)
+        G, n = self.G, frame.n
+        tail = self.est.estimate(frame, hazard_boot=0 if self.exact else self.hazard_boot, seed=self.seed)
+        b = tail.blocks
+        df = frame.df
+        idx = pd.MultiIndex.from_arrays([df["rank"].to_numpy(), df["epoch"].to_numpy(), df["forward_ct"].to_numpy()])
+        b["band"] = batch_band(self._bs.reindex(idx).to_numpy(float))
+        keys = row_request_keys(b["run_id"], b["rid"])
+        cens = b["censored"].to_numpy(bool)
+        c = self.counts
+        c["n"] += n
+        c["n_censored"] += int(cens.sum())
+        c["sum_mean"] += float(b["mean"].sum())
+        for m, v in b.loc[cens, "mode"].value_counts().items():
+            c["modes"][m] = c["modes"].get(m, 0) + int(v)
+        c["greedy_resolved"] += int((cens & (b["mode"].to_numpy() == "greedy") & b["resolved"].to_numpy(bool)).sum())
+        c["resolved"] += int((cens & b["resolved"].to_numpy(bool)).sum())
+        if "truth" in b:
+            t = b["truth"].to_numpy(float)
+            c["n_truth"] += int((~np.isnan(t)).sum())
+            c["sum_truth"] += float(np.nansum(t))
+        deltas = tail._boot["means"] - b["mean"].to_numpy(float)[None, :] if tail._boot else None
+        # ceiling for utilization: exact where recorded, else the estimate
+        if self.exact:
+            ceil = frame.ceiling.astype(float)
+            reach = (np.arange(G)[None, :] < frame.ceiling[:, None]).sum(0).astype(float)
+        else:
+            ceil = b["mean"].to_numpy(float)
+            reach = (1 - np.cumsum(tail.pmf, 1)[:, :G]).sum(0)
+        acc = frame.correct + 1
+        for g in GROUPINGS:
+            by = list(g)
+            self.stats[g].append(self._compact(request_stats(b, by, keys=keys), g))
+            if deltas is not None:
+                self.shifts[g].append(shift_sums(b, by, deltas))
+            gc, groups = group_codes(b, by)
+            ng = len(groups)
+            u = groups.copy() if by else pd.DataFrame(index=range(ng))
+            for name, w in (("n", None), ("window", frame.window), ("committed", acc), ("ceiling_tokens", ceil + 1),
+                            ("correct", frame.correct)):
+                u[name] = np.bincount(gc, weights=w, minlength=ng)
+            self.util[g].append(u)
+        self.pos[0] += (np.arange(G)[None, :] < frame.correct[:, None]).sum(0)
+        self.pos[1] += reach
+        self.pos[2] += (np.arange(G)[None, :] < frame.window[:, None]).sum(0)
+        base = pd.DataFrame({"run_id": df["run_id"].to_numpy(), "rid": df["rid"].to_numpy(),
+                             "workload": b["workload"].to_numpy(), "window": frame.window, "acc_len": acc,
+                             "ceiling": ceil})
+        self.windows.append(base.groupby(["workload", "window"], dropna=False).size().rename("count").reset_index())
+        pr = base.groupby(["run_id", "rid"], sort=False).agg(n=("acc_len", "size"), committed=("acc_len", "sum"),
+                                                              ceiling_tokens=("ceiling", "sum"), mean_window=("window", "mean"))
+        pr["ceiling_tokens"] += pr["n"]
+        if self.keep_per_request:
+            self.per_request.append(pr.reset_index())
+        t = self.trim
+        trimmed = frame.window < G
+        t["request_steps"] += n
+        t["trimmed"] += int(trimmed.sum())
+        t["regret"] += int((trimmed & (frame.correct == frame.window)).sum())
+        t["window_tokens"] += int(frame.window.sum())
+        t["delivered"] += int(acc.sum())
+        t["ceiling_tokens"] += float((ceil + 1).sum())
+        if self.exact and self.cal_fraction > 0:
+            from estimators.calibration import calibration_data
+
+            pick = uniforms(keys, 0, self.seed, stream=4) < self.cal_fraction
+            if pick.any():
+                try:
+                    d = calibration_data(frame, "realized", temperatures=self.temperatures)
+                except ValueError:
+                    d = None
+                if d is not None:
+                    ok = frame.has_truth & np.isfinite(frame.logits(self.temperatures)[0]).all(1)
+                    sel = pick[ok]
+                    self.cal.append((d.z[sel], d.y[sel], keys[ok][sel], d.notes))
+        self.last_frame, self.last_tail = frame, tail
+
+    def _compact(self, st: pd.DataFrame, g: tuple) -> pd.DataFrame:
+        """Per-(group, request) statistics kept between chunks in ~64 bytes a row: group labels as
+        int32 codes of a per-run dictionary, counts as int32."""
+        for c in g:
+            lab = self.labels.setdefault(c, {})
+            vals = st[c].to_numpy(object)
+            codes = np.empty(len(vals), np.int32)
+            null = pd.isna(vals)
+            if null.any():
+                codes[null] = lab.setdefault("None", len(lab))
+            for v in pd.unique(vals[~null]):  # a few distinct labels per chunk
+                codes[~null & (vals == v)] = lab.setdefault(str(v), len(lab))
+            st[c] = codes
+        for c in ("n", "n_censored", "n_truth"):
+            st[c] = st[c].astype(np.int32)
+        return st
+
+    def _expand(self, st: pd.DataFrame, g: tuple) -> pd.DataFrame:
+        for c in g:
+            lab = self.labels.get(c, {})
+            cats = [None] * len(lab)
+            for k, v in lab.items():
+                cats[v] = k
+            st[c] = pd.Categorical.from_codes(st[c].to_numpy(), categories=cats)
+        return st
+
+    # -- results ---------------------------------------------------------
+    def tail_result(self, info: dict, notes: list[str]) -> StreamTail:
+        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items()}
+        shifts = {}
+        for g, v in self.shifts.items():
+            if v:
+                d = pd.concat(v, ignore_index=True)
+                shifts[g] = d.groupby(list(g), dropna=False).sum().reset_index() if g else d.sum().to_frame().T
+        return StreamTail(counts=self.counts, stats=stats, shifts=shifts, gamma=self.G,
+                          levels=tuple(self.est.levels), hazard_info=info, notes=list(self.notes) + notes)
+
+    def utilization_result(self, tail: StreamTail, n_boot: int, seed: int):
+        from estimators.utilization import UtilizationResult
+
+        rows = []
+        G = self.G
+        for g, by_name in zip(GROUPINGS, ("run", "workload", "band")):
+            by = list(g)
+            d = pd.concat(self.util[g], ignore_index=True)
+            d = d.groupby(by, dropna=False).sum().reset_index() if by else d.sum().to_frame().T
+            ci = None
+            if not self.exact:
+                ci = tail.aggregate(by=by, level=0.95, n_boot=n_boot, seed=seed)
+                ci = ci.set_index("group" if not by else by[0])
+            for _, r in d.iterrows():
+                grp = self.run_id if not by else ("None" if pd.isna(r[by[0]]) else str(r[by[0]]))
+                com, ce, nn = float(r["committed"]), float(r["ceiling_tokens"]), float(r["n"])
+                row = dict(by=by_name, group=grp, n=int(nn), mean_window=float(r["window"] / nn),
+                           committed=int(com), ceiling_tokens=ce, utilization=com / ce, exact=self.exact,
+                           in_window_accept_rate=float(r["correct"] / max(r["window"], 1)),
+                           spec_accept_rate=float(r["correct"] / (nn * G)))
+                if ci is not None:
+                    key = "all" if not by else grp
+                    if key in ci.index:
+                        lo, hi = ci.loc[key, "lo"], ci.loc[key, "hi"]
+                        row["util_lo"], row["util_hi"] = float(com / (nn * (hi + 1))), float(com / (nn * (lo + 1)))
+                else:
+                    row["util_lo"] = row["util_hi"] = row["utilization"]
+                rows.append(row)
+        k = np.arange(G)
+        by_pos = pd.DataFrame({"position": k, "accepted": self.pos[0].astype(np.int64), "ceiling_reached": self.pos[1],
+                               "verified": self.pos[2].astype(np.int64)})
+        by_pos["utilization"] = by_pos.accepted / by_pos.ceiling_reached.clip(lower=1e-12)
+        win = pd.concat(self.windows, ignore_index=True).groupby(["workload", "window"], dropna=False)["count"].sum().reset_index()
+        win["workload"] = win["workload"].astype(object).where(win["workload"].notna(), "None")
+        win["share"] = win["count"] / win.groupby("workload")["count"].transform("sum")
+        per_req = pd.concat(self.per_request, ignore_index=True) if self.per_request else \
+            pd.DataFrame(columns=["run_id", "rid", "n", "committed", "ceiling_tokens", "mean_window"])
+        per_req["utilization"] = per_req.committed / per_req.ceiling_tokens
+        notes = [] if self.exact else ["ceiling estimated by the tail estimator; intervals: bootstrap of the mean ceiling"]
+        if self.bs_note:
+            notes.append(self.bs_note)
+        if not self.keep_per_request:
+            notes.append("per-request table not kept for a run this size (bounded memory)")
+        return UtilizationResult(by_group=pd.DataFrame(rows), by_position=by_pos, windows=win, per_request=per_req,
+                                 notes=notes)
+
+    def trim_counters(self) -> dict:
+        t = self.trim
+        out = {"request_steps": t["request_steps"], "trimmed_request_steps": t["trimmed"],
+               "trim_regret_rate": t["regret"] / max(t["trimmed"], 1), "window_tokens": t["window_tokens"],
+               "delivered_tokens": t["delivered"], "ceiling_tokens": t["ceiling_tokens"],
+               "trim_ratio": 1 - t["delivered"] / t["ceiling_tokens"]}
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the facade
+# ----------------------------------------------------------------------------------------------
+def _run_meta(store, run_ids) -> pd.DataFrame:
+    q = ("SELECT r.*, c.n_rows, c.n_truth FROM runs r JOIN (SELECT run_id, count(*) AS n_rows, count(ceiling) AS n_truth "
+         "FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) GROUP BY run_id) c USING (run_id)")
+    return store.query_df(q, [list(run_ids)])
+
+
+def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int, cache: dict,
+                   hazards_from: str | None = None):
+    """The run's fitted TailEstimator and a note on what it was fitted on (the policy of
+    :func:`estimators.hazard_runs`, as :func:`estimators.run_all`)."""
+    from estimators import hazard_runs
+    from estimators.frame import BlockFrame
+    from estimators.tail import TailEstimator
+
+    rid, gamma = meta_row.run_id, int(meta_row.gamma)
+    if meta_row.n_truth == meta_row.n_rows:
+        train = (rid,)
+        note = "this run: ceiling recorded on every request-step (the verify ran the whole block): no tail is estimated"
+    else:
+        others, note = hazard_runs(store, rid, gamma, meta_row.get("audit_group"), hazards_from)
+        train = tuple(others) or (rid,)
+    if train not in cache:
+        tbl = read_sample(store, train, fit_rows, seed=seed)
+        est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
+        n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
+                                     [list(train)]).n.iloc[0])
+        sample_note = (f"hazards fitted on a stable hash-sample of {tbl.num_rows} of {n_total} request-steps "
+                       f"(whole requests)") if tbl.num_rows < n_total else None
+        cache[train] = (est, sample_note)
+    est, sample_note = cache[train]
+    return est, [note] + ([sample_note] if sample_note else [])
+
+
+def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
+                   chunk_rows: int = 1 << 17, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
+                   duckdb_memory: str | None = DUCKDB_MEMORY, progress=None,
+                   hazards_from: str | None = None) -> dict[str, Any]:
+    """:func:`estimators.run_all` for every run in ``run_ids`` (default: all) in one ordered pass
+    over ``request_steps``; see the module docstring. Returns ``{run_id: results}``; a run that
+    cannot be estimated maps to its ``ValueError``."""
+    from estimators import load_run, sts_in_force
+
+    if run_ids is None:
+        run_ids = store.runs().run_id.tolist()
+    run_ids = list(run_ids)
+    meta = _run_meta(store, run_ids)
+    out: dict[str, Any] = {r: ValueError(f"run {r!r} has no request_steps") for r in run_ids}
+    known = set(store.runs().run_id)
+    for r in run_ids:
+        if r not in known:
+            out[r] = KeyError(f"run {r!r} not in {store.path}")
+    if meta.empty:
+        return out
+    meta = meta.set_index("run_id", drop=False)
+    cache: dict = {}
+    accs: dict[str, _RunAcc] = {}
+    side: dict[str, dict] = {}
+
+    def open_run(rid: str) -> _RunAcc:
+        m = meta.loc[rid]
+        est, notes = _fit_estimator(store, m, meta, fit_rows, seed, cache, hazards_from)
+        data = load_run(store, rid, skip=("request_steps",))
+        try:
+            sts_in_force(data)
+        except ValueError as e:  # the confidences are post-STS and the table is missing: no calibration
+            side_skips = {"calibration": str(e)}
+            data["sts_temperatures"] = None
+        else:
+            side_skips = {}
+        frac = min(1.0, sample_rows / max(int(m.n_rows), 1))
+        step_rows = None
+        if not len(data["steps"]):
+            step_rows = store.query_df("SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps "
+                                       "WHERE run_id = ? GROUP BY ALL", [rid])
+        acc = _RunAcc(rid, int(m.gamma), est, bool(m.n_truth == m.n_rows), data["steps"], hazard_boot, seed,
+                      frac, data["sts_temperatures"], step_rows, keep_per_request=int(m.n_rows) <= sample_rows)
+        side[rid] = dict(data=data, notes=notes, skipped=side_skips)
+        return acc
+
+    def finish(rid: str) -> None:
+        acc = accs.pop(rid)
+        try:
+            out[rid] = _results(store, acc, side.pop(rid), n_boot, seed, sample_rows, duckdb_memory)
+        except ValueError as e:
+            out[rid] = e
+        if progress is not None:
+            progress(rid)
+
+    current = None
+    for rid, tbl in request_chunks(store, meta.run_id.tolist(), chunk_rows=chunk_rows, duckdb_memory=duckdb_memory):
+        try:
+            if rid != current:
+                if current in accs:
+                    finish(current)
+                current = rid
+                accs[rid] = open_run(rid)
+            if rid in accs:
+                accs[rid].add(tbl)
+        except ValueError as e:  # this run cannot be estimated: say why, go on with the others
+            out[rid] = e
+            accs.pop(rid, None)
+            side.pop(rid, None)
+    if current in accs:
+        try:
+            finish(current)
+        except ValueError as e:
+            out[current] = e
+    return out
+
+
+def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_rows: int, duckdb_memory) -> dict:
+    from estimators import RUN_KEYS, _Table
+    from estimators.bracket import bracket_from_jsonl
+    from estimators.calibration import CalData, calibration_data, compare
+    from estimators.cost import CostModel
+    from estimators.planner import audit
+
+    data = side["data"]
+    res: dict[str, Any] = {"skipped": {}}
+    res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
+    tail = acc.tail_result(dict(acc.est.hazard.info_), side["notes"])
+    if acc.chunks > 1:
+        tail.notes.append(f"estimated in {acc.chunks} chunks of whole requests")
+    res["tail"] = tail
+    tc = acc.trim_counters()
+    gamma = acc.G
+    if len(data["estimator_rows"]):
+        br = bracket_from_jsonl(data["estimator_rows"], data["estimator_gather"], data["estimator_eos"], gamma=gamma)
+        res["bracket"] = _Table(br, dict(trim=tc, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
+                                         categories=br.category.value_counts().to_dict()))
+    else:
+        res["bracket"] = _Table(pd.DataFrame(), dict(trim=tc, note="no SGLang estimator JSONL for this run"))
+    res["utilization"] = acc.utilization_result(tail, n_boot, seed)
+    try:
+        if acc.exact:
+            if not acc.cal:
+                raise ValueError("label 'realized' needs request-steps with a ceiling (a cap-accept or static run)")
+            z = np.concatenate([c[0] for c in acc.cal])
+            y = np.concatenate([c[1] for c in acc.cal])
+            grp = np.concatenate([c[2] for c in acc.cal])
+            notes = [acc.cal[0][3][0], f"realized label: position k reached past iff k < ceiling ({len(z)} request-steps)"]
+            if acc.cal_fraction < 1:
+                notes.append("calibration on a stable hash-sample of the run's requests")
+            d = CalData(z, y, grp, "realized", notes)
+        else:
+            d = calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
+        if side.get("skipped", {}).get("calibration"):
+            raise ValueError(side["skipped"]["calibration"])
+        tr, te = d.split(seed=seed)
+        in_force = data["sts_temperatures"]
+        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
+                                     extra_fits=None if in_force is None else {"in-force": list(in_force)})
+    except ValueError as e:
+        res["skipped"]["calibration"] = str(e)
+    steps = data["steps"]
+    cost = None
+    try:
+        cost = CostModel(seed=seed).fit(steps, baseline=data["sps_table"])
+        res["cost"] = cost.result_
+    except (ValueError, KeyError) as e:
+        res["skipped"]["cost"] = str(e)
+    table = data["sps_table"] or (cost.table_ if cost is not None else None)
+    if table is not None and len(steps):
+        if acc.chunks == 1:  # the whole run was one chunk: the exact audit
+            frame, ptail = acc.last_frame, acc.last_tail
+            p = audit(frame, steps, table, ceiling_estimate=None if acc.exact else ptail.blocks["mean"].to_numpy())
+        else:
+            p = _planner_window(store, acc, steps, table, PLANNER_ROWS, duckdb_memory)
+        p.notes.append("SPS table: " + ("the run's recorded table" if data["sps_table"] else "fitted from this run's timings"))
+        res["planner"] = p
+    else:
+        res["skipped"]["planner"] = "no SPS table recorded and no step timings to fit one"
+    return res
+
+
+def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: int, duckdb_memory):
+    """Planner audit of the run's first decode steps (at most ``max_rows`` request-steps: the
+    budget needs whole steps and each request's history), with the streamed run totals."""
+    from estimators.frame import BlockFrame
+    from estimators.planner import audit
+
+    st = steps.sort_values(["epoch", "forward_ct"])
+    per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
+    upto = per[per <= max_rows]
+    last = upto.index[-1] if len(upto) else per.index[0]
+    from acceptscope.store import fetch_arrow
+
+    cols = ", ".join(f'"{c}"' for c in TAIL_COLUMNS)
+    with store.connect(read_only=True) as con:
+        _configure(con, duckdb_memory)
+        tbl = fetch_arrow(con, f"SELECT {cols} FROM request_steps WHERE run_id = ? AND (epoch < ? OR (epoch = ? AND "
+                               f"forward_ct <= ?)) ORDER BY {ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
+    frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
+    p = audit(frame, steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto.index if len(upto) else [last])],
+              table, ceiling_estimate=None)
+    t = acc.trim
+    s = p.summary
+    window_steps = s["steps"]
+    s.update(request_steps=t["request_steps"], trimmed_request_steps=t["trimmed"],
+             verify_tokens_saved=float(acc.G * t["request_steps"] - t["window_tokens"]),
+             accepted_drafts_lost=float(t["ceiling_tokens"] - t["delivered"]),
+             accepted_drafts_lost_source="ceiling" if acc.exact else "tail estimate",
+             audited_steps=window_steps, audited_request_steps=int(frame.n))
+    s["lost_per_saved_token"] = s["accepted_drafts_lost"] / max(s["verify_tokens_saved"], 1.0)
+    p.notes.append(f"budget recomputation on the first {window_steps} decode steps ({frame.n} request-steps); "
+                   "trimming counts over the whole run")
+    return p
