@@ -77,7 +77,10 @@ def _configure(con, duckdb_memory: str | None) -> None:
         except duckdb.NotImplementedException:
             pass
     con.execute("SET preserve_insertion_order=false")
-    con.execute("SET enable_progress_bar=false")
+    try:
+        con.execute("SET enable_progress_bar=false")
+    except duckdb.Error:  # in a Jupyter kernel DuckDB wants ipywidgets to change this: leave it
+        pass
 
 
 def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",

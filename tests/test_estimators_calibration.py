@@ -99,7 +99,10 @@ def test_smooth_fit_beats_grid_on_its_own_loss_and_held_out():
 def test_joint_fit_and_greedy_label():
     sim = simulate(n_requests=60, seed=43)
     g = calibration_data(None, "greedy", sts_samples=sim.tables["sts_samples"])
-    assert g.label == "greedy" and g.groups is None
+    # SGLang's shards carry no request id: held out by contiguous blocks of rows (whole steps), and it says so
+    assert g.label == "greedy" and g.groups is not None and any("no request or step id" in n for n in g.notes)
+    tr, te = g.split(seed=1)
+    assert len(tr.z) + len(te.z) == len(g.z) and not set(tr.groups) & set(te.groups)
     j = fit_smooth(g.z, g.y, loss="brier", sequential=False)
     assert len(j["temperatures"]) == g.z.shape[1] and all(t > 0 for t in j["temperatures"])
     with pytest.raises(ValueError, match="sts_samples"):

@@ -165,7 +165,11 @@ def test_cli_estimate_json(db):
     out = json.loads(r.stdout)
     assert set(out) == {"syn-cap", "syn-compact"}
     c = out["syn-compact"]
-    assert "truth runs" in " ".join(c["tail"]["summary"]["notes"])  # compact borrows hazards from the audit arm
+    # no audit group: the compact run's hazards are its own, unless the user names a compatible run
+    assert "own observed outcomes" in " ".join(c["tail"]["summary"]["notes"])
+    named = json.loads(CliRunner().invoke(app, ["estimate", "--db", str(db), "--run", "syn-compact", "--hazards-from",
+                                                 "syn-cap", "--json", "--n-boot", "30"]).stdout)
+    assert "named by --hazards-from" in named["syn-compact"]["tail"]["summary"]["statement"]
     a = c["tail"]["aggregate"][0]
     assert a["lo"] <= a["mean_ceiling"] <= a["hi"]
     assert out["syn-cap"]["planner"]["summary"]["budget_exact_match_rate"] > 0.9

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import regime as R
+from app.panels._ctx import plain
 
 TITLE = "Regime vs blog"
 
@@ -21,7 +22,7 @@ def render(ctx) -> None:
         st.info("No blocks in the selection.")
         return
     cmp = R.blog_comparison(reg)
-    st.caption(f"{src[0]}: windows, utilization against the ceiling and window shares per workload; grey / "
+    st.caption(f"{plain(src[0])}: windows, utilization against the ceiling and window shares per workload; grey / "
                f"blog columns: the SGLang DSpark blog ({R.BLOG_URL}).")
     st.dataframe(cmp, hide_index=True)
     st.plotly_chart(R.fig_regime(cmp), key="regime_fig")
