@@ -94,7 +94,7 @@ def _to_model(tbl: pa.Table, t: schema.Table) -> pa.Table:
     return tbl.select(names).cast(pa.schema([t.arrow_schema.field(n) for n in names]))
 
 
-SQL_VIEWS = ("runs", "request_steps", "sps_tables", "sts_tables")
+SQL_VIEWS = ("runs", "request_steps", "requests", "sps_tables", "sts_tables")
 
 
 class LakeStore:
@@ -449,6 +449,7 @@ def _spark_struct(fields):
 def estimate_lake(lake: str | Path, run_ids: Sequence[str] | None = None, master: str = "local[2]",
                   n_boot: int = 200, seed: int = 0, spark=None) -> dict[str, Any]:
     """``acceptscope estimate --lake LAKE --engine spark --json``: ``{run_id: to_jsonable(run_all(...))}``."""
+    from acceptscope.store import incomplete_runs
     from estimators import run_all, to_jsonable
 
     from pyspark.sql import SparkSession
@@ -459,12 +460,14 @@ def estimate_lake(lake: str | Path, run_ids: Sequence[str] | None = None, master
         store = LakeStore(spark, lake)
         ids = list(run_ids) if run_ids else store.runs().run_id.tolist()
         engine = SparkTail(store)
+        incomplete = set(incomplete_runs(store.runs(), ids))
         out = {}
         for rid in ids:
             try:
                 out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed, tail_engine=engine))
             except ValueError as e:
                 out[rid] = {"error": str(e)}
+            out[rid]["complete"] = rid not in incomplete  # as `estimate --db` says it
         return out
     finally:
         if own:

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from acceptscope.store import Store
+from estimators.frame import NO_WORKLOAD
 from estimators import run_all, to_jsonable
 from estimators.bootstrap import aggregate_stats, poisson_weights, request_keys, request_stats
 from estimators.stream import run_all_stream
@@ -51,7 +52,7 @@ def test_stream_equals_in_memory_and_does_not_depend_on_chunking(store):
         assert len(common) >= 3
         pd.testing.assert_frame_equal(ua.loc[common], um.loc[common], check_exact=False, rtol=1e-9)
     agg = small["syn-c"]["tail"].aggregate(by="workload", n_boot=40)
-    assert "None" in set(agg.workload) and (agg.lo <= agg.mean_ceiling).all() and (agg.mean_ceiling <= agg.hi).all()
+    assert NO_WORKLOAD in set(agg.workload) and (agg.lo <= agg.mean_ceiling).all() and (agg.mean_ceiling <= agg.hi).all()
     assert any("chunks of whole requests" in n for n in small["syn-c"]["tail"].notes)
 
 
