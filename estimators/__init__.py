@@ -236,7 +236,6 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
         return r
     from estimators.bracket import bracket_from_jsonl, trim_counters
     from estimators.calibration import calibration_data, compare
-    from estimators.cost import CostModel
     from estimators.frame import BlockFrame
     from estimators.planner import audit
     from estimators.utilization import utilization
@@ -292,13 +291,7 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     except ValueError as e:
         res["skipped"]["calibration"] = str(e)
     # cost
-    cost = None
-    try:
-        cost = CostModel(seed=seed).fit(steps, baseline=data["sps_table"])
-        res["cost"] = cost.result_
-    except (ValueError, KeyError) as e:
-        res["skipped"]["cost"] = str(e)
-    table = data["sps_table"] or (cost.table_ if cost is not None else None)
+    table = fit_cost(res, steps, data["sps_table"], seed)
     if table is not None and len(steps):
         res["planner"] = audit(frame, steps, table,
                                ceiling_estimate=None if frame.has_truth.all() else tail.blocks["mean"].to_numpy())
@@ -306,6 +299,20 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     else:
         res["skipped"]["planner"] = "no SPS table recorded and no step timings to fit one"
     return res
+
+
+def fit_cost(res: dict, steps: pd.DataFrame, sps_table, seed: int):
+    """The additive SPS cost fit of a run's step times into ``res["cost"]`` (or its skip reason);
+    returns the table the planner audit uses: the run's recorded one, else the fitted one."""
+    from estimators.cost import CostModel
+
+    cost = None
+    try:
+        cost = CostModel(seed=seed).fit(steps, baseline=sps_table)
+        res["cost"] = cost.result_
+    except (ValueError, KeyError) as e:
+        res["skipped"]["cost"] = str(e)
+    return sps_table or (cost.table_ if cost is not None else None)
 
 
 class _Table:

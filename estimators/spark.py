@@ -33,13 +33,14 @@ import pickle
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema
+from estimators.stream import whole_requests
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")
@@ -175,30 +176,6 @@ class LakeStore:
 # ---------------------------------------------------------------------------
 # executors: whole requests per pass
 # ---------------------------------------------------------------------------
-def _request_chunks(batches: Iterator[pa.RecordBatch], chunk_rows: int) -> Iterator[pa.Table]:
-    """Regroup a partition's batches (sorted by run_id, rid) into tables of whole requests."""
-    buf: list[pa.RecordBatch] = []
-    n = 0
-    for b in batches:
-        if b.num_rows == 0:
-            continue
-        buf.append(b)
-        n += b.num_rows
-        if n < chunk_rows:
-            continue
-        tbl = pa.Table.from_batches(buf)
-        run, rid = tbl.column("run_id").to_numpy(zero_copy_only=False), tbl.column("rid").to_numpy(zero_copy_only=False)
-        other = np.flatnonzero((run != run[-1]) | (rid != rid[-1]))
-        if other.size == 0:  # one request so far: keep reading
-            continue
-        cut = int(other[-1]) + 1
-        yield tbl.slice(0, cut)
-        rest = tbl.slice(cut).combine_chunks()
-        buf, n = rest.to_batches(), rest.num_rows
-    if n:
-        yield pa.Table.from_batches(buf)
-
-
 def _frame(tbl: pa.Table, gamma: int):
     from estimators.frame import BlockFrame
 
@@ -224,7 +201,7 @@ def _train_partition(batches, est, gamma: int, chunk_rows: int):
     import time
 
     sch = pa.schema(TRAIN_FIELDS)
-    for tbl in _request_chunks(batches, chunk_rows):
+    for tbl in whole_requests(batches, chunk_rows):
         t0 = time.process_time()
         frame = _frame(tbl, gamma)
         wk = est._walk(frame, np.arange(frame.n), None)
@@ -255,7 +232,7 @@ def _estimate_partition(batches, est, refits, gamma: int, seed: int, chunk_rows:
     """Per-block tail results of a partition's requests, one pickled payload per chunk."""
     import time
 
-    for tbl in _request_chunks(batches, chunk_rows):
+    for tbl in whole_requests(batches, chunk_rows):
         t0 = time.process_time()
         frame = _frame(tbl, gamma)
         res = est.estimate(frame, hazard_boot=len(refits or ()), seed=seed, refits=refits)

@@ -94,24 +94,32 @@ def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUM
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
         reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []), batch_rows=min(chunk_rows, 1 << 16))
-        pending: list[pa.RecordBatch] = []
-        size = 0
-        for batch in reader:
-            if batch.num_rows == 0:
-                continue
-            pending.append(batch)
-            size += batch.num_rows
-            if size < chunk_rows:
-                continue
-            tbl = pa.Table.from_batches(pending)
-            cut = _last_request_start(tbl)
-            if cut == 0:  # one request so far: keep reading
-                continue
-            yield from _split_runs(tbl.slice(0, cut))
-            rest = tbl.slice(cut).combine_chunks()
-            pending, size = rest.to_batches(), rest.num_rows
-        if size:
-            yield from _split_runs(pa.Table.from_batches(pending))
+        for tbl in whole_requests(reader, chunk_rows):
+            yield from _split_runs(tbl)
+
+
+def whole_requests(batches, chunk_rows: int) -> Iterator[pa.Table]:
+    """Regroup record batches sorted by (run_id, rid) into tables of about ``chunk_rows`` rows that
+    never split a request (a request longer than that is one table). Shared by this module's store
+    pass and the Spark executors' partition pass."""
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        size += batch.num_rows
+        if size < chunk_rows:
+            continue
+        tbl = pa.Table.from_batches(pending)
+        cut = _last_request_start(tbl)
+        if cut == 0:  # one request so far: keep reading
+            continue
+        yield tbl.slice(0, cut)
+        rest = tbl.slice(cut).combine_chunks()
+        pending, size = rest.to_batches(), rest.num_rows
+    if size:
+        yield pa.Table.from_batches(pending)
 
 
 def _last_request_start(tbl: pa.Table) -> int:
@@ -542,10 +550,9 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
 
 
 def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_rows: int, duckdb_memory) -> dict:
-    from estimators import RUN_KEYS, _Table
+    from estimators import RUN_KEYS, _Table, fit_cost
     from estimators.bracket import bracket_from_jsonl
     from estimators.calibration import CalData, calibration_data, compare
-    from estimators.cost import CostModel
     from estimators.planner import audit
 
     data = side["data"]
@@ -586,13 +593,7 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
     except ValueError as e:
         res["skipped"]["calibration"] = str(e)
     steps = data["steps"]
-    cost = None
-    try:
-        cost = CostModel(seed=seed).fit(steps, baseline=data["sps_table"])
-        res["cost"] = cost.result_
-    except (ValueError, KeyError) as e:
-        res["skipped"]["cost"] = str(e)
-    table = data["sps_table"] or (cost.table_ if cost is not None else None)
+    table = fit_cost(res, steps, data["sps_table"], seed)
     if table is not None and len(steps):
         if acc.chunks == 1:  # the whole run was one chunk: the exact audit
             frame, ptail = acc.last_frame, acc.last_tail
