@@ -234,7 +234,7 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
         if isinstance(r, Exception):
             raise r
         return r
-    from estimators.bracket import bracket_from_jsonl, trim_counters
+    from estimators.bracket import trim_counters
     from estimators.calibration import calibration_data, compare
     from estimators.frame import BlockFrame
     from estimators.planner import audit
@@ -270,12 +270,7 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
         tail.blocks["band"] = batch_band(bs)
     res["tail"] = tail
     tc = trim_counters(frame, None if frame.has_truth.all() else tail.blocks["mean"].to_numpy())
-    if len(data["estimator_rows"]):
-        br = bracket_from_jsonl(data["estimator_rows"], data["estimator_gather"], data["estimator_eos"], gamma=gamma)
-        res["bracket"] = _Table(br, dict(trim=tc, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
-                                         categories=br.category.value_counts().to_dict()))
-    else:
-        res["bracket"] = _Table(pd.DataFrame(), dict(trim=tc, note="no SGLang estimator JSONL for this run"))
+    res["bracket"] = sglang_bracket(data, tc, gamma)
     res["utilization"] = utilization(frame, tail=None if frame.has_truth.all() else tail, steps=steps,
                                      n_boot=n_boot, seed=seed)
     # calibration
@@ -299,6 +294,17 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     else:
         res["skipped"]["planner"] = "no SPS table recorded and no step timings to fit one"
     return res
+
+
+def sglang_bracket(data: dict, trim: dict, gamma: int) -> "_Table":
+    """SGLang's [lo, hi] block-accept bracket from the run's estimator JSONL, next to the trim counters."""
+    from estimators.bracket import bracket_from_jsonl
+
+    if not len(data["estimator_rows"]):
+        return _Table(pd.DataFrame(), dict(trim=trim, note="no SGLang estimator JSONL for this run"))
+    br = bracket_from_jsonl(data["estimator_rows"], data["estimator_gather"], data["estimator_eos"], gamma=gamma)
+    return _Table(br, dict(trim=trim, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
+                           categories=br.category.value_counts().to_dict()))
 
 
 def fit_cost(res: dict, steps: pd.DataFrame, sps_table, seed: int):

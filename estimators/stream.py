@@ -550,8 +550,7 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
 
 
 def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_rows: int, duckdb_memory) -> dict:
-    from estimators import RUN_KEYS, _Table, fit_cost
-    from estimators.bracket import bracket_from_jsonl
+    from estimators import RUN_KEYS, _Table, fit_cost, sglang_bracket
     from estimators.calibration import CalData, calibration_data, compare
     from estimators.planner import audit
 
@@ -564,12 +563,7 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
     res["tail"] = tail
     tc = acc.trim_counters()
     gamma = acc.G
-    if len(data["estimator_rows"]):
-        br = bracket_from_jsonl(data["estimator_rows"], data["estimator_gather"], data["estimator_eos"], gamma=gamma)
-        res["bracket"] = _Table(br, dict(trim=tc, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
-                                         categories=br.category.value_counts().to_dict()))
-    else:
-        res["bracket"] = _Table(pd.DataFrame(), dict(trim=tc, note="no SGLang estimator JSONL for this run"))
+    res["bracket"] = sglang_bracket(data, tc, gamma)
     res["utilization"] = acc.utilization_result(tail, n_boot, seed)
     try:
         if acc.exact:
