@@ -49,7 +49,7 @@ def test_attach_drive_and_sps_profile(tmp_path):
                                         "--out", str(tmp_path / "sps.json"), "--loopback-only", "--json"]))
         assert [r["batch_size_per_rank"] for r in out["rounds"]] == [1, 3]
         assert out["table"]["sample_batch_tokens"] == [4, 12]
-        capture_only = runner.invoke(app, ["live", "attach", "--url", s.url, "--db", str(db), "--duration", "0.3",
+        capture_only = runner.invoke(app, ["live", "attach", "--url", s.url, "--db", str(db), "--duration", "2",
                                            "--poll-interval", "0.1", "--run-id", "cli-3"])
         assert capture_only.exit_code == 0, capture_only.output
     st = Store(db)
