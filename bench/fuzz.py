@@ -31,13 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
+from bench.ingest import _status_mb  # noqa: E402  (one /proc/self/status reader for the benches)
 
 
 def _rss_mb() -> float:
