@@ -24,7 +24,7 @@ from pathlib import Path
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Optional
 
-from acceptscope.cli._common import EXIT_FAILURE, EXIT_OK
+from acceptscope.exit_codes import EXIT_FAILURE, EXIT_OK
 
 PRODUCTION_ARM = "compact"
 AUDIT_ARM = "cap-accept"

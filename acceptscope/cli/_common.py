@@ -8,17 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
-# soft_wrap: messages are never broken by inserted newlines at the terminal's width (paths and run ids
-# stay whole for grep and for tests at any COLUMNS); tables still fit the width
-console = Console(stderr=True, soft_wrap=True)
-
-# Exit codes scripts can rely on.
-EXIT_OK = 0
-EXIT_FAILURE = 1  # the command ran and found a problem (e.g. audit parity broken)
-EXIT_USAGE = 2  # bad arguments or unreadable input
-EXIT_NO_DATA = 3  # the database holds nothing to work on
+from acceptscope.console import console  # noqa: F401 - re-exported for the command modules
+from acceptscope.exit_codes import EXIT_FAILURE, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE  # noqa: F401
 
 DbOption = typer.Option(Path("acceptscope.duckdb"), "--db", help="DuckDB telemetry file.")
 JsonOption = typer.Option(False, "--json", help="Print a machine-readable JSON summary on stdout.")
