@@ -19,12 +19,21 @@ token stream. One audit therefore
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from pathlib import Path
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Optional
 
+from acceptscope import audit_sampling
+from acceptscope.engine import EngineConfig, run_engine
+from acceptscope.engine.workloads import BUILTIN, load_prompts, parse_spec
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_OK
+from acceptscope.parity import check_parity
+from acceptscope.reader import Reader
+from acceptscope.report import Thresholds, write_report
+from acceptscope.store import Store
+from estimators.calibration import StsCalibrator, calibration_data
 
 PRODUCTION_ARM = "compact"
 AUDIT_ARM = "cap-accept"
@@ -121,7 +130,6 @@ def new_audit_group() -> str:
 # reference engine
 # ---------------------------------------------------------------------------
 def _engine_config(cfg: AuditConfig, arm: str, group: str, opts: Optional[dict] = None, **overrides: Any) -> Any:
-    from acceptscope.engine import EngineConfig
 
     base = cfg.engine_options if opts is None else opts
     known = {f.name for f in fields(EngineConfig)}
@@ -148,9 +156,6 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
     fitted by the smooth NLL method (``estimators.calibration``) on the realized label; both audit arms
     then serve with the table, as production would.
     """
-    from acceptscope.engine import run_engine
-    from acceptscope.store import Store
-    from estimators.calibration import StsCalibrator, calibration_data
 
     n = int(cfg.calibration_requests) or max(16, int(n_audit) // 2)
     keep = {k: v for k, v in opts.items() if k not in ("sts", "num_requests", "request_keys", "window_replay_run",
@@ -166,7 +171,6 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
     path.write_text(cal.to_sglang_json(dataset=f"{cfg.db}:{run_id}", label=data.label,
                                        extra={"calibration_run": run_id, "prompt_offset": int(n_audit)}),
                     encoding="utf-8")
-    from acceptscope.engine.workloads import load_prompts
 
     # disjoint by prompt index; texts can still repeat (templated generators, a cycled short JSONL file): count them
     seen = {p.text for p in load_prompts(keep.get("workload", cfg.workload), int(n_audit))}
@@ -177,7 +181,6 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
 
 
 def _label_map(workload: str) -> dict:
-    from acceptscope.engine.workloads import BUILTIN, parse_spec
 
     return {(w if w in BUILTIN else Path(w).stem): w for w in parse_spec(workload)}
 
@@ -192,7 +195,6 @@ def run_curve(cfg: AuditConfig, group: str, opts: dict, by_workload: dict,
     when served (the blog's gsm8k class), else the highest-accept one; the low one the lowest-accept.
     Returns the points (the report recomputes them from the database).
     """
-    from acceptscope.engine import run_engine
 
     if not opts.get("cost_profile") or not cfg.curve_batches:
         return []
@@ -223,9 +225,6 @@ def run_curve(cfg: AuditConfig, group: str, opts: dict, by_workload: dict,
 
 def _run_reference(cfg: AuditConfig, group: str, progress: Optional[Callable[[str, int, int], None]]) -> dict:
     """Run the arms on the reference engine; returns arm -> (run summary dict, run_id)."""
-    from acceptscope import audit_sampling
-    from acceptscope.engine import EngineConfig, run_engine
-    from app.data import Reader
 
     out: dict = {}
     opts = effective_options(cfg.engine_options)
@@ -269,7 +268,7 @@ def _run_sglang(cfg: AuditConfig, group: str, progress: Any) -> dict:
     ``f"{group}-{arm}"`` as on the reference engine.
     """
     try:
-        from acceptscope import live
+        from acceptscope import live  # the [live] extra
     except ImportError as e:  # pragma: no cover
         raise RuntimeError(f"--engine sglang needs acceptscope.live: {e}") from None
     fn = getattr(live, "run_audit", None)
@@ -288,13 +287,6 @@ def _run_sglang(cfg: AuditConfig, group: str, progress: Any) -> dict:
 def run_audit(cfg: AuditConfig, progress: Optional[Callable[[str, int, int], None]] = None,
               stage: Optional[Callable[[str], None]] = None) -> AuditResult:
     """Run both arms, check parity, infer utilization, run estimators, write the report."""
-    import time
-
-    from acceptscope import audit_sampling
-    from acceptscope.parity import check_parity
-    from acceptscope.report import Thresholds, write_report
-    from app.data import Reader
-
     if cfg.engine not in ("reference", "sglang"):
         raise ValueError(f"--engine must be reference or sglang, got {cfg.engine!r}")
     if not 0 < cfg.audit_fraction <= 1:

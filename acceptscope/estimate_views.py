@@ -2,8 +2,8 @@
 
 Why this module exists: the report, the dashboard and the notebook all show the
 estimators' own plotly figures and numbers. This module runs
-``estimators.run_all(store, run_id)`` (each result has ``to_json()`` and
-``figure()``; steps that cannot run are listed under ``skipped`` with the reason)
+``estimators.run_all(store, run_id)`` (each result has ``to_json()`` and is drawn by
+:func:`acceptscope.figures.figure_of`; steps that cannot run are listed under ``skipped`` with the reason)
 and the validation harness (``estimators.validation.validate`` on a run that
 recorded the ceiling), and normalises each to ``EstimateView``: figures, a flat
 summary, small tables, and an error or skip reason. An estimator that fails is
@@ -20,6 +20,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+import estimators
+from acceptscope import schema
+from acceptscope.figures import figure_of
+from acceptscope.reader import Reader
+from acceptscope.store import Store
+from estimators.stream import read_sample
+from estimators.validation import validate
 
 MAX_TABLE_ROWS = 40
 VALIDATION_ROWS = 1 << 19  # the validation harness runs on at most this many request-steps of a run
@@ -88,7 +96,7 @@ def view(name: str, result: Any) -> EstimateView:
     except Exception as e:
         v.error = f"to_json failed: {type(e).__name__}: {e}"
     try:
-        fig = result.figure() if hasattr(result, "figure") else None
+        fig = figure_of(result)
         if fig is not None:
             v.figures = [fig] if not isinstance(fig, (list, tuple)) else [f for f in fig if f is not None]
     except Exception as e:
@@ -98,10 +106,6 @@ def view(name: str, result: Any) -> EstimateView:
 
 def available() -> tuple[bool, str]:
     """Whether ``estimators.run_all`` can be called, and why not."""
-    try:
-        import estimators
-    except Exception as e:  # pragma: no cover - an install problem
-        return False, f"cannot import estimators: {e}"
     if not hasattr(estimators, "run_all"):
         return False, "the estimators package has no run_all() in this install"
     return True, ""
@@ -112,9 +116,6 @@ def run_estimates(db: str | Path, run_id: str, *, n_boot: int = 200) -> tuple[di
     ok, why = available()
     if not ok:
         return {}, why
-    import estimators
-    from acceptscope.store import Store
-
     try:
         results = estimators.run_all(Store(db, read_only=True), run_id, n_boot=n_boot)  # (reads never create tables)
     except Exception as e:
@@ -129,16 +130,6 @@ def run_estimates(db: str | Path, run_id: str, *, n_boot: int = 200) -> tuple[di
 
 def run_validation(db: str | Path, truth_run: str, *, n_boot: int = 100, seed: int = 0) -> EstimateView:
     """Hide the ceiling of a cap-accept/static run, estimate as compact would, compare with the truth."""
-    try:
-        from estimators.validation import validate
-    except ImportError as e:
-        return EstimateView("validation", error=f"cannot import estimators.validation: {e}")
-    from app.data import Reader
-    from acceptscope import schema
-
-    from acceptscope.store import Store
-    from estimators.stream import read_sample
-
     r = Reader(db)
     # a big run is validated on a stable hash-sample of whole requests (bounded memory)
     n_all = int(r.df(f'SELECT count(*) AS n FROM "{schema.REQUEST_STEPS.name}" WHERE run_id = ?', [truth_run]).n.iloc[0])

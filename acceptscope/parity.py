@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from acceptscope import schema
+from acceptscope.reader import Reader
 
 KINDS = ("scheduling", "nondeterminism", "length", "missing", "unclassified")
 PAIR_KEY = ("workload", "prompt_index", "seed")
@@ -122,10 +123,10 @@ def check_parity(reader: Any, run_a: str, run_b: str, *, classify: bool = True,
     so A's requests missing from B are expected; B's requests missing from A are
     still findings. ``None`` decides from the counts (B smaller than A).
 
-    ``reader`` is anything with ``df(sql, params)`` or ``query_df(sql, params)``
-    (``app.data.Reader`` or ``acceptscope.store.Store``).
+    ``reader``: a :class:`acceptscope.reader.Reader` or an :class:`acceptscope.store.Store` (same
+    ``query_df``).
     """
-    q = getattr(reader, "df", None) or reader.query_df
+    q = reader.query_df
     req = schema.REQUESTS.name
     cols = "run_id, rid, workload, prompt_index, seed, output_tokens"
     a = q(f'SELECT {cols} FROM "{req}" WHERE run_id = ?', [run_a])
@@ -206,6 +207,4 @@ def _str(x: Any) -> str | None:
 
 def check_path(db: str | Path, run_a: str, run_b: str) -> ParityReport:
     """Convenience: parity of two runs in a DuckDB file, read-only."""
-    from app.data import Reader
-
     return check_parity(Reader(db), run_a, run_b)

@@ -1,4 +1,4 @@
-"""Read-only queries the surfaces (dashboard, HTML report, notebook) share.
+"""THE reader: read-only queries the surfaces (report, audit, dashboard, notebook) share.
 
 Why this module exists: the dashboard reads a DuckDB file that a run may be
 writing at the same moment. DuckDB gives the file lock to one read-write
@@ -6,7 +6,10 @@ process, so every query here opens a short ``read_only`` connection, runs, and
 closes it again; nothing holds the lock between calls. All filters are bound
 parameters; table and column names come from :mod:`acceptscope.schema`.
 
-No Streamlit import here: the report and the notebook use the same functions.
+Same read API as :class:`acceptscope.store.Store` (``query_arrow``, ``query_df``; a ``Reader`` also
+accepts a ``Store``), and the same path: results come through Arrow (``fetch_arrow(...).to_pandas()``),
+not DuckDB's slower ``.df()``. Unlike ``Store(read_only=True)`` it opens a file whose tables are not
+created yet (a run starting up), which the dashboard's change probe needs.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from acceptscope import schema
-from acceptscope.store import open_read_only
+from acceptscope.store import Store, fetch_arrow, open_read_only
 
 RS = schema.REQUEST_STEPS.name
 REQ = schema.REQUESTS.name
@@ -29,18 +34,62 @@ _PROBE_TABLES = (schema.RUNS, schema.STEPS, schema.REQUEST_STEPS, schema.REQUEST
                  schema.REJECTS, schema.GAPS)
 
 
+def _decimals_as_float(t: pa.Table) -> pa.Table:
+    """``sum()`` of an integer column is a HUGEINT, which Arrow carries as decimal128: pandas would get
+    Python ``Decimal`` objects that do not mix with floats. Cast them to float64, as ``.df()`` did."""
+    idx = [i for i, f in enumerate(t.schema) if pa.types.is_decimal(f.type)]
+    for i in idx:
+        t = t.set_column(i, t.schema.field(i).name, t.column(i).cast(pa.float64()))
+    return t
+
+
+def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None) -> list[str]:
+    """Explicit runs, else one audit group's runs, else the newest audit group, else every run."""
+    try:
+        runs = reader.runs()
+    except duckdb.CatalogException:
+        raise ValueError(f"{reader.path}: not an acceptscope telemetry database (it has no runs table)") from None
+    if runs.empty:
+        return []
+    if run_ids:
+        unknown = sorted(set(run_ids) - set(runs["run_id"]))
+        if unknown:
+            raise KeyError(f"unknown run id(s): {', '.join(unknown)}; known: {', '.join(runs['run_id'])}")
+        return list(run_ids)
+    if audit_group:
+        sel = runs[runs["audit_group"] == audit_group]
+        if sel.empty:
+            raise KeyError(f"no runs with audit_group {audit_group!r}")
+        return list(sel["run_id"])
+    grouped = runs.dropna(subset=["audit_group"])
+    # an audit's STS calibration split and throughput-curve runs sit in sub-groups "<group>/..."; the newest
+    # audit is the newest top-level group
+    top = grouped[~grouped["audit_group"].str.contains("/", regex=False)]
+    grouped = top if len(top) else grouped
+    if len(grouped):  # runs() is newest first
+        return list(runs[runs["audit_group"] == grouped["audit_group"].iloc[0]]["run_id"])
+    return list(runs["run_id"])
+
+
 class Reader:
     """Short read-only queries against one telemetry file (never keeps a connection open)."""
 
-    def __init__(self, path: str | Path, *, lock_timeout_s: float = 10.0):
-        self.path = Path(path)
+    def __init__(self, path: str | Path | Store, *, lock_timeout_s: float = 10.0):
+        self.path = Path(path.path if isinstance(path, Store) else path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such DuckDB file")
         self.lock_timeout_s = lock_timeout_s
 
-    def df(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
+    def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """One query on a short read-only connection, as Arrow (DuckDB's HUGEINT/DECIMAL sums as float64)."""
         with open_read_only(self.path, self.lock_timeout_s) as con:
-            return con.execute(sql, list(params or [])).df()
+            return _decimals_as_float(fetch_arrow(con, sql, list(params or [])))
+
+    def query_df(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
+        """``query_arrow`` as pandas (list columns become numpy arrays, as in ``Store.read_table``)."""
+        return self.query_arrow(sql, params).to_pandas()
+
+    df = query_df  # the short name the query methods below use
 
     # -- change probe -----------------------------------------------------
     def data_version(self) -> tuple[int, ...]:
@@ -150,8 +199,6 @@ class Reader:
 
     def step_costs(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Per-step cost telemetry (what the cost model predicts vs what the step took)."""
-        import duckdb
-
         sql = f"""
             SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
                    predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}

@@ -5,8 +5,8 @@ offline: the written verdict first (what is healthy, what is wrong), then the
 evidence. The file embeds plotly.js once (no CDN, no server) and every figure
 as a plotly div, so it works from an e-mail attachment or an air-gapped host.
 
-Figures come from the estimators when they can run (``app.estimates``) and
-otherwise from the raw tables (``app.figures``); each section says which.
+Figures come from the estimators when they can run (:mod:`acceptscope.estimate_views`) and
+otherwise from the raw tables (:mod:`acceptscope.figures.tables`); each section says which.
 The verdict is rule-based (thresholds in :class:`Thresholds`).
 """
 
@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import duckdb
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
 
-from acceptscope import schema
+from acceptscope import audit_sampling, schema
+from acceptscope import estimate_views as est
+from acceptscope.figures import regime as R
+from acceptscope.figures import tables as F
+from acceptscope.parity import ParityReport, check_parity
+from acceptscope.reader import Reader, select_runs
+from acceptscope.store import incomplete_runs
 
 # section ids, in page order (tests check that each is present)
 SECTIONS = ("summary", "runs", "regime", "curve", "parity", "calibration", "survival", "windows", "utilization",
@@ -76,39 +86,6 @@ class ReportResult:
         d = asdict(self)
         d["path"] = str(self.path) if self.path else None
         return d
-
-
-# ---------------------------------------------------------------------------
-# run selection
-# ---------------------------------------------------------------------------
-def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None) -> list[str]:
-    """Explicit runs, else one audit group's runs, else the newest audit group, else every run."""
-    import duckdb
-
-    try:
-        runs = reader.runs()
-    except duckdb.CatalogException:
-        raise ValueError(f"{reader.path}: not an acceptscope telemetry database (it has no runs table)") from None
-    if runs.empty:
-        return []
-    if run_ids:
-        unknown = sorted(set(run_ids) - set(runs["run_id"]))
-        if unknown:
-            raise KeyError(f"unknown run id(s): {', '.join(unknown)}; known: {', '.join(runs['run_id'])}")
-        return list(run_ids)
-    if audit_group:
-        sel = runs[runs["audit_group"] == audit_group]
-        if sel.empty:
-            raise KeyError(f"no runs with audit_group {audit_group!r}")
-        return list(sel["run_id"])
-    grouped = runs.dropna(subset=["audit_group"])
-    # an audit's STS calibration split and throughput-curve runs sit in sub-groups "<group>/..."; the newest
-    # audit is the newest top-level group
-    top = grouped[~grouped["audit_group"].str.contains("/", regex=False)]
-    grouped = top if len(top) else grouped
-    if len(grouped):  # runs() is newest first
-        return list(runs[runs["audit_group"] == grouped["audit_group"].iloc[0]]["run_id"])
-    return list(runs["run_id"])
 
 
 def _arm_run(summary: pd.DataFrame, arm: str) -> str | None:
@@ -173,12 +150,6 @@ def build_report(
     title: str | None = None,
 ) -> tuple[str, ReportResult]:
     """Render the report for a selection of runs; returns (html text, result)."""
-    from acceptscope import audit_sampling
-    from acceptscope.parity import ParityReport, check_parity
-    from app import estimates as est
-    from app import figures as F
-    from app.data import Reader
-
     th = thresholds or Thresholds()
     reader = Reader(db)
     ids = select_runs(reader, run_ids, audit_group)
@@ -188,8 +159,6 @@ def build_report(
     findings: list[Finding] = []
     summary = reader.run_summary(ids)
     runs = F.runs_in(reader, ids)
-    from acceptscope.store import incomplete_runs
-
     incomplete = incomplete_runs(reader.runs(), ids)
     for rid in incomplete:
         findings.append(Finding("warn", "runs", f"run {rid} is incomplete: it has no completion mark (still being "
@@ -486,8 +455,6 @@ def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
 # pieces
 # ---------------------------------------------------------------------------
 def _run_config(reader: Any, run_id: str) -> dict:
-    import json
-
     c = reader.df(f'SELECT config_json FROM "{RUNS_TABLE}" WHERE run_id = ?', [run_id])["config_json"]
     try:
         return json.loads(c.iloc[0]) if len(c) and isinstance(c.iloc[0], str) else {}
@@ -497,8 +464,6 @@ def _run_config(reader: Any, run_id: str) -> dict:
 
 def _profile_html(sps_path: str) -> str:
     """Provenance, bound ratio and virtual-clock check of a measured GPU cost profile (if it has a manifest)."""
-    import json
-
     p = Path(sps_path)
     man_p = Path(str(p) + ".manifest.json")
     if not man_p.is_file():
@@ -534,8 +499,6 @@ def _profile_html(sps_path: str) -> str:
 def _regime_sections(page: "_Page", reader: Any, runs: pd.DataFrame, compact: str | None, audit: str | None,
                      findings: list, headline: dict) -> None:
     """Per-workload windows / utilization next to the SGLang blog's, and the compact-vs-static curve."""
-    from app import regime as R
-
     src = audit or compact
     if src is None:
         page.note("regime", "needs a compact or cap-accept run.")
@@ -564,8 +527,6 @@ def _regime_sections(page: "_Page", reader: Any, runs: pd.DataFrame, compact: st
             page.add("curve", _profile_html(str(cfg["sps_path"])))
     groups = runs["audit_group"].dropna().unique()
     curve = pd.DataFrame()
-    import duckdb
-
     for g in groups:
         try:
             c = reader.throughput_curve(f"{g}/curve")
@@ -640,8 +601,6 @@ def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd
 
 
 def _fig_tail(t: pd.DataFrame) -> Any:
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=t["workload"], y=t["truth"], mode="markers", name="cap-accept truth",
                              marker=dict(color="#d62728", size=12, symbol="diamond"),
@@ -702,8 +661,6 @@ li.ok{background:#ecfdf5}li.warn{background:#fffbeb}li.bad{background:#fef2f2}li
 
 
 def _render(page: _Page, title: str, ids: Sequence[str]) -> str:
-    from plotly.offline import get_plotlyjs
-
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nav = "".join(f"<a href='#{s}'>{SECTION_TITLES[s]}</a>" for s in SECTIONS)
     body = "".join(

@@ -4,7 +4,7 @@ Launch with ``acceptscope dashboard --db FILE`` (which runs
 ``streamlit run app/dashboard.py -- --db FILE``), or set ``ACCEPTSCOPE_DB``.
 
 Reading a file that a run is writing: every query opens a short read-only
-connection (``app.data.Reader``), so the writer gets the lock between flushes.
+connection (``acceptscope.reader.Reader``), so the writer gets the lock between flushes.
 Query results are cached with ``st.cache_data`` keyed on a data-version probe
 (row counts of the growing tables); with live refresh on, the body is a
 ``st.fragment(run_every=...)`` that re-probes and re-renders only when the
@@ -24,7 +24,10 @@ if str(_ROOT) not in sys.path:  # `streamlit run app/dashboard.py` puts app/ fir
 
 import streamlit as st  # noqa: E402
 
-from app.data import Reader  # noqa: E402
+from acceptscope import audit_sampling  # noqa: E402
+from acceptscope.estimate_views import run_estimates  # noqa: E402
+from acceptscope.figures import tables as figures  # noqa: E402
+from acceptscope.reader import Reader, select_runs  # noqa: E402
 from app.panels import calibration, cost, drilldown, estimates, overview, regime, utilization, windows  # noqa: E402
 from app.panels._ctx import Ctx, plain  # noqa: E402
 
@@ -44,19 +47,13 @@ def load(db: str, version: tuple, method: str, *args):
     """Cached read; ``version`` is part of the key so new data invalidates it."""
     reader = Reader(db)
     if method == "reliability_bins":
-        from app import figures
-
         return figures.reliability_bins(reader, list(args[0]))
     if method == "sampling_inference":
-        from acceptscope import audit_sampling
-
         try:
             return audit_sampling.infer_runs(reader, *args).to_dict()
         except ValueError as e:
             return str(e)
     if method == "estimates":
-        from app.estimates import run_estimates
-
         views, why = run_estimates(db, args[0])
         return {k: {"figures": v.figures, "summary": v.summary, "tables": v.tables, "error": v.error,
                     "skipped": v.skipped} for k, v in views.items()}, why
@@ -65,8 +62,6 @@ def load(db: str, version: tuple, method: str, *args):
 
 
 def default_selection(reader: Reader, runs) -> list[str]:
-    from acceptscope.report import select_runs
-
     return select_runs(reader) if len(runs) else []
 
 

@@ -19,10 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from acceptscope.report import select_runs  # noqa: E402
-from app import figures as F  # noqa: E402
-from app import regime as R  # noqa: E402
-from app.data import Reader  # noqa: E402
+from acceptscope.figures import regime as R  # noqa: E402
+from acceptscope.figures import tables as F  # noqa: E402
+from acceptscope.reader import Reader, select_runs  # noqa: E402
 
 
 def main() -> int:

@@ -13,8 +13,8 @@ carry the parent's peak over ``execve``):
 
 * ``estimate``: ``acceptscope estimate --db S --run syn-c --json`` (200 bootstrap replicates);
 * ``report``: ``acceptscope report --db S --run syn-c --run syn-cap`` (estimators on);
-* ``panel:<name>``: each dashboard query the panels make (``app.data.Reader`` methods,
-  ``app.figures.reliability_bins``) for the run, best and worst of ``--panel-repeats``;
+* ``panel:<name>``: each dashboard query the panels make (``acceptscope.reader.Reader`` methods,
+  ``acceptscope.figures.tables.reliability_bins``) for the run, best and worst of ``--panel-repeats``;
 * ``ingest``: ``acceptscope ingest`` of a synthetic SGLang ``/server_info`` dump
   (:func:`acceptscope.ingest.synth.make_server_info`) of about the same number of request-steps,
   for sizes up to ``--ingest-max``.
@@ -64,11 +64,11 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": time.proce
 _PANEL = r"""
 import json, sys, time
 db, name, runs, reps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-from app.data import Reader
+from acceptscope.reader import Reader
 r = Reader(db)
 def call():
     if name == "reliability_bins":
-        from app import figures
+        from acceptscope.figures import tables as figures
         return figures.reliability_bins(r, runs)
     if name == "sampling_inference":
         from acceptscope import audit_sampling

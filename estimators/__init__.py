@@ -2,7 +2,7 @@
 cost model and planner audit, over the telemetry store's tables.
 
 :func:`run_all` is the facade the CLI, the report and the dashboard use: one call per run,
-a dict of results, each with ``to_json()`` and ``figure()``. Steps that cannot run on a
+a dict of results, each with ``to_json()`` (``acceptscope.figures.figure_of`` draws them). Steps that cannot run on a
 run (no timing, no truth, no SPS table) are reported under ``skipped`` with the reason.
 
 Example::
@@ -329,15 +329,6 @@ class _Table:
 
     def to_json(self) -> dict:
         return self.summary
-
-    def figure(self):
-        from estimators.figures import interval_figure
-
-        if self.df.empty:
-            return None
-        g = self.df.groupby("category").agg(lo=("lo", "mean"), hi=("hi", "mean"), mid=("mid", "mean")).reset_index()
-        return interval_figure(g, x="category", est="mid", lo="lo", hi="hi",
-                               title="SGLang block-accept bracket by category (accept length)")
 
 
 def to_jsonable(results: dict[str, Any]) -> dict:

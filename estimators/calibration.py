@@ -280,11 +280,6 @@ class CalibrationResult:
                     fit_seconds=self.fit_seconds, summary=self.summary().to_dict("records"),
                     metrics=self.metrics.to_dict("records"), notes=self.notes)
 
-    def figure(self, positions=None):
-        from estimators.figures import reliability_figure
-
-        return reliability_figure(self.reliability, positions=positions, title=f"STS reliability (label: {self.label})")
-
 
 def compare(train: CalData, test: CalData, methods=METHODS, n_boot: int = 200, seed: int = 0,
             extra_fits: dict | None = None) -> CalibrationResult:

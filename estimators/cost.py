@@ -143,11 +143,6 @@ class CostResult:
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "predictions"}
 
-    def figure(self):
-        from estimators.figures import pred_vs_measured_figure
-
-        return pred_vs_measured_figure(self.predictions, title="SPS additive cost model: predicted vs measured step time")
-
 
 def _errors(pred_ms, meas_ms) -> dict:
     e = pred_ms - meas_ms

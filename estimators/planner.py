@@ -100,11 +100,6 @@ class PlannerAudit:
     def to_json(self) -> dict:
         return dict(summary=self.summary, notes=self.notes)
 
-    def figure(self):
-        from estimators.figures import budget_audit_figure
-
-        return budget_audit_figure(self.per_step)
-
 
 def audit(request_steps, steps: pd.DataFrame, table: SpsTable, ceiling_estimate: np.ndarray | None = None,
           gamma: int | None = None) -> PlannerAudit:

@@ -23,7 +23,7 @@ run's :class:`~estimators.tail.TailEstimator` and reduced to sums before the nex
 Memory: a chunk (``chunk_rows`` request-steps, a few hundred bytes each plus the estimator's
 per-block arrays), the per-request statistics (~100 bytes per (group, request)) and DuckDB's
 sort, capped by ``duckdb_memory`` (it spills to a temporary directory). Results have the
-interface of :func:`estimators.run_all`'s (``to_json()``, ``figure()``) and equal them on a
+interface of :func:`estimators.run_all`'s (``to_json()``; drawn by ``acceptscope.figures``) and equal them on a
 run that fits in one chunk (the tail's point estimates for any chunking).
 
 Example::
@@ -215,15 +215,6 @@ class StreamTail:
             raise ValueError(f"streamed tail results keep the groupings {[list(g) for g in self.stats]}, not {by}")
         return aggregate_stats(self.stats[key], by, level=level, n_boot=n_boot, target=target, seed=seed,
                                shift=self.shifts.get(key))
-
-    def figure(self, by: str = "workload"):
-        from estimators.figures import interval_figure
-
-        agg = self.aggregate(by=[by], n_boot=200)
-        return interval_figure(agg, x=by, est="mean_ceiling", lo="lo", hi="hi",
-                               truth="truth" if "truth" in agg else None,
-                               title=f"Estimated uncapped ceiling (accepted drafts), 95% interval, by {by}",
-                               yaxis="mean ceiling (drafts)")
 
     def to_json(self) -> dict:
         return dict(summary=self.summary(), aggregate=self.aggregate().to_dict("records"))

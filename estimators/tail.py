@@ -295,17 +295,6 @@ class TailResult:
         return aggregate_stats(request_stats(b, by, keys=keys), by, level=level, n_boot=n_boot, target=target,
                                seed=seed, shift=shift)
 
-    def figure(self, by: str = "workload"):
-        """Aggregate estimated ceiling per group (with interval), against truth where known."""
-        from estimators.figures import interval_figure
-
-        col = by if by in self.blocks else None
-        agg = self.aggregate(by=[col] if col else None, n_boot=200)
-        return interval_figure(agg, x=col or "group", est="mean_ceiling", lo="lo", hi="hi",
-                               truth="truth" if "truth" in agg else None,
-                               title=f"Estimated uncapped ceiling (accepted drafts), 95% interval, by {col or 'run'}",
-                               yaxis="mean ceiling (drafts)")
-
     def to_json(self) -> dict:
         return dict(summary=self.summary(), aggregate=self.aggregate().to_dict("records"))
 

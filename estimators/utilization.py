@@ -44,11 +44,6 @@ class UtilizationResult:
         return dict(by_group=self.by_group.to_dict("records"), by_position=self.by_position.to_dict("records"),
                     notes=self.notes)
 
-    def figure(self):
-        from estimators.figures import windows_figure
-
-        return windows_figure(self.windows, self.by_group[self.by_group.by == "workload"])
-
 
 def utilization(data, tail=None, steps: pd.DataFrame | None = None, gamma: int | None = None,
                 n_boot: int = 200, seed: int = 0) -> UtilizationResult:

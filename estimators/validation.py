@@ -195,11 +195,6 @@ class ValidationResult:
                     bracket=self.bracket.to_dict("records"), per_run=self.per_run.to_dict("records"),
                     targets=self.targets(), notes=self.notes)
 
-    def figure(self):
-        from estimators.figures import coverage_figure
-
-        return coverage_figure(self.per_mode)
-
     def report(self) -> str:
         """The must-show tables as text (pooled per mode, per run, aggregate groups, bracket)."""
         cols = ["n_blocks", "n_unresolved", "resolved_exact", "bias", "mae", "bias_unresolved", "mae_unresolved",

@@ -21,7 +21,7 @@ from acceptscope.cli import app
 from acceptscope.cli._common import EXIT_FAILURE, EXIT_OK
 from acceptscope.parity import check_parity, first_divergence
 from acceptscope.store import Store
-from app.data import Reader
+from acceptscope.reader import Reader
 
 REPO = Path(__file__).resolve().parents[1]
 # ACCEPTSCOPE_TEST_MODELS=DIR (holding target/ and drafter/) overrides the fixture models

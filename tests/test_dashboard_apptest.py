@@ -9,7 +9,7 @@ import pytest
 
 from acceptscope import schema
 from acceptscope.store import Store
-from app.data import Reader
+from acceptscope.reader import Reader
 from tests.test_audit import build_audit_db
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "dashboard.py")

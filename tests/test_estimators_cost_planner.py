@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from acceptscope.figures import figure_of
 from estimators.cost import CostModel, SpsTable, check_sglang_additive
 from estimators.frame import BlockFrame
 from estimators.planner import audit, budget_rule, lagged_survival
@@ -98,4 +99,4 @@ def test_audit_reproduces_recorded_budgets():
     rs = sim.tables["request_steps"]
     assert s["verify_tokens_saved"] == float((7 - rs.window).sum())
     assert s["accepted_drafts_lost"] == float((rs.ceiling - rs.correct_drafts).sum())
-    assert a.figure() is not None
+    assert figure_of(a) is not None

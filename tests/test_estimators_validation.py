@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from acceptscope.cli import app
+from acceptscope.figures import figure_of
 from acceptscope.store import Store
 from estimators.synthetic import simulate
 from estimators.utilization import utilization
@@ -51,7 +52,7 @@ def test_validation_targets_on_synthetic():
     json.dumps(v.to_json(), default=str)
     text = v.report()
     assert "aggregate [auto]" in text and "== per run" in text and "SGLang bracket" in text
-    assert len(v.figure().data) > 0
+    assert len(figure_of(v).data) > 0
 
 
 def test_expected_cover_is_the_mean_over_the_interval_randomization():
@@ -131,7 +132,7 @@ def test_utilization_exact_hand_numbers():
     assert np.isclose(run.in_window_accept_rate, rs.correct_drafts.sum() / rs.window.sum())
     assert np.isclose(run.spec_accept_rate, rs.correct_drafts.sum() / (len(rs) * 7))
     assert set(u.windows.workload) == set(rs.workload)
-    assert len(u.figure().data) > 0
+    assert len(figure_of(u).data) > 0
     assert list(batch_band([1, 8, 9, 64, 65, 500])) == ["1-8", "1-8", "9-16", "33-64", "65-128", ">128"]
 
 

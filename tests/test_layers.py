@@ -26,7 +26,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ingest+engine", ("acceptscope.ingest", "acceptscope.engine", "acceptscope.live", "acceptscope.export")),
     ("estimators", ("estimators", "acceptscope.audit_sampling", "acceptscope.parity")),
     ("figures", ("acceptscope.figures",)),
-    ("report+audit", ("acceptscope.report", "acceptscope.audit", "acceptscope.estimate_views")),
+    # the Prometheus exporter is an output surface like the report: it serves estimates (estimators.tail)
+    ("report+audit", ("acceptscope.report", "acceptscope.audit", "acceptscope.estimate_views",
+                      "acceptscope.live.exporter")),
     ("cli+app", ("acceptscope.cli", "app")),
 )
 LEVEL = {name: i for i, (name, _) in enumerate(LAYERS)}
@@ -126,9 +128,15 @@ def test_layer_map_is_complete_and_detects_an_upward_import(tmp_path):
     assert got == [("acceptscope/report.py", "app.panel"), ("estimators/fig.py", "plotly.graph_objects")]
 
 
+def module_edges(edges: list[Edge]) -> list[tuple[str, str]]:
+    """Distinct (module, imported module) pairs, an optional extra counted once per package."""
+    return sorted({(e.src, e.dst.split(".")[0] if e.dst.split(".")[0] in EXTRAS else e.dst) for e in edges})
+
+
 if __name__ == "__main__":
     root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT
     found = upward_imports(root)
-    print(f"{len(found)} upward imports in {root}")
+    pairs = module_edges(found)
+    print(f"{len(found)} upward import statements, {len(pairs)} upward module edges in {root}")
     for e in found:
         print(f"  {e}")

@@ -15,7 +15,7 @@ from acceptscope.engine import profiler
 from acceptscope.engine import sps as sps_mod
 from acceptscope.engine.workloads import load_prompts
 from acceptscope.ingest.sps import parse_sps_table
-from app.data import Reader
+from acceptscope.reader import Reader
 from tests._engine_tiny import save_tiny_pair
 
 SHIPPED = ("h200-qwen3-1.7b", "h200-qwen3-8b", "h200-qwen3-32b")

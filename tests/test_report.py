@@ -124,8 +124,8 @@ def test_report_cli_json_and_errors(audit, tmp_path):
 def test_regime_and_curve_sections_show_the_audit_next_to_the_blog(audit, report):
     """The audit fitted STS on its calibration split, served on the GPU cost profile, ran the curve, and the
     report puts per-workload windows next to the blog's and the compact-vs-static curve."""
-    from app import regime as R
-    from app.data import Reader
+    from acceptscope.figures import regime as R
+    from acceptscope.reader import Reader
 
     db, s = audit
     out, res = report

@@ -1,15 +1,27 @@
 """Plotly figures for estimator results, shared by the dashboard, the HTML report and the notebook.
 
 Each function takes a result table (never the raw store) and returns a
-``plotly.graph_objects.Figure``; results expose them as ``result.figure()``.
+``plotly.graph_objects.Figure``; :func:`figure_of` picks the figure for an estimator result, so the
+estimators themselves never import plotly (they sit a layer below).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from estimators import _Table as BracketTable
+from estimators.calibration import CalibrationResult
+from estimators.cost import CostResult
+from estimators.planner import PlannerAudit
+from estimators.stream import StreamTail
+from estimators.tail import TailResult
+from estimators.utilization import UtilizationResult
+from estimators.validation import ValidationResult
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
 
@@ -119,3 +131,45 @@ def windows_figure(win: pd.DataFrame, util: pd.DataFrame | None = None) -> go.Fi
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="verified drafts (window)", row=1, col=1)
     return _layout(fig, "Windows contract from easy to hard workloads; utilization stays high")
+
+
+def _ceiling_figure(result: Any, by: str = "workload") -> go.Figure:
+    """Aggregate estimated ceiling per group (with interval), against truth where known."""
+    col = by if isinstance(result, StreamTail) or by in result.blocks else None  # a TailResult may lack `by`
+    agg = result.aggregate(by=[col] if col else None, n_boot=200)
+    return interval_figure(agg, x=col or "group", est="mean_ceiling", lo="lo", hi="hi",
+                           truth="truth" if "truth" in agg else None,
+                           title=f"Estimated uncapped ceiling (accepted drafts), 95% interval, by {col or 'run'}",
+                           yaxis="mean ceiling (drafts)")
+
+
+def _bracket_figure(result: BracketTable) -> go.Figure | None:
+    if result.df.empty:
+        return None
+    g = result.df.groupby("category").agg(lo=("lo", "mean"), hi=("hi", "mean"), mid=("mid", "mean")).reset_index()
+    return interval_figure(g, x="category", est="mid", lo="lo", hi="hi",
+                           title="SGLang block-accept bracket by category (accept length)")
+
+
+def figure_of(result: Any, **kw: Any) -> go.Figure | None:
+    """The figure of one estimator result (None for a result type that draws none).
+
+    ``kw``: ``by`` for tail results (group column), ``positions`` for calibration results.
+    """
+    if isinstance(result, (TailResult, StreamTail)):
+        return _ceiling_figure(result, **kw)
+    if isinstance(result, CalibrationResult):
+        return reliability_figure(result.reliability, positions=kw.get("positions"),
+                                  title=f"STS reliability (label: {result.label})")
+    if isinstance(result, UtilizationResult):
+        return windows_figure(result.windows, result.by_group[result.by_group.by == "workload"])
+    if isinstance(result, CostResult):
+        return pred_vs_measured_figure(result.predictions,
+                                       title="SPS additive cost model: predicted vs measured step time")
+    if isinstance(result, ValidationResult):
+        return coverage_figure(result.per_mode)
+    if isinstance(result, PlannerAudit):
+        return budget_audit_figure(result.per_step)
+    if isinstance(result, BracketTable):
+        return _bracket_figure(result)
+    return None

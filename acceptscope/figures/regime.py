@@ -34,7 +34,7 @@ ARM_COLORS = {"compact": "#1f77b4", "static": "#2ca02c"}
 def blog_comparison(regime: pd.DataFrame) -> pd.DataFrame:
     """One row per workload: the audit's figures next to the blog's (NaN where the blog gives none).
 
-    ``regime`` is :meth:`app.data.Reader.regime_by_workload` of one run (the cap-accept arm carries both
+    ``regime`` is :meth:`acceptscope.reader.Reader.regime_by_workload` of one run (the cap-accept arm carries both
     the windows, which parity makes identical to compact's, and the ceiling that utilization needs).
     """
     rows = []

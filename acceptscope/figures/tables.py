@@ -4,8 +4,8 @@ Why this module exists: some views are plain aggregates of the raw tables
 (window distributions, survival against empirical acceptance, realized accept
 length against the observed ceiling, per-request drill-down) and need no
 estimator. The report, the dashboard and the notebook share these functions so
-all three show the same picture. Estimator results draw their own figures
-(``estimators``); :mod:`app.estimates` adapts them.
+all three show the same picture. Estimator results are drawn by
+:mod:`acceptscope.figures.estimates`; :mod:`acceptscope.estimate_views` adapts them.
 
 The raw reliability table here is the upstream-comparable plug-in view
 (15 equal-width bins, Wilson intervals, label = uncapped ceiling reaches k
@@ -22,7 +22,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.data import RS, RUNS, Reader
+from acceptscope.reader import RS, RUNS, Reader
+from estimators.calibration_metrics import ece
 
 ARM_COLORS = {"compact": "#1f77b4", "cap-accept": "#d62728", "static": "#2ca02c"}
 WILSON_Z = 1.96
@@ -77,17 +78,22 @@ def reliability_bins(reader: Reader, run_ids: Sequence[str], n_bins: int = 15) -
     return df
 
 
-def ece_table(bins: pd.DataFrame) -> pd.DataFrame:
-    """Plug-in ECE per (run, position, variant) from reliability bins."""
+def ece_table(bins: pd.DataFrame, n_bins: int = 15) -> pd.DataFrame:
+    """Plug-in ECE per (run, position, variant) from reliability bins.
+
+    A bin's mean prediction falls in that same equal-width bin, so weighting each bin's (mean_pred,
+    rate) by its n gives :func:`estimators.calibration_metrics.ece` of the underlying samples
+    (``n_bins`` must be the one :func:`reliability_bins` used).
+    """
+    cols = ["run_id", "position", "variant", "ece", "n", "mean_pred", "rate"]
     if bins.empty:
-        return pd.DataFrame(columns=["run_id", "position", "variant", "ece", "n", "mean_pred", "rate"])
-    g = bins.assign(gap=(bins["rate"] - bins["mean_pred"]).abs() * bins["n"],
-                    sp=bins["mean_pred"] * bins["n"], sy=bins["hits"])
-    out = g.groupby(["run_id", "position", "variant"], as_index=False)[["gap", "n", "sp", "sy"]].sum()
-    out["ece"] = out["gap"] / out["n"]
-    out["mean_pred"] = out["sp"] / out["n"]
-    out["rate"] = out["sy"] / out["n"]
-    return out[["run_id", "position", "variant", "ece", "n", "mean_pred", "rate"]]
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (run_id, k, variant), g in bins.groupby(["run_id", "position", "variant"], sort=True):
+        n = g["n"].to_numpy(float)
+        rows.append((run_id, k, variant, ece(g["mean_pred"].to_numpy(float), g["rate"].to_numpy(float), n_bins, w=n),
+                     int(n.sum()), float((g["mean_pred"] * n).sum() / n.sum()), float(g["hits"].sum() / n.sum())))
+    return pd.DataFrame(rows, columns=cols)
 
 
 def fig_reliability(bins: pd.DataFrame, run_id: str, max_positions: int = 8) -> go.Figure:

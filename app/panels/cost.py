@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import figures as F
+from acceptscope.figures import tables as F
 
 TITLE = "Cost"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import regime as R
+from acceptscope.figures import regime as R
 from app.panels._ctx import plain
 
 TITLE = "Regime vs blog"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from acceptscope.figures import tables as F
 from app.panels._ctx import plain
-
-from app import figures as F
 
 TITLE = "Utilization"
 
