@@ -7,29 +7,31 @@ as a plotly div, so it works from an e-mail attachment or an air-gapped host.
 
 Figures come from the estimators when they can run (:mod:`acceptscope.estimate_views`) and
 otherwise from the raw tables (:mod:`acceptscope.figures.tables`); each section says which.
-The verdict is rule-based (thresholds in :class:`Thresholds`).
+The verdict is rule-based (thresholds in :class:`Thresholds`). The page comes from Jinja2 templates
+(``acceptscope/templates``) with autoescape on: code hands the templates plain data, so a run id or
+workload name never becomes markup; tables are ``DataFrame.to_html`` (escaped).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import html
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import duckdb
+import jinja2
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
+from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from acceptscope import audit_sampling, schema
 from acceptscope import estimate_views as est
 from acceptscope.figures import regime as R
 from acceptscope.figures import tables as F
+from acceptscope.figures.estimates import tail_truth_figure
 from acceptscope.parity import ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
@@ -94,44 +96,97 @@ def _arm_run(summary: pd.DataFrame, arm: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# HTML helpers
+# HTML pieces (templates/blocks.html.j2; everything passed in is escaped there)
 # ---------------------------------------------------------------------------
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+                          autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_B = _ENV.get_template("blocks.html.j2").module
+ICONS = {"ok": "✔", "warn": "▲", "bad": "✖", "info": "•"}
+
+
 def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    """A cell as plain text: floats to ``digits``, missing as an en dash."""
+    if v is None or (isinstance(v, (float, np.floating)) and np.isnan(v)):
         return "–"
     if isinstance(v, (float, np.floating)):
         return f"{v:.{digits}f}"
-    return html.escape(str(v))
+    return str(v)
 
 
-def _table(df: pd.DataFrame, cols: Sequence[str] | None = None, digits: int = 3) -> str:
+def _table(df: pd.DataFrame | None, cols: Sequence[str] | None = None, digits: int = 3) -> Markup:
+    """A DataFrame as an escaped HTML table (``DataFrame.to_html``), or a muted '(no rows)'."""
     if df is None or df.empty:
-        return "<p class='muted'>(no rows)</p>"
+        return _B.no_rows()
     d = df[list(cols)] if cols else df
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in d.columns)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(v, digits)}</td>" for v in row) + "</tr>"
-                   for row in d.itertuples(index=False))
-    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    text = d.to_html(index=False, border=0, na_rep="–", escape=True, classes="data",
+                     float_format=lambda v: _fmt(v, digits), formatters={c: _fmt for c in d.columns
+                                                                         if d[c].dtype == object})
+    return _B.table(Markup(text))
+
+
+def _kv(d: dict | Sequence[tuple], title: str | None = None) -> Markup:
+    """A two-column key/value table; ``d`` a dict, or (key, value[, strong]) rows."""
+    rows = d.items() if isinstance(d, dict) else d
+    cell = (lambda v: _fmt(v) if not isinstance(v, (list, dict)) else str(v)[:200])
+    return _B.kv([(str(r[0]), cell(r[1]), bool(r[2]) if len(r) > 2 else False) for r in rows], title)
 
 
 class _Page:
+    """The report's sections, each a list of HTML blocks (already escaped by the templates)."""
+
     def __init__(self) -> None:
-        self.parts: dict[str, list[str]] = {s: [] for s in SECTIONS}
+        self.parts: dict[str, list[Markup]] = {s: [] for s in SECTIONS}
         self.n_fig = 0
 
-    def add(self, section: str, text: str) -> None:
-        self.parts[section].append(text)
+    def add(self, section: str, block: Markup) -> None:
+        self.parts[section].append(block)
 
     def note(self, section: str, text: str) -> None:
-        """A paragraph of plain text (escaped here: notes quote run ids, workloads and error messages)."""
-        self.add(section, f"<p class='note'>{html.escape(text)}</p>")
+        """A paragraph of plain text (notes quote run ids, workloads and error messages)."""
+        self.add(section, _B.note(text))
 
-    def fig(self, section: str, fig: Any, caption: str = "") -> None:
+    def fig(self, section: str, fig: Any, caption: str = "", link: tuple[str, str] | None = None) -> None:
         self.n_fig += 1
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{section}-{self.n_fig}",
                           config={"displaylogo": False, "responsive": True})
-        cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
-        self.add(section, f"<figure class='plot' data-section='{section}'>{div}{cap}</figure>")
+        self.add(section, _B.figure(section, Markup(div), caption, link))
+
+    def render(self, title: str, ids: Sequence[str]) -> str:
+        sections = [{"id": s, "title": SECTION_TITLES[s], "blocks": self.parts[s]} for s in SECTIONS]
+        return _ENV.get_template("report.html.j2").render(
+            title=title, run_ids=list(ids), sections=sections, plotlyjs=Markup(get_plotlyjs()),
+            generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")) + "\n"
+
+
+@dataclass
+class _Ctx:
+    """What every section reads and writes: the selection, its arms, estimator views and the findings."""
+
+    db: str | Path
+    reader: Reader
+    ids: list[str]
+    th: Thresholds
+    page: _Page
+    summary: pd.DataFrame
+    runs: pd.DataFrame
+    compact: str | None
+    audit: str | None
+    static: str | None
+    findings: list[Finding] = field(default_factory=list)
+    headline: dict = field(default_factory=dict)
+    views: dict = field(default_factory=dict)
+    est_status: str = "disabled"
+
+    @property
+    def truth_run(self) -> str | None:
+        return self.audit or self.static
+
+    @property
+    def arm_of(self) -> dict:
+        return dict(zip(self.runs["run_id"], self.runs["arm"]))
+
+    def find(self, level: str, area: str, text: str) -> None:
+        self.findings.append(Finding(level, area, text))
 
 
 # ---------------------------------------------------------------------------
@@ -150,295 +205,37 @@ def build_report(
     title: str | None = None,
 ) -> tuple[str, ReportResult]:
     """Render the report for a selection of runs; returns (html text, result)."""
-    th = thresholds or Thresholds()
     reader = Reader(db)
     ids = select_runs(reader, run_ids, audit_group)
     if not ids:
         raise LookupError(f"{db}: the database holds no runs")
-    page = _Page()
-    findings: list[Finding] = []
     summary = reader.run_summary(ids)
-    runs = F.runs_in(reader, ids)
-    incomplete = incomplete_runs(reader.runs(), ids)
-    for rid in incomplete:
-        findings.append(Finding("warn", "runs", f"run {rid} is incomplete: it has no completion mark (still being "
-                                "written, or the command writing it was killed); its figures cover only the rows "
-                                "written so far"))
-    compact = _arm_run(summary, "compact")
-    audit = _arm_run(summary, "cap-accept")
-    static = _arm_run(summary, "static")
-    truth_run = audit or static
-    headline: dict[str, Any] = {"complete": {rid: rid not in incomplete for rid in ids}}
-
-    # -- estimators ----------------------------------------------------------
-    # production-side estimates (tail, utilization, cost, planner) on compact; calibration with realized
-    # labels on the run that recorded the ceiling; validation hides that run's ceiling and compares.
-    views: dict[str, dict[str, Any]] = {}
-    est_status = "disabled"
-    arm_of = dict(zip(runs["run_id"], runs["arm"]))
+    c = _Ctx(db, reader, ids, thresholds or Thresholds(), _Page(), summary, F.runs_in(reader, ids),
+             _arm_run(summary, "compact"), _arm_run(summary, "cap-accept"), _arm_run(summary, "static"))
+    _completeness(c)
     if use_estimators:
-        ok, why = est.available()
-        est_status = "used" if ok else why
-        targets = [r for r in (compact, truth_run) if r] or ids[:1]
-        for rid in targets if ok else []:
-            v, err = est.run_estimates(db, rid, n_boot=n_boot)
-            views[rid] = v
-            if err:
-                est_status = f"failed on {arm_of.get(rid, rid)}: {err}"
-                findings.append(Finding("warn", "estimators", f"estimators failed on {rid}: {err}"))
-            for name, ev in v.items():
-                if ev.error:
-                    findings.append(Finding("warn", "estimators", f"{name} on {rid}: {ev.error}"))
-        if ok and truth_run:
-            views.setdefault(truth_run, {})["validation"] = est.run_validation(db, truth_run, n_boot=n_boot)
-
-    def est_figs(name: str, section: str, prefer: Sequence[str | None]) -> bool:
-        """Put estimator ``name``'s figures, headline numbers and tables for the first preferred run."""
-        for rid in dict.fromkeys([r for r in prefer if r] + ids):
-            ev = views.get(rid, {}).get(name)
-            if ev is None:
-                continue
-            where = f"estimators.{name} on {rid} ({arm_of.get(rid, '')})"
-            if ev.skipped:
-                page.note(section, f"{where}: skipped ({ev.skipped})")
-                continue
-            if ev.error:
-                page.note(section, f"{where}: failed ({ev.error})")
-                continue
-            for f in ev.figures:
-                page.fig(section, f, where)
-            w = html.escape(where)
-            if ev.summary:
-                page.add(section, f"<details><summary>{w}: numbers</summary>{_kv_table(ev.summary)}</details>")
-            for tname, t in list(ev.tables.items())[:3]:
-                page.add(section, f"<details><summary>{w}: {html.escape(tname)}</summary>{_table(t)}</details>")
-            return bool(ev.figures or ev.summary)
-        return False
-
-    # -- runs ----------------------------------------------------------------
-    page.add("runs", _table(summary, ["run_id", "arm", "engine", "gamma", "requests_seen", "blocks", "mean_window",
-                                      "mean_acc_len", "ceiling_accept_len", "utilization", "in_window_accept_rate",
-                                      "mean_cap_trim", "tokens_per_s"]))
-    page.add("runs", "<p class='note'>accept length counts the bonus token; <b>ceiling</b> = mean(uncapped correct "
-                     "drafts + 1), observed only in cap-accept and static; utilization = Σ accept length / Σ ceiling.</p>")
-    for row in summary.itertuples(index=False):
-        if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \
-                and row.mean_window >= row.gamma - 1e-9:
-            findings.append(Finding("bad", "scheduler", f"compact verified every draft in {row.run_id} "
-                                    f"(window = gamma = {row.gamma} on every block): no trimming, zero scheduling "
-                                    "gain. SGLang degenerates to verify-all when no SPS cost table is loaded."))
-        if row.arm == "cap-accept" and (row.mean_cap_trim or 0) == 0 and (row.blocks or 0) > 0:
-            findings.append(Finding("warn", "scheduler", f"no trimming in {row.run_id}: cap_trim is 0 on every "
-                                    "block, so the scheduler verified whole blocks (no cost table?)"))
-
-    # -- the seeds' regime and the throughput curve -------------------------------
-    _regime_sections(page, reader, runs, compact, audit, findings, headline)
-
-    # -- parity --------------------------------------------------------------
-    par: ParityReport | None = parity
-    if par is None and compact and audit:
-        par = check_parity(reader, compact, audit)
-    if par is not None:
-        c = par.counts()
-        if par.unverifiable:
-            findings.append(Finding("warn", "parity", f"{par.unverifiable} of {par.pairs} request pairs have no "
-                                    "output tokens recorded: their parity cannot be checked"))
-        if par.ok and par.unverifiable == par.pairs:
-            page.note("parity", "no output tokens recorded in these runs: parity not checkable.")
-        elif par.ok:
-            findings.append(Finding("ok", "parity", f"audit parity holds: all {par.identical} paired requests "
-                                    "committed identical tokens in both arms"))
-            page.note("parity", f"{par.pairs} request pairs ({par.run_a} vs {par.run_b}), "
-                                "paired by (workload, prompt_index, seed): all identical."
-                      + (f" Sampled audit: the audit arm replayed {par.pairs} of {par.requests_a} requests."
-                         if par.sampled else ""))
-        else:
-            kinds = ", ".join(f"{n} {k}" for k, n in c.items() if n)
-            findings.append(Finding("bad", "parity", f"audit parity broken: {len(par.findings)} of {par.pairs} "
-                                    f"requests diverge ({kinds}); the audit arm's ceiling may not describe production"))
-            page.note("parity", f"{par.identical} of {par.pairs} pairs identical; findings ({kinds}):")
-            page.add("parity", _table(par.table(), ["kind", "workload", "prompt_index", "seed", "position",
-                                                    "token_a", "token_b", "block_a", "block_b"]))
-        headline["parity"] = {"ok": par.ok, "pairs": par.pairs, **c}
-    else:
-        page.note("parity", "no compact + cap-accept pair in this selection: parity not checked.")
-
-    # -- calibration ---------------------------------------------------------
-    calib_run = audit or static or ids[0]
-    if not est_figs("calibration", "calibration", [calib_run]):
-        bins = F.reliability_bins(reader, [calib_run])
-        if bins.empty:
-            page.note("calibration", "no blocks with an observed ceiling: reliability needs cap-accept or static.")
-        else:
-            page.note("calibration", "computed from raw tables (estimators.calibration unavailable: "
-                      f"{est_status}): plug-in reliability, 15 equal-width bins, Wilson 95% bands.")
-            page.fig("calibration", F.fig_reliability(bins, calib_run), f"reliability, {calib_run}")
-    bins = F.reliability_bins(reader, [calib_run])
-    ece = F.ece_table(bins)
-    sts_hash = reader.df(f'SELECT sts_hash FROM "{RUNS_TABLE}" WHERE run_id = ?', [calib_run])["sts_hash"]
-    if len(sts_hash) and sts_hash.isna().all():
-        page.note("calibration", f"{calib_run} ran without an STS table: the recorded confidence "
-                  "is the raw head output, so 'before' and 'after' STS coincide in the ECE table below.")
-    if len(ece):
-        wide = ece.pivot_table(index="position", columns="variant", values="ece").reset_index()
-        n = ece[ece["variant"] == "after"].set_index("position")["n"]
-        wide["n"] = wide["position"].map(n)
-        wide.columns = [f"ece_{c}_sts" if c in ("before", "after") else c for c in wide.columns]
-        page.add("calibration", "<h3>ECE table (plug-in, 15 equal-width bins)</h3>" + _table(wide))
-        after = ece[(ece["variant"] == "after") & (ece["n"] >= th.min_bin_n)]
-        bad = after[after["ece"] > th.ece]
-        if len(bad):
-            worst = bad.sort_values("ece").iloc[-1]
-            findings.append(Finding("warn", "calibration", f"ECE after STS above {th.ece:.2f} at position(s) "
-                                    f"{', '.join(str(int(k)) for k in bad['position'])} (worst {worst.ece:.3f} at "
-                                    f"k={int(worst.position)}, n={int(worst.n)})"))
-        elif len(after):
-            findings.append(Finding("ok", "calibration", f"ECE after STS ≤ {th.ece:.2f} at every position with "
-                                    f"≥{th.min_bin_n} labelled samples (max {after['ece'].max():.3f})"))
-        headline["ece_after_max"] = float(after["ece"].max()) if len(after) else None
-
-    # -- survival ------------------------------------------------------------
-    pos = reader.position_acceptance(ids)
-    if len(pos):
-        page.fig("survival", F.fig_survival(pos), "dotted: mean predicted survival Π c_j; solid: empirical "
-                 "P(ceiling ≥ k) with Wilson 95% intervals (arms with an observed ceiling)")
-    else:
-        page.note("survival", "no blocks recorded.")
-
-    # -- windows -------------------------------------------------------------
-    win = reader.window_distribution(ids)
-    if len(win):
-        page.fig("windows", F.fig_windows(win), "share of blocks per verified window")
-
-    # -- utilization ---------------------------------------------------------
-    util = reader.utilization_by_workload(ids)
-    if len(util):
-        page.fig("utilization", F.fig_utilization(util), "bars: realized accept length; ticks: observed ceiling")
-    est_figs("utilization", "utilization", [compact])
-    samp = sampling
-    if samp is None and compact and audit:
-        try:
-            samp = audit_sampling.infer_runs(reader, compact, audit)
-        except ValueError as e:
-            page.note("utilization", f"no full-traffic inference: {e}")
-    if samp is not None:
-        page.add("utilization", _sampling_html(samp))
-        u = samp.utilization
-        headline["utilization"] = asdict(u)
-        headline["ceiling"] = asdict(samp.ceiling)
-        msg = (f"compact utilization {u.estimate:.1%} of the ceiling [{u.lo:.1%}, {u.hi:.1%}] "
-               f"(ceiling {samp.ceiling.estimate:.2f} tokens/block, realized {samp.realized_accept_len:.2f}; "
-               f"{samp.n_audited}/{samp.n_requests} requests audited)")
-        findings.append(Finding("ok" if u.estimate >= th.utilization else "warn", "utilization", msg))
-        if samp.n_audited < samp.n_requests and samp.n_with_tail == 0:
-            findings.append(Finding("warn", "utilization", f"none of the {samp.n_audited} audited requests showed a "
-                                    "trimmed tail, so the interval cannot bound tails elsewhere: audit a larger "
-                                    "fraction"))
-
-    if samp is None and compact:
-        _production_only(views.get(compact, {}), page, findings, headline, th)
-
-    # -- counterfactual tail -------------------------------------------------
-    shown = est_figs("tail", "tail", [compact])
-    shown = est_figs("validation", "tail", [truth_run]) or shown
-    val = views.get(truth_run or "", {}).get("validation")
-    if val is not None and not val.error:
-        cover = val.summary.get("targets.aggregate95_cover_rate")
-        if cover is not None:
-            headline["tail_aggregate95_cover_rate"] = cover
-            findings.append(Finding("ok" if cover >= 0.9 else "warn", "tail",
-                                    f"counterfactual-tail 95% intervals cover the hidden cap-accept truth in "
-                                    f"{cover:.0%} of groups (validation on {truth_run})"))
-    if compact and truth_run:
-        pr = audit_sampling.per_request(reader, compact, truth_run)
-        tail_tbl = _tail_by_workload(pr)
-        if len(tail_tbl):
-            page.fig("tail", _fig_tail(tail_tbl), "compact's confidence-only estimate (Σ survival + 1 per block) "
-                     "against the cap-accept truth, both with request-bootstrap 95% intervals")
-            page.add("tail", _table(tail_tbl))
-            worst = tail_tbl.iloc[(tail_tbl["conf_only"] - tail_tbl["truth"]).abs().argmax()]
-            rel = (worst.conf_only - worst.truth) / worst.truth
-            if not shown:
-                page.note("tail", "computed from raw tables (estimators.tail unavailable: "
-                          f"{est_status}).")
-            findings.append(Finding("warn" if abs(rel) > 0.1 else "ok", "tail",
-                                    "the confidence head's own ceiling forecast (Σ survival + 1 per block) is off "
-                                    f"by {rel:+.0%} on {worst.workload} "
-                                    f"({worst.conf_only:.2f} vs truth {worst.truth:.2f})"))
-    elif not shown:
-        page.note("tail", "needs a compact run and a cap-accept (or static) run of the same workload.")
-
-    # -- cost ----------------------------------------------------------------
-    est_figs("cost", "cost", [compact])
-    est_figs("planner", "cost", [compact])
-    steps = reader.step_costs(ids)
-    if len(steps):
-        mape = _mape(steps)
-        cost_ev = views.get(compact or "", {}).get("cost")
-        if cost_ev is not None and not cost_ev.error and not cost_ev.skipped:
-            rel = cost_ev.summary.get("held_out.mean_rel_err", cost_ev.summary.get("in_sample.mean_rel_err"))
-            if rel is not None:
-                headline["cost_fit_rel_err"] = rel
-                findings.append(Finding("warn" if rel > th.cost_mape else "ok", "cost",
-                                        f"fitted step-time cost model: {rel:.0%} mean relative error on held-out "
-                                        f"steps (estimators.cost)"))
-        if mape is not None:
-            page.fig("cost", F.fig_step_costs(steps, runs), "per step; measured = device time where recorded, "
-                     "else host inter-step time")
-        page.fig("cost", F.fig_throughput(steps, runs), "verify tokens the target ran per decode step")
-        virtual = "modeled_step_ms" in steps and steps["modeled_step_ms"].notna().any()
-        if mape is not None and virtual:
-            headline["cost_mape"] = mape
-            findings.append(Finding("info", "cost", f"virtual clock: the planner's predicted step time matches the "
-                                    f"cost profile's modeled step time ({mape:.1%} mean absolute, by construction on "
-                                    "compact steps); the profile itself is checked against the GPU in the curve "
-                                    "section's cost-profile table"))
-        elif mape is not None:
-            headline["cost_mape"] = mape
-            findings.append(Finding("warn" if mape > th.cost_mape else "ok", "cost",
-                                    f"step-time model error {mape:.0%} mean absolute (threshold {th.cost_mape:.0%})"))
-        else:
-            page.note("cost", "no step carries both a predicted and a measured step time (no cost table in use?): "
-                              "the step-time model cannot be checked.")
-
-    # -- data quality --------------------------------------------------------
-    dq = reader.data_quality(ids)
-    page.add("data-quality", _table(dq))
-    if len(dq) and (dq["rejects"].sum() or dq["gaps"].sum()):
-        findings.append(Finding("warn", "data", f"{int(dq['rejects'].sum())} rejected records and "
-                                f"{int(dq['gaps'].sum())} stream gaps in the selected runs"))
-
-    # -- summary -------------------------------------------------------------
+        _run_estimators(c, n_boot)
+    _runs_section(c)
+    _regime_sections(c)
+    par = _parity_section(c, parity)
+    _calibration_section(c)
+    _survival_windows_sections(c)
+    samp = _utilization_section(c, sampling)
+    _tail_section(c)
+    _cost_section(c)
+    _data_quality_section(c)
     order = {"bad": 0, "warn": 1, "ok": 2, "info": 3}
-    findings.sort(key=lambda f: order.get(f.level, 9))
-    page.add("summary", _summary_html(findings))
-    groups = runs["audit_group"].dropna().unique()
-    one_group = len(groups) == 1 and runs["audit_group"].notna().all()
+    c.findings.sort(key=lambda f: order.get(f.level, 9))
+    c.page.add("summary", _B.findings(c.findings, ICONS))
+    groups = c.runs["audit_group"].dropna().unique()
+    one_group = len(groups) == 1 and c.runs["audit_group"].notna().all()
     default_title = f"acceptscope report: audit group {groups[0]}" if one_group else \
         f"acceptscope report: {', '.join(ids)}"
-    text = _render(page, title or default_title, ids)
-    res = ReportResult(None, ids, findings, [s for s in SECTIONS if page.parts[s]], page.n_fig, est_status,
+    text = c.page.render(title or default_title, ids)
+    res = ReportResult(None, ids, c.findings, [s for s in SECTIONS if c.page.parts[s]], c.page.n_fig, c.est_status,
                        par.to_dict() if par is not None else None,
-                       samp.to_dict() if samp is not None else None, headline)
+                       samp.to_dict() if samp is not None else None, c.headline)
     return text, res
-
-
-def _production_only(views: dict, page: "_Page", findings: list, headline: dict, th: "Thresholds") -> None:
-    """A compact run with no audit arm: utilization against the ceiling the tail estimator inferred
-    from the run's own telemetry, and a plain statement of what is observed and what is estimated."""
-    uv, tv = views.get("utilization"), views.get("tail")
-    if uv is None or tv is None or uv.raw is None or tv.raw is None:
-        return
-    r = uv.raw.by_group[uv.raw.by_group.by == "run"].iloc[0]
-    s = tv.raw.summary()
-    lo, hi = r.get("util_lo", r.utilization), r.get("util_hi", r.utilization)
-    headline["utilization"] = {"estimate": float(r.utilization), "lo": float(lo), "hi": float(hi),
-                               "basis": "estimated ceiling (no audit arm)"}
-    findings.append(Finding("ok" if r.utilization >= th.utilization else "warn", "utilization", html.escape(
-        f"compact utilization {r.utilization:.1%} of the estimated ceiling [{lo:.1%}, {hi:.1%}], no audit arm: "
-        f"{s['n_unresolved']} of {s['n_censored']} trimmed blocks are model-based")))
-    for section in ("utilization", "tail"):
-        page.note(section, html.escape(s["statement"]))
 
 
 def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
@@ -452,22 +249,338 @@ def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
 
 
 # ---------------------------------------------------------------------------
+# sections, in page order
+# ---------------------------------------------------------------------------
+def _completeness(c: _Ctx) -> None:
+    incomplete = incomplete_runs(c.reader.runs(), c.ids)
+    for rid in incomplete:
+        c.find("warn", "runs", f"run {rid} is incomplete: it has no completion mark (still being written, or the "
+               "command writing it was killed); its figures cover only the rows written so far")
+    c.headline["complete"] = {rid: rid not in incomplete for rid in c.ids}
+
+
+def _run_estimators(c: _Ctx, n_boot: int) -> None:
+    """Production-side estimates (tail, utilization, cost, planner) on compact; calibration with realized
+    labels on the run that recorded the ceiling; validation hides that run's ceiling and compares."""
+    ok, why = est.available()
+    c.est_status = "used" if ok else why
+    if not ok:
+        return
+    for rid in [r for r in (c.compact, c.truth_run) if r] or c.ids[:1]:
+        v, err = est.run_estimates(c.db, rid, n_boot=n_boot)
+        c.views[rid] = v
+        if err:
+            c.est_status = f"failed on {c.arm_of.get(rid, rid)}: {err}"
+            c.find("warn", "estimators", f"estimators failed on {rid}: {err}")
+        for name, ev in v.items():
+            if ev.error:
+                c.find("warn", "estimators", f"{name} on {rid}: {ev.error}")
+    if c.truth_run:
+        c.views.setdefault(c.truth_run, {})["validation"] = est.run_validation(c.db, c.truth_run, n_boot=n_boot)
+
+
+def _est_figs(c: _Ctx, name: str, section: str, prefer: Sequence[str | None]) -> bool:
+    """Put estimator ``name``'s figures, headline numbers and tables for the first preferred run."""
+    for rid in dict.fromkeys([r for r in prefer if r] + c.ids):
+        ev = c.views.get(rid, {}).get(name)
+        if ev is None:
+            continue
+        where = f"estimators.{name} on {rid} ({c.arm_of.get(rid, '')})"
+        if ev.skipped:
+            c.page.note(section, f"{where}: skipped ({ev.skipped})")
+            continue
+        if ev.error:
+            c.page.note(section, f"{where}: failed ({ev.error})")
+            continue
+        for f in ev.figures:
+            c.page.fig(section, f, where)
+        if ev.summary:
+            c.page.add(section, _B.details(f"{where}: numbers", _kv(ev.summary)))
+        for tname, t in list(ev.tables.items())[:3]:
+            c.page.add(section, _B.details(f"{where}: {tname}", _table(t)))
+        return bool(ev.figures or ev.summary)
+    return False
+
+
+def _runs_section(c: _Ctx) -> None:
+    c.page.add("runs", _table(c.summary, ["run_id", "arm", "engine", "gamma", "requests_seen", "blocks",
+                                          "mean_window", "mean_acc_len", "ceiling_accept_len", "utilization",
+                                          "in_window_accept_rate", "mean_cap_trim", "tokens_per_s"]))
+    c.page.note("runs", "accept length counts the bonus token; ceiling = mean(uncapped correct drafts + 1), "
+                "observed only in cap-accept and static; utilization = Σ accept length / Σ ceiling, each arm "
+                "against its own observed ceiling (the compact arm's is estimated in the utilization section).")
+    for row in c.summary.itertuples(index=False):
+        if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \
+                and row.mean_window >= row.gamma - 1e-9:
+            c.find("bad", "scheduler", f"compact verified every draft in {row.run_id} (window = gamma = "
+                   f"{row.gamma} on every block): no trimming, zero scheduling gain. SGLang degenerates to "
+                   "verify-all when no SPS cost table is loaded.")
+        if row.arm == "cap-accept" and (row.mean_cap_trim or 0) == 0 and (row.blocks or 0) > 0:
+            c.find("warn", "scheduler", f"no trimming in {row.run_id}: cap_trim is 0 on every block, so the "
+                   "scheduler verified whole blocks (no cost table?)")
+
+
+def _regime_sections(c: _Ctx) -> None:
+    """Per-workload windows / utilization next to the SGLang blog's, and the compact-vs-static curve."""
+    src = c.audit or c.compact
+    if src is None:
+        c.page.note("regime", "needs a compact or cap-accept run.")
+    else:
+        cmp = R.blog_comparison(c.reader.regime_by_workload([src]))
+        if c.compact and c.audit:
+            cw = c.reader.regime_by_workload([c.compact]).set_index("workload")["mean_window"]
+            cmp.insert(4, "compact_mean_window", cmp["workload"].map(cw))
+        c.page.add("regime", _table(cmp))
+        c.page.fig("regime", R.fig_regime(cmp, arm=c.arm_of.get(src, "")),
+                   f"windows and utilization per workload ({c.arm_of.get(src, '')} run {src}); grey:",
+                   link=(R.BLOG_URL, "SGLang DSpark blog (gsm8k, arena-hard, poetry)"))
+        cfg = _run_config(c.reader, src)
+        c.page.note("regime", f"served with cost profile {cfg.get('cost_profile') or cfg.get('sps_path')} on the "
+                    f"{cfg.get('clock', 'wall')} clock, batch {cfg.get('max_running_requests')}, temperature "
+                    f"{cfg.get('temperature')}, STS {cfg.get('sts') or 'none'}. Windows are the cap-accept arm's "
+                    "(parity makes them compact's); utilization = Σ accept length / Σ (ceiling + 1); shares count "
+                    "blocks. The blog's block holds six drafts, ours seven.")
+        c.headline["regime"] = cmp.to_dict("records")
+        tr = (cmp["share_trimmed"] * cmp["blocks"]).sum() / max(cmp["blocks"].sum(), 1)
+        c.headline["share_trimmed"] = float(tr)
+        c.find("info", "regime", "mean window per workload " + ", ".join(
+            f"{r.workload} {r.mean_window:.2f}" for r in cmp.itertuples()) + f"; {tr:.0%} of blocks trimmed")
+        if cfg.get("sps_path"):
+            c.page.add("curve", _profile_html(str(cfg["sps_path"])))
+    curve = pd.DataFrame()
+    for g in c.runs["audit_group"].dropna().unique():
+        try:
+            curve = c.reader.throughput_curve(f"{g}/curve")
+        except duckdb.BinderException:  # a file from before the virtual clock
+            curve = pd.DataFrame()
+        if len(curve):
+            break
+    if curve.empty:
+        c.page.note("curve", "no curve runs for this audit (needs a cost profile; acceptscope audit runs them "
+                    "unless --curve-batches '').")
+        return
+    c.page.fig("curve", R.fig_throughput_curve(curve), "decode tokens per modeled second (the cost profile's step "
+               "times for the tokens each step verified); each point is one engine run at that batch")
+    ratios = R.curve_ratios(curve)
+    c.page.add("curve", _table(ratios))
+    c.headline["curve"] = ratios.to_dict("records")
+    for wl, g in ratios.groupby("workload"):
+        lo, hi = g.sort_values("batch").iloc[0], g.sort_values("batch").iloc[-1]
+        c.find("info", "curve", f"{wl}: compact/static {lo.ratio:.2f}x at batch {int(lo.batch)}, {hi.ratio:.2f}x "
+               f"at batch {int(hi.batch)} (virtual clock)")
+
+
+def _parity_section(c: _Ctx, par: ParityReport | None) -> ParityReport | None:
+    if par is None and c.compact and c.audit:
+        par = check_parity(c.reader, c.compact, c.audit)
+    if par is None:
+        c.page.note("parity", "no compact + cap-accept pair in this selection: parity not checked.")
+        return None
+    counts = par.counts()
+    if par.unverifiable:
+        c.find("warn", "parity", f"{par.unverifiable} of {par.pairs} request pairs have no output tokens "
+               "recorded: their parity cannot be checked")
+    if par.ok and par.unverifiable == par.pairs:
+        c.page.note("parity", "no output tokens recorded in these runs: parity not checkable.")
+    elif par.ok:
+        c.find("ok", "parity", f"audit parity holds: all {par.identical} paired requests committed identical "
+               "tokens in both arms")
+        c.page.note("parity", f"{par.pairs} request pairs ({par.run_a} vs {par.run_b}), paired by (workload, "
+                    "prompt_index, seed): all identical."
+                    + (f" Sampled audit: the audit arm replayed {par.pairs} of {par.requests_a} requests."
+                       if par.sampled else ""))
+    else:
+        kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+        c.find("bad", "parity", f"audit parity broken: {len(par.findings)} of {par.pairs} requests diverge "
+               f"({kinds}); the audit arm's ceiling may not describe production")
+        c.page.note("parity", f"{par.identical} of {par.pairs} pairs identical; findings ({kinds}):")
+        c.page.add("parity", _table(par.table(), ["kind", "workload", "prompt_index", "seed", "position",
+                                                  "token_a", "token_b", "block_a", "block_b"]))
+    c.headline["parity"] = {"ok": par.ok, "pairs": par.pairs, **counts}
+    return par
+
+
+def _calibration_section(c: _Ctx) -> None:
+    calib_run = c.audit or c.static or c.ids[0]
+    bins = F.reliability_bins(c.reader, [calib_run])
+    if not _est_figs(c, "calibration", "calibration", [calib_run]):
+        if bins.empty:
+            c.page.note("calibration", "no blocks with an observed ceiling: reliability needs cap-accept or static.")
+        else:
+            c.page.note("calibration", f"computed from raw tables (estimators.calibration unavailable: "
+                        f"{c.est_status}): plug-in reliability, 15 equal-width bins, Wilson 95% bands.")
+            c.page.fig("calibration", F.fig_reliability(bins, calib_run), f"reliability, {calib_run}")
+    ece = F.ece_table(bins)
+    sts_hash = c.reader.df(f'SELECT sts_hash FROM "{RUNS_TABLE}" WHERE run_id = ?', [calib_run])["sts_hash"]
+    if len(sts_hash) and sts_hash.isna().all():
+        c.page.note("calibration", f"{calib_run} ran without an STS table: the recorded confidence is the raw head "
+                    "output, so 'before' and 'after' STS coincide in the ECE table below.")
+    if ece.empty:
+        return
+    wide = ece.pivot_table(index="position", columns="variant", values="ece").reset_index()
+    wide["n"] = wide["position"].map(ece[ece["variant"] == "after"].set_index("position")["n"])
+    wide.columns = [f"ece_{col}_sts" if col in ("before", "after") else col for col in wide.columns]
+    c.page.add("calibration", _B.heading("ECE table (plug-in, 15 equal-width bins)"))
+    c.page.add("calibration", _table(wide))
+    th = c.th
+    after = ece[(ece["variant"] == "after") & (ece["n"] >= th.min_bin_n)]
+    bad = after[after["ece"] > th.ece]
+    if len(bad):
+        worst = bad.sort_values("ece").iloc[-1]
+        c.find("warn", "calibration", f"ECE after STS above {th.ece:.2f} at position(s) "
+               f"{', '.join(str(int(k)) for k in bad['position'])} (worst {worst.ece:.3f} at k={int(worst.position)}, "
+               f"n={int(worst.n)})")
+    elif len(after):
+        c.find("ok", "calibration", f"ECE after STS ≤ {th.ece:.2f} at every position with ≥{th.min_bin_n} "
+               f"labelled samples (max {after['ece'].max():.3f})")
+    c.headline["ece_after_max"] = float(after["ece"].max()) if len(after) else None
+
+
+def _survival_windows_sections(c: _Ctx) -> None:
+    pos = c.reader.position_acceptance(c.ids)
+    if len(pos):
+        c.page.fig("survival", F.fig_survival(pos), "dotted: mean predicted survival Π c_j; solid: empirical "
+                   "P(ceiling ≥ k) with Wilson 95% intervals (arms with an observed ceiling)")
+    else:
+        c.page.note("survival", "no blocks recorded.")
+    win = c.reader.window_distribution(c.ids)
+    if len(win):
+        c.page.fig("windows", F.fig_windows(win), "share of blocks per verified window")
+
+
+def _utilization_section(c: _Ctx, samp: Any) -> Any:
+    util = c.reader.utilization_by_workload(c.ids)
+    if len(util):
+        c.page.fig("utilization", F.fig_utilization(util), "bars: realized accept length per arm; ticks: that "
+                   "arm's observed ceiling (cap-accept and static only)")
+    _est_figs(c, "utilization", "utilization", [c.compact])
+    if samp is None and c.compact and c.audit:
+        try:
+            samp = audit_sampling.infer_runs(c.reader, c.compact, c.audit)
+        except ValueError as e:
+            c.page.note("utilization", f"no full-traffic inference: {e}")
+    if samp is not None:
+        c.page.add("utilization", _sampling_html(samp))
+        u = samp.utilization
+        c.headline["utilization"] = {**asdict(u), "arm": "compact"}
+        c.headline["ceiling"] = asdict(samp.ceiling)
+        c.find("ok" if u.estimate >= c.th.utilization else "warn", "utilization",
+               f"compact utilization {u.estimate:.1%} of the ceiling [{u.lo:.1%}, {u.hi:.1%}] (ceiling "
+               f"{samp.ceiling.estimate:.2f} tokens/block, realized {samp.realized_accept_len:.2f}; "
+               f"{samp.n_audited}/{samp.n_requests} requests audited)")
+        if samp.n_audited < samp.n_requests and samp.n_with_tail == 0:
+            c.find("warn", "utilization", f"none of the {samp.n_audited} audited requests showed a trimmed tail, "
+                   "so the interval cannot bound tails elsewhere: audit a larger fraction")
+    if samp is None and c.compact:
+        _production_only(c)
+    return samp
+
+
+def _production_only(c: _Ctx) -> None:
+    """A compact run with no audit arm: utilization against the ceiling the tail estimator inferred
+    from the run's own telemetry, and a plain statement of what is observed and what is estimated."""
+    views = c.views.get(c.compact, {})
+    uv, tv = views.get("utilization"), views.get("tail")
+    if uv is None or tv is None or uv.raw is None or tv.raw is None:
+        return
+    r = uv.raw.by_group[uv.raw.by_group.by == "run"].iloc[0]
+    s = tv.raw.summary()
+    lo, hi = r.get("util_lo", r.utilization), r.get("util_hi", r.utilization)
+    c.headline["utilization"] = {"estimate": float(r.utilization), "lo": float(lo), "hi": float(hi),
+                                 "basis": "estimated ceiling (no audit arm)", "arm": "compact"}
+    c.find("ok" if r.utilization >= c.th.utilization else "warn", "utilization",
+           f"compact utilization {r.utilization:.1%} of the estimated ceiling [{lo:.1%}, {hi:.1%}], no audit arm: "
+           f"{s['n_unresolved']} of {s['n_censored']} trimmed blocks are model-based")
+    for section in ("utilization", "tail"):
+        c.page.note(section, s["statement"])
+
+
+def _tail_section(c: _Ctx) -> None:
+    shown = _est_figs(c, "tail", "tail", [c.compact])
+    shown = _est_figs(c, "validation", "tail", [c.truth_run]) or shown
+    val = c.views.get(c.truth_run or "", {}).get("validation")
+    if val is not None and not val.error:
+        cover = val.summary.get("targets.aggregate95_cover_rate")
+        if cover is not None:
+            c.headline["tail_aggregate95_cover_rate"] = cover
+            c.find("ok" if cover >= 0.9 else "warn", "tail", f"counterfactual-tail 95% intervals cover the hidden "
+                   f"cap-accept truth in {cover:.0%} of groups (validation on {c.truth_run})")
+    if not (c.compact and c.truth_run):
+        if not shown:
+            c.page.note("tail", "needs a compact run and a cap-accept (or static) run of the same workload.")
+        return
+    tail_tbl = _tail_by_workload(audit_sampling.per_request(c.reader, c.compact, c.truth_run))
+    if tail_tbl.empty:
+        return
+    c.page.fig("tail", tail_truth_figure(tail_tbl), "compact's confidence-only estimate (Σ survival + 1 per block) "
+               "against the cap-accept truth, both with request-bootstrap 95% intervals")
+    c.page.add("tail", _table(tail_tbl))
+    worst = tail_tbl.iloc[(tail_tbl["conf_only"] - tail_tbl["truth"]).abs().argmax()]
+    rel = (worst.conf_only - worst.truth) / worst.truth
+    if not shown:
+        c.page.note("tail", f"computed from raw tables (estimators.tail unavailable: {c.est_status}).")
+    c.find("warn" if abs(rel) > 0.1 else "ok", "tail", "the confidence head's own ceiling forecast (Σ survival + 1 "
+           f"per block) is off by {rel:+.0%} on {worst.workload} ({worst.conf_only:.2f} vs truth {worst.truth:.2f})")
+
+
+def _cost_section(c: _Ctx) -> None:
+    _est_figs(c, "cost", "cost", [c.compact])
+    _est_figs(c, "planner", "cost", [c.compact])
+    steps = c.reader.step_costs(c.ids)
+    if steps.empty:
+        return
+    mape = _mape(steps)
+    cost_ev = c.views.get(c.compact or "", {}).get("cost")
+    if cost_ev is not None and not cost_ev.error and not cost_ev.skipped:
+        rel = cost_ev.summary.get("held_out.mean_rel_err", cost_ev.summary.get("in_sample.mean_rel_err"))
+        if rel is not None:
+            c.headline["cost_fit_rel_err"] = rel
+            c.find("warn" if rel > c.th.cost_mape else "ok", "cost", f"fitted step-time cost model: {rel:.0%} mean "
+                   "relative error on held-out steps (estimators.cost)")
+    if mape is not None:
+        c.page.fig("cost", F.fig_step_costs(steps, c.runs), "per step; measured = device time where recorded, "
+                   "else host inter-step time")
+    c.page.fig("cost", F.fig_throughput(steps, c.runs), "verify tokens the target ran per decode step")
+    virtual = "modeled_step_ms" in steps and steps["modeled_step_ms"].notna().any()
+    if mape is None:
+        c.page.note("cost", "no step carries both a predicted and a measured step time (no cost table in use?): "
+                    "the step-time model cannot be checked.")
+        return
+    c.headline["cost_mape"] = mape
+    if virtual:
+        c.find("info", "cost", f"virtual clock: the planner's predicted step time matches the cost profile's "
+               f"modeled step time ({mape:.1%} mean absolute, by construction on compact steps); the profile "
+               "itself is checked against the GPU in the curve section's cost-profile table")
+    else:
+        c.find("warn" if mape > c.th.cost_mape else "ok", "cost", f"step-time model error {mape:.0%} mean "
+               f"absolute (threshold {c.th.cost_mape:.0%})")
+
+
+def _data_quality_section(c: _Ctx) -> None:
+    dq = c.reader.data_quality(c.ids)
+    c.page.add("data-quality", _table(dq))
+    if len(dq) and (dq["rejects"].sum() or dq["gaps"].sum()):
+        c.find("warn", "data", f"{int(dq['rejects'].sum())} rejected records and {int(dq['gaps'].sum())} stream "
+               "gaps in the selected runs")
+
+
+# ---------------------------------------------------------------------------
 # pieces
 # ---------------------------------------------------------------------------
-def _run_config(reader: Any, run_id: str) -> dict:
-    c = reader.df(f'SELECT config_json FROM "{RUNS_TABLE}" WHERE run_id = ?', [run_id])["config_json"]
+def _run_config(reader: Reader, run_id: str) -> dict:
+    col = reader.df(f'SELECT config_json FROM "{RUNS_TABLE}" WHERE run_id = ?', [run_id])["config_json"]
     try:
-        return json.loads(c.iloc[0]) if len(c) and isinstance(c.iloc[0], str) else {}
+        return json.loads(col.iloc[0]) if len(col) and isinstance(col.iloc[0], str) else {}
     except ValueError:
         return {}
 
 
-def _profile_html(sps_path: str) -> str:
+def _profile_html(sps_path: str) -> Markup:
     """Provenance, bound ratio and virtual-clock check of a measured GPU cost profile (if it has a manifest)."""
     p = Path(sps_path)
     man_p = Path(str(p) + ".manifest.json")
     if not man_p.is_file():
-        return f"<p class='note'>cost table {html.escape(p.name)}: no GPU manifest next to it.</p>"
+        return _B.note(f"cost table {p.name}: no GPU manifest next to it.")
     man = json.loads(man_p.read_text(encoding="utf-8"))
     prov, bound, shape = man.get("provenance", {}), man.get("bound", {}), man.get("shape", {})
     rows = {
@@ -485,80 +598,18 @@ def _profile_html(sps_path: str) -> str:
         "additive fit on its cells": "median {:.1%}, max {:.1%} relative error".format(
             man["tables"]["additive"]["fit"]["median_rel_err"], man["tables"]["additive"]["fit"]["max_rel_err"]),
     }
-    out = "<h3>Cost profile</h3>" + _kv_table(rows)
+    out = _kv(rows, title="Cost profile")
     vc = p.with_name(p.name.removesuffix(".json") + ".vclock.json")
     if vc.is_file():
         doc = json.loads(vc.read_text(encoding="utf-8"))
         for name, r in doc.get("checks", {}).items():
-            out += (f"<p class='note'>virtual clock vs measured {html.escape(str(doc.get('gpu')))} step time on "
-                    f"{r['steps']} {html.escape(name)} steps: median error {r['median_rel_err']:.1%}, "
-                    f"p90 {r['p90_rel_err']:.1%}, bias {r['mean_bias_rel']:+.1%}.</p>")
+            out += _B.note(f"virtual clock vs measured {doc.get('gpu')} step time on {r['steps']} {name} steps: "
+                           f"median error {r['median_rel_err']:.1%}, p90 {r['p90_rel_err']:.1%}, bias "
+                           f"{r['mean_bias_rel']:+.1%}.")
     return out
 
 
-def _regime_sections(page: "_Page", reader: Any, runs: pd.DataFrame, compact: str | None, audit: str | None,
-                     findings: list, headline: dict) -> None:
-    """Per-workload windows / utilization next to the SGLang blog's, and the compact-vs-static curve."""
-    src = audit or compact
-    if src is None:
-        page.note("regime", "needs a compact or cap-accept run.")
-    else:
-        cmp = R.blog_comparison(reader.regime_by_workload([src]))
-        if compact and audit:
-            cw = reader.regime_by_workload([compact]).set_index("workload")["mean_window"]
-            cmp.insert(4, "compact_mean_window", cmp["workload"].map(cw))
-        page.add("regime", _table(cmp))
-        page.fig("regime", R.fig_regime(cmp), f"windows and utilization per workload ({html.escape(src)}); grey: "
-                 f"<a href='{R.BLOG_URL}'>SGLang DSpark blog</a> (gsm8k, arena-hard, poetry)")
-        cfg = _run_config(reader, src)
-        page.note("regime", f"served with cost profile {html.escape(str(cfg.get('cost_profile') or cfg.get('sps_path')))}"
-                  f" on the {html.escape(str(cfg.get('clock', 'wall')))} clock, batch "
-                  f"{html.escape(str(cfg.get('max_running_requests')))}, temperature "
-                  f"{html.escape(str(cfg.get('temperature')))}, STS {html.escape(str(cfg.get('sts') or 'none'))}. "
-                  "Windows are the cap-accept arm's (parity makes them compact's); utilization = Σ accept length / "
-                  "Σ (ceiling + 1); shares count blocks. The blog's block holds six drafts, ours seven.")
-        headline["regime"] = cmp.to_dict("records")
-        tr = (cmp["share_trimmed"] * cmp["blocks"]).sum() / max(cmp["blocks"].sum(), 1)
-        headline["share_trimmed"] = float(tr)
-        findings.append(Finding("info", "regime", "mean window per workload " + ", ".join(
-            f"{html.escape(str(r.workload))} {r.mean_window:.2f}" for r in cmp.itertuples()) +
-            f"; {tr:.0%} of blocks trimmed"))
-        if cfg.get("sps_path"):
-            page.add("curve", _profile_html(str(cfg["sps_path"])))
-    groups = runs["audit_group"].dropna().unique()
-    curve = pd.DataFrame()
-    for g in groups:
-        try:
-            c = reader.throughput_curve(f"{g}/curve")
-        except duckdb.BinderException:  # a file from before the virtual clock
-            c = pd.DataFrame()
-        if len(c):
-            curve = c
-            break
-    if curve.empty:
-        page.note("curve", "no curve runs for this audit (needs a cost profile; acceptscope audit runs them unless "
-                           "--curve-batches '').")
-        return
-    page.fig("curve", R.fig_throughput_curve(curve), "decode tokens per modeled second (the cost profile's step "
-             "times for the tokens each step verified); each point is one engine run at that batch")
-    ratios = R.curve_ratios(curve)
-    page.add("curve", _table(ratios))
-    headline["curve"] = ratios.to_dict("records")
-    for wl, g in ratios.groupby("workload"):
-        lo, hi = g.sort_values("batch").iloc[0], g.sort_values("batch").iloc[-1]
-        findings.append(Finding("info", "curve", f"{html.escape(str(wl))}: compact/static {lo.ratio:.2f}x at batch "
-                                f"{int(lo.batch)}, {hi.ratio:.2f}x at batch {int(hi.batch)} (virtual clock)"))
-
-
-def _kv_table(d: dict) -> str:
-    def cell(v: Any) -> str:
-        return _fmt(v) if not isinstance(v, (list, dict)) else html.escape(str(v)[:200])
-
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{cell(v)}</td></tr>" for k, v in d.items())
-    return f"<table class='kv'>{rows}</table>"
-
-
-def _sampling_html(s: Any) -> str:
+def _sampling_html(s: Any) -> Markup:
     def iv(i: Any, pct: bool = False) -> str:
         if i is None:
             return "–"
@@ -570,16 +621,15 @@ def _sampling_html(s: Any) -> str:
         ("realized accept length (compact, all traffic)", f"{s.realized_accept_len:.3f}"),
         ("audited requests with a trimmed tail", f"{s.n_with_tail}"),
         ("ceiling, confidence-only (Σ survival + 1, no audit)", f"{s.confidence_only_ceiling:.3f}"),
-        (f"<b>ceiling ({s.method} estimator: reported)</b>", iv(s.ceiling)),
-        (f"<b>utilization ({s.method} estimator: reported)</b>", iv(s.utilization, True)),
+        (f"ceiling ({s.method} estimator: reported)", iv(s.ceiling), True),
+        (f"compact utilization ({s.method} estimator: reported)", iv(s.utilization, True), True),
         ("ceiling, regression estimator (confidence-implied tail as auxiliary)", iv(s.ceiling_regression)),
         ("ceiling, ratio estimator (confidence-implied tail as auxiliary)", iv(s.ceiling_ratio)),
         ("ceiling, difference estimator (realized accept length as auxiliary)", iv(s.ceiling_difference)),
         ("ceiling, audited sample only", iv(s.ceiling_direct)),
     ]
-    body = "".join(f"<tr><th>{a}</th><td>{b}</td></tr>" for a, b in rows)
-    return (f"<h3>Full-traffic ceiling and utilization ({s.level:.0%} request-bootstrap intervals, "
-            f"{s.n_boot} resamples)</h3><table class='kv'>{body}</table>")
+    return _kv(rows, title=f"Full-traffic ceiling and compact utilization ({s.level:.0%} request-bootstrap "
+                           f"intervals, {s.n_boot} resamples)")
 
 
 def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -600,21 +650,6 @@ def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd
     return pd.DataFrame(rows)
 
 
-def _fig_tail(t: pd.DataFrame) -> Any:
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=t["workload"], y=t["truth"], mode="markers", name="cap-accept truth",
-                             marker=dict(color="#d62728", size=12, symbol="diamond"),
-                             error_y=dict(type="data", array=t["truth_hi"] - t["truth"],
-                                          arrayminus=t["truth"] - t["truth_lo"])))
-    fig.add_trace(go.Scatter(x=t["workload"], y=t["conf_only"], mode="markers", name="confidence-only estimate",
-                             marker=dict(color="#1f77b4", size=10),
-                             error_y=dict(type="data", array=t["conf_hi"] - t["conf_only"],
-                                          arrayminus=t["conf_only"] - t["conf_lo"])))
-    fig.update_layout(title="Ceiling accept length per workload: estimate vs truth", template="plotly_white",
-                      height=380, yaxis_title="tokens per block (uncapped, incl. bonus)")
-    return fig
-
-
 def _mape(steps: pd.DataFrame) -> float | None:
     """Mean |predicted - step time| / step time. On the virtual clock the step time is the modeled one, and
     only steps that executed what they scheduled count (cap-accept runs full width whatever it planned)."""
@@ -627,50 +662,3 @@ def _mape(steps: pd.DataFrame) -> float | None:
     if not ok.any():
         return None
     return float(np.mean(np.abs(steps.loc[ok, "predicted_step_ms"] - measured[ok]) / measured[ok]))
-
-
-def _summary_html(findings: list[Finding]) -> str:
-    if not findings:
-        return "<p>No findings.</p>"
-    icon = {"ok": "✔", "warn": "▲", "bad": "✖", "info": "•"}
-    bad = sum(f.level == "bad" for f in findings)
-    warn = sum(f.level == "warn" for f in findings)
-    verdict = ("<p class='verdict bad'>Problems found.</p>" if bad else
-               "<p class='verdict warn'>Healthy with warnings.</p>" if warn else
-               "<p class='verdict ok'>Healthy.</p>")
-    items = "".join(f"<li class='{f.level}'><span class='icon'>{icon.get(f.level, '•')}</span> "
-                    f"<b>{html.escape(f.area)}</b>: {html.escape(f.text)}</li>" for f in findings)
-    return f"{verdict}<ul class='findings'>{items}</ul>"
-
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
-header{background:#1f2937;color:#fff;padding:18px 32px}header h1{margin:0;font-size:22px}
-header p{margin:4px 0 0;color:#cbd5e1;font-size:13px}
-nav{padding:8px 32px;background:#e5e7eb;font-size:13px}nav a{margin-right:14px;color:#1f2937}
-main{padding:8px 32px 40px;max-width:1280px}section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;
-padding:8px 20px 16px;margin:18px 0}h2{font-size:18px;border-bottom:1px solid #eee;padding-bottom:6px}
-table{border-collapse:collapse;font-size:12.5px;margin:8px 0}th,td{border:1px solid #e5e7eb;padding:3px 8px;
-text-align:right}th{background:#f3f4f6}td{white-space:nowrap}table.kv th{text-align:left}
-.note,.muted{color:#555;font-size:13px}
-ul.findings{list-style:none;padding-left:0}ul.findings li{padding:4px 8px;margin:3px 0;border-radius:4px}
-li.ok{background:#ecfdf5}li.warn{background:#fffbeb}li.bad{background:#fef2f2}li.info{background:#f3f4f6}
-.scroll{overflow-x:auto}.icon{display:inline-block;width:18px}.verdict{font-weight:600;font-size:16px}.verdict.ok{color:#047857}
-.verdict.warn{color:#b45309}.verdict.bad{color:#b91c1c}figure{margin:6px 0}figcaption{font-size:12px;color:#555}
-"""
-
-
-def _render(page: _Page, title: str, ids: Sequence[str]) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    nav = "".join(f"<a href='#{s}'>{SECTION_TITLES[s]}</a>" for s in SECTIONS)
-    body = "".join(
-        f"<section id='{s}'><h2>{SECTION_TITLES[s]}</h2>"
-        f"{''.join(page.parts[s]) or '<p class=muted>(nothing to show)</p>'}</section>"
-        for s in SECTIONS)
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
-        f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
-        f"<header><h1>{html.escape(title)}</h1><p>generated {now} by acceptscope · runs: "
-        f"{html.escape(', '.join(ids))}</p></header><nav>{nav}</nav><main>{body}</main></body></html>\n"
-    )

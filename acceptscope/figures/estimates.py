@@ -173,3 +173,19 @@ def figure_of(result: Any, **kw: Any) -> go.Figure | None:
     if isinstance(result, BracketTable):
         return _bracket_figure(result)
     return None
+
+
+def tail_truth_figure(t: pd.DataFrame) -> go.Figure:
+    """Ceiling accept length per workload: compact's confidence-only estimate against the cap-accept truth."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=t["workload"], y=t["truth"], mode="markers", name="cap-accept truth",
+                             marker=dict(color="#d62728", size=12, symbol="diamond"),
+                             error_y=dict(type="data", array=t["truth_hi"] - t["truth"],
+                                          arrayminus=t["truth"] - t["truth_lo"])))
+    fig.add_trace(go.Scatter(x=t["workload"], y=t["conf_only"], mode="markers", name="compact confidence-only estimate",
+                             marker=dict(color="#1f77b4", size=10),
+                             error_y=dict(type="data", array=t["conf_hi"] - t["conf_only"],
+                                          arrayminus=t["conf_only"] - t["conf_lo"])))
+    fig.update_xaxes(title="workload")
+    fig.update_yaxes(title="tokens per block (uncapped, incl. bonus)")
+    return _layout(fig, "Ceiling accept length per workload: estimate vs truth", height=380)

@@ -56,19 +56,25 @@ def blog_comparison(regime: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def fig_regime(cmp: pd.DataFrame) -> go.Figure:
-    """Mean window per workload, ours next to the blog's, and utilization against the blog's band."""
+def fig_regime(cmp: pd.DataFrame, arm: str = "") -> go.Figure:
+    """Mean window per workload, ours next to the blog's, and utilization against the blog's band.
+
+    ``arm``: the arm whose windows and utilization ``cmp`` holds (named in the legend and the titles, so the
+    report and the dashboard say the same about whose utilization it is)."""
+    arm = html.escape(arm)  # data: plotly renders names and titles as HTML
+    who = f"this audit ({arm})" if arm else "this audit"
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean verified window (drafts)",
-                                                        "utilization against the ceiling"))
+                                                        f"{arm or 'audit'} utilization against its ceiling"))
     wl = list(cmp["workload"])
-    fig.add_bar(x=wl, y=cmp["mean_window"], name="this audit", marker_color="#1f77b4", row=1, col=1)
+    fig.add_bar(x=wl, y=cmp["mean_window"], name=who, marker_color="#1f77b4", row=1, col=1)
     fig.add_bar(x=wl, y=cmp["blog_mean_window"], name="SGLang blog", marker_color="#9ca3af",
                 text=[html.escape(str(b)) for b in cmp["blog_workload"]], textposition="inside", row=1, col=1)
-    fig.add_bar(x=wl, y=cmp["utilization"], name="this audit (utilization)", marker_color="#1f77b4",
+    fig.add_bar(x=wl, y=cmp["utilization"], name=f"{who} utilization", marker_color="#1f77b4",
                 showlegend=False, row=1, col=2)
     lo, hi = BLOG_UTILIZATION
     fig.add_hrect(y0=lo, y1=hi, fillcolor="#9ca3af", opacity=0.35, line_width=0, layer="below", row=1, col=2)
-    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+    fig.update_yaxes(title="drafts", row=1, col=1)
+    fig.update_yaxes(title="Σ accept length / Σ ceiling", range=[0, 1.05], row=1, col=2)
     fig.update_layout(title="Windows contract with difficulty (grey: SGLang blog; band: blog's 0.88–0.97)",
                       height=380, template="plotly_white", barmode="group",
                       margin=dict(l=50, r=20, t=70, b=40), legend=dict(orientation="h", y=-0.18))
