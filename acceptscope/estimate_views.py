@@ -24,8 +24,10 @@ import pandas as pd
 import estimators
 from acceptscope import schema
 from acceptscope.figures import figure_of
+from acceptscope.figures.estimates import one_based_positions
 from acceptscope.reader import Reader
 from acceptscope.store import Store
+from estimators.calibration import CalibrationResult
 from estimators.stream import read_sample
 from estimators.validation import validate
 
@@ -93,6 +95,8 @@ def view(name: str, result: Any) -> EstimateView:
     try:
         j = result.to_json() if hasattr(result, "to_json") else {}
         v.summary, v.tables = flatten(j if isinstance(j, dict) else {})
+        if isinstance(result, CalibrationResult):  # positions 1..gamma on every surface
+            v.tables = {k: one_based_positions(t) for k, t in v.tables.items()}
     except Exception as e:
         v.error = f"to_json failed: {type(e).__name__}: {e}"
     try:

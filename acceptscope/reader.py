@@ -43,6 +43,13 @@ def _decimals_as_float(t: pa.Table) -> pa.Table:
     return t
 
 
+def workload_filter(workloads: Sequence[str] | None, col: str = "workload") -> tuple[str, list]:
+    """SQL ``AND ...`` restricting request-level rows to ``workloads`` (none: every workload), and its params."""
+    if not workloads:
+        return "", []
+    return f" AND coalesce({col}, '?') IN (SELECT unnest(?))", [list(workloads)]
+
+
 def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None) -> list[str]:
     """Explicit runs, else one audit group's runs, else the newest audit group, else every run."""
     try:
@@ -113,13 +120,15 @@ class Reader:
             """
         )
 
-    def run_summary(self, run_ids: Sequence[str]) -> pd.DataFrame:
+    def run_summary(self, run_ids: Sequence[str], workloads: Sequence[str] | None = None) -> pd.DataFrame:
         """Headline numbers per run: accept length, window, ceiling, utilization, throughput.
 
         ``ceiling_accept_len`` = mean(ceiling + 1) over blocks where the ceiling is observed
         (cap-accept, static); ``utilization`` = Σ acc_len / Σ (ceiling + 1) over those blocks.
-        In compact the ceiling is NULL and utilization needs an estimator.
+        In compact the ceiling is NULL and utilization needs an estimator. ``workloads`` restricts the
+        block figures; steps and wall time stay whole-run (a step batches every workload).
         """
+        wf, wp = workload_filter(workloads)
         return self.df(
             f"""
             WITH b AS (
@@ -131,7 +140,7 @@ class Reader:
                      sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
                        / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization,
                      avg(cap_trim) AS mean_cap_trim
-              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id),
+              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)){wf} GROUP BY run_id),
             s AS (
               SELECT run_id, count(*) AS steps, max(wall_time_s) AS wall_s, avg(bs) AS mean_bs,
                      sum(executed_verify_tokens) AS executed_verify_tokens
@@ -144,7 +153,7 @@ class Reader:
             WHERE r.run_id IN (SELECT unnest(?))
             ORDER BY r.arm, r.run_id
             """,
-            [list(run_ids)] * 3,
+            [list(run_ids), *wp, list(run_ids), list(run_ids)],
         )
 
     # -- distributions ----------------------------------------------------
@@ -160,18 +169,19 @@ class Reader:
             [list(run_ids)],
         )
 
-    def position_acceptance(self, run_ids: Sequence[str]) -> pd.DataFrame:
+    def position_acceptance(self, run_ids: Sequence[str], workloads: Sequence[str] | None = None) -> pd.DataFrame:
         """Per position k (1-based): mean predicted survival vs empirical P(ceiling >= k).
 
         The empirical side needs the uncapped ceiling, so it is NULL for compact runs;
         the in-window side (``reached``/``accepted_in_window``) is observed in every arm.
         """
+        wf, wp = workload_filter(workloads)
         return self.df(
             f"""
             WITH u AS (
               SELECT run_id, unnest(generate_series(1, len(survival))) AS k, unnest(survival) AS s,
                      ceiling, "window", correct_drafts
-              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND survival IS NOT NULL)
+              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND survival IS NOT NULL{wf})
             SELECT u.run_id, r.arm, k, count(*) AS n, avg(s) AS mean_survival,
                    avg((ceiling >= k)::DOUBLE) AS empirical_survival,
                    count(*) FILTER (WHERE "window" >= k) AS reached_in_window,
@@ -179,7 +189,7 @@ class Reader:
             FROM u JOIN "{RUNS}" r USING (run_id)
             GROUP BY ALL ORDER BY u.run_id, k
             """,
-            [list(run_ids)],
+            [list(run_ids), *wp],
         )
 
     def utilization_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def load(db: str, version: tuple, method: str, *args):
     """Cached read; ``version`` is part of the key so new data invalidates it."""
     reader = Reader(db)
     if method == "reliability_bins":
-        return figures.reliability_bins(reader, list(args[0]))
+        return figures.reliability_bins(reader, list(args[0]), workloads=list(args[1]) if len(args) > 1 else None)
     if method == "sampling_inference":
         try:
             return audit_sampling.infer_runs(reader, *args).to_dict()
@@ -102,7 +103,8 @@ def main() -> None:
         all_runs = load(db, v, "runs")
         if set(all_runs["run_id"]) != set(runs["run_id"]):
             st.rerun(scope="app")  # new runs appeared: refresh the picker too
-        st.caption(f"data version {v} · {sum(max(x, 0) for x in v)} rows" + (" · live" if live else ""))
+        st.caption(f"{sum(max(x, 0) for x in v):,} rows · read {time.strftime('%H:%M:%S')}"
+                   + (" · live" if live else "") + (f" · workloads: {plain(', '.join(wsel))}" if wsel else ""))
         ctx = Ctx(db=db, version=v, run_ids=tuple(picked), runs=all_runs, load=load, workloads=tuple(wsel))
         for panel in PANELS:
             try:

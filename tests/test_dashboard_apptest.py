@@ -66,7 +66,10 @@ def test_run_picker_and_drilldown(app_test, audit):
     assert list(steps["acc_len"]) == list(want["acc_len"])
 
 
-def test_workload_filter(app_test):
+def test_workload_filter(app_test, audit):
+    """The filter reaches every panel: filtered numbers where a panel can split by workload, and a caption
+    saying so where it cannot (per-step cost, whole-run estimators, the curve runs)."""
+    db, summary = audit
     at = app_test.run()
     wl = at.multiselect(key="workloads")
     assert {"math", "code", "chat", "poetry"} <= set(wl.options)
@@ -74,6 +77,26 @@ def test_workload_filter(app_test):
     assert not at.exception
     reqs = at.dataframe[-2].value  # the drill-down request row
     assert set(reqs["workload"]) == {"math"}
+    ids = [r["run_id"] for r in summary["runs"].values()]
+    arm_table = at.dataframe[0].value.set_index("run_id")
+    want = Reader(db).run_summary(ids, ["math"]).set_index("run_id")
+    assert (arm_table.loc[want.index, "blocks"] == want["blocks"]).all()
+    assert want["blocks"].sum() < Reader(db).run_summary(ids)["blocks"].sum()  # really a subset
+    captions = [c.value for c in at.caption]
+    assert any("workloads: math" in c for c in captions)
+    for what in ("Steps (each batches", "The estimators", "The full-traffic inference"):
+        assert any(c.startswith(what) and "workload filter does not split" in c for c in captions), what
+
+
+def test_no_raw_data_version_and_arms_named(app_test):
+    """The status line shows a row count, not the change-probe tuple; every utilization names its arm."""
+    at = app_test.run()
+    captions = [c.value for c in at.caption]
+    assert not [c for c in captions if "data version" in c or "(" in c.split("·")[0]], captions
+    assert any(c.endswith(" rows") or " rows · " in c for c in captions)
+    util_captions = [c for c in captions if "utilization" in c and "window" in c]
+    assert util_captions and all(any(f"{arm} utilization" in c for arm in ("compact", "cap-accept", "static"))
+                                 for c in util_captions)
 
 
 def test_live_refresh_sees_new_runs(audit, tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from estimators.tail import TailResult
 from estimators.utilization import UtilizationResult
 from estimators.validation import ValidationResult
 
+MIN_COVERAGE_N = 2  # blocks a coverage group needs before its line is drawn
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
 
 
@@ -34,29 +35,46 @@ def _layout(fig: go.Figure, title: str, height: int = 400) -> go.Figure:
 
 def interval_figure(df: pd.DataFrame, x: str, est: str, lo: str, hi: str, truth: str | None = None,
                     title: str = "", yaxis: str = "") -> go.Figure:
-    """Point estimates with interval bars per group, with the truth as markers when known."""
+    """Point estimates with interval bars per group, with the truth as markers when known.
+
+    A group of one request (``n`` = 1) gets no bar: its bootstrap interval is a single resample, a
+    zero-width bar that reads as certainty."""
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=df[x].astype(str), y=df[est], mode="markers", name="estimate",
-                             error_y=dict(type="data", symmetric=False, array=df[hi] - df[est], arrayminus=df[est] - df[lo]),
+    one = (df["n"] <= 1).to_numpy() if "n" in df else np.zeros(len(df), bool)
+    up = np.where(one, np.nan, df[hi] - df[est])
+    down = np.where(one, np.nan, df[est] - df[lo])
+    names = [f"{g} (n = 1: no interval)" if o else g for g, o in zip(df[x].astype(str), one)]
+    fig.add_trace(go.Scatter(x=names, y=df[est], mode="markers", name="estimate",
+                             error_y=dict(type="data", symmetric=False, array=up, arrayminus=down),
                              marker=dict(size=9, color=PALETTE[0])))
     if truth and truth in df:
-        fig.add_trace(go.Scatter(x=df[x].astype(str), y=df[truth], mode="markers", name="truth",
+        fig.add_trace(go.Scatter(x=names, y=df[truth], mode="markers", name="truth",
                                  marker=dict(symbol="x", size=10, color=PALETTE[1])))
+    fig.update_xaxes(title=x)
     fig.update_yaxes(title=yaxis)
     return _layout(fig, title)
 
 
 def coverage_figure(per_mode: pd.DataFrame) -> go.Figure:
-    """Empirical coverage of per-block intervals against the nominal level, per mode."""
+    """Empirical coverage of per-block intervals against the nominal level, per mode.
+
+    A group of fewer than :data:`MIN_COVERAGE_N` blocks is not drawn (one block covers 0% or 100%: a line
+    at 0 that says nothing); its legend entry says so."""
     fig = go.Figure()
     levels = sorted(int(c[3:5]) for c in per_mode.columns if c.startswith("cov") and c.endswith("_unresolved"))
     for i, r in per_mode.reset_index(drop=True).iterrows():
-        fig.add_trace(go.Scatter(x=[L / 100 for L in levels], y=[r[f"cov{L}_unresolved"] for L in levels],
-                                 mode="lines+markers", name=f"{r['mode']} (unresolved, n={r.n_blocks - r.n_resolved})",
-                                 line=dict(color=PALETTE[i % len(PALETTE)])))
-        fig.add_trace(go.Scatter(x=[L / 100 for L in levels], y=[r[f"cov{L}"] for L in levels], mode="markers",
-                                 name=f"{r['mode']} (all censored)", marker=dict(symbol="diamond-open", size=9,
-                                                                                 color=PALETTE[i % len(PALETTE)])))
+        color = PALETTE[i % len(PALETTE)]
+        groups = ((f"{r['mode']} (unresolved", r.n_blocks - r.n_resolved, "_unresolved", "lines+markers"),
+                  (f"{r['mode']} (all censored", r.n_blocks, "", "markers"))
+        for name, n, suffix, mode in groups:
+            if n < MIN_COVERAGE_N:
+                fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{name}, n={n}: too few to draw)",
+                                         marker=dict(color=color), visible="legendonly"))
+                continue
+            fig.add_trace(go.Scatter(x=[L / 100 for L in levels], y=[r[f"cov{L}{suffix}"] for L in levels],
+                                     mode=mode, name=f"{name}, n={n})", line=dict(color=color),
+                                     marker=dict(symbol="diamond-open" if mode == "markers" else "circle", size=9,
+                                                 color=color)))
     fig.add_trace(go.Scatter(x=[0.75, 1.0], y=[0.75, 1.0], mode="lines", name="nominal", line=dict(dash="dash", color="grey")))
     fig.update_xaxes(title="nominal level")
     fig.update_yaxes(title="empirical coverage of the true ceiling")
@@ -81,6 +99,10 @@ def reliability_figure(rel: pd.DataFrame, positions=None, title: str = "Reliabil
                           row=rr, col=cc)
         fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line=dict(dash="dash", color="grey"), showlegend=False),
                       row=rr, col=cc)
+        if rr == nrow:
+            fig.update_xaxes(title="predicted survival", row=rr, col=cc)
+        if cc == 1:
+            fig.update_yaxes(title="observed rate", row=rr, col=cc)
     return _layout(fig, title, height=280 * nrow + 80)
 
 
@@ -133,6 +155,12 @@ def windows_figure(win: pd.DataFrame, util: pd.DataFrame | None = None) -> go.Fi
     return _layout(fig, "Windows contract from easy to hard workloads; utilization stays high")
 
 
+def one_based_positions(df: pd.DataFrame) -> pd.DataFrame:
+    """The estimators count draft positions from 0; every surface shows k = 1..gamma (as the raw-table
+    figures, the tables and the findings do)."""
+    return df.assign(position=df["position"] + 1) if "position" in df else df
+
+
 def _ceiling_figure(result: Any, by: str = "workload") -> go.Figure:
     """Aggregate estimated ceiling per group (with interval), against truth where known."""
     col = by if isinstance(result, StreamTail) or by in result.blocks else None  # a TailResult may lack `by`
@@ -159,7 +187,7 @@ def figure_of(result: Any, **kw: Any) -> go.Figure | None:
     if isinstance(result, (TailResult, StreamTail)):
         return _ceiling_figure(result, **kw)
     if isinstance(result, CalibrationResult):
-        return reliability_figure(result.reliability, positions=kw.get("positions"),
+        return reliability_figure(one_based_positions(result.reliability), positions=kw.get("positions"),
                                   title=f"STS reliability (label: {result.label})")
     if isinstance(result, UtilizationResult):
         return windows_figure(result.windows, result.by_group[result.by_group.by == "workload"])

@@ -14,6 +14,7 @@ given it reached k-1), computed in SQL from blocks whose ceiling is observed.
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Sequence
 
@@ -22,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from acceptscope.reader import RS, RUNS, Reader
+from acceptscope.reader import RS, RUNS, Reader, workload_filter
 from estimators.calibration_metrics import ece
 
 ARM_COLORS = {"compact": "#1f77b4", "cap-accept": "#d62728", "static": "#2ca02c"}
@@ -50,19 +51,21 @@ def wilson(k: np.ndarray, n: np.ndarray, z: float = WILSON_Z) -> tuple[np.ndarra
 # ---------------------------------------------------------------------------
 # reliability (raw, plug-in)
 # ---------------------------------------------------------------------------
-def reliability_bins(reader: Reader, run_ids: Sequence[str], n_bins: int = 15) -> pd.DataFrame:
+def reliability_bins(reader: Reader, run_ids: Sequence[str], n_bins: int = 15,
+                     workloads: Sequence[str] | None = None) -> pd.DataFrame:
     """Per (run, position, variant, bin): mean predicted confidence, observed rate, n, Wilson CI.
 
     ``variant`` is ``after`` (post-STS ``confidence``) and, where logits are
-    recorded, ``before`` (sigmoid of ``confidence_logit``).
+    recorded, ``before`` (sigmoid of ``confidence_logit``). ``workloads``: only their blocks.
     """
+    wf, wp = workload_filter(workloads)
     df = reader.df(
         f"""
         WITH u AS (
           SELECT run_id, unnest(generate_series(1, len(confidence))) AS k, unnest(confidence) AS c,
                  unnest(confidence_logit) AS z,
                  ceiling
-          FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND ceiling IS NOT NULL AND confidence IS NOT NULL),
+          FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND ceiling IS NOT NULL AND confidence IS NOT NULL{wf}),
         lab AS (SELECT run_id, k, c, 1 / (1 + exp(-z)) AS c_raw, (ceiling >= k)::INT AS y
                 FROM u WHERE ceiling >= k - 1),
         v AS (SELECT run_id, k, 'after' AS variant, c AS p, y FROM lab
@@ -71,7 +74,7 @@ def reliability_bins(reader: Reader, run_ids: Sequence[str], n_bins: int = 15) -
                avg(p) AS mean_pred, avg(y) AS rate, sum(y) AS hits, count(*) AS n
         FROM v WHERE isfinite(p) GROUP BY ALL ORDER BY run_id, position, variant, bin
         """,
-        [list(run_ids), n_bins, n_bins],
+        [list(run_ids), *wp, n_bins, n_bins],
     )
     if len(df):
         df["lo"], df["hi"] = wilson(df["hits"].to_numpy(), df["n"].to_numpy())
@@ -129,8 +132,8 @@ def fig_reliability(bins: pd.DataFrame, run_id: str, max_positions: int = 8) -> 
                 name=f"{variant} STS", legendgroup=variant, showlegend=(i == 0),
                 customdata=s["n"], hovertemplate="pred %{x:.3f}<br>observed %{y:.3f}<br>n=%{customdata}"),
                 row=r, col=c)
-        fig.update_xaxes(range=[0, 1], row=r, col=c)
-        fig.update_yaxes(range=[0, 1], row=r, col=c)
+        fig.update_xaxes(range=[0, 1], row=r, col=c, title="predicted confidence" if r == rows else None)
+        fig.update_yaxes(range=[0, 1], row=r, col=c, title="observed rate" if c == 1 else None)
     fig.update_annotations(font_size=11)
     return _layout(fig, f"Reliability per position (Wilson 95% bands) - {run_id}", height=270 * rows + 90)
 
@@ -189,7 +192,9 @@ def fig_utilization(util: pd.DataFrame) -> go.Figure:
             fig.add_trace(go.Scatter(
                 x=g["workload"], y=g["ceiling_accept_len"], mode="markers", name=f"{arm} ceiling",
                 marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color=ARM_COLORS.get(arm))),
-                customdata=g["utilization"], hovertemplate="ceiling %{y:.2f}<br>utilization %{customdata:.1%}"))
+                customdata=g["utilization"],
+                hovertemplate=f"{html.escape(str(arm))} ceiling %{{y:.2f}}<br>{html.escape(str(arm))} utilization "
+                              "%{customdata:.1%}"))
     fig.update_yaxes(title="tokens per block (incl. bonus)")
     fig.update_layout(barmode="group")
     return _layout(fig, "Utilization: realized accept length against the ceiling")
@@ -232,7 +237,7 @@ def fig_throughput(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> go.
 def fig_request(steps: pd.DataFrame, rid: str) -> go.Figure:
     """One request, block by block: window, accepted drafts and (where known) the ceiling."""
     fig = go.Figure()
-    x = np.arange(len(steps))
+    x = np.arange(1, len(steps) + 1)
     fig.add_trace(go.Bar(x=x, y=steps["window"], name="window (verified)", marker_color="#c7d7ee"))
     fig.add_trace(go.Bar(x=x, y=steps["correct_drafts"], name="accepted drafts", marker_color="#1f77b4"))
     if steps["ceiling"].notna().any():

@@ -37,6 +37,12 @@ class Ctx:
         m = self.runs.set_index("run_id")["arm"]
         return str(m.get(run_id, "?"))
 
+    def whole_run_note(self, what: str) -> str | None:
+        """With a workload filter on: the caption of a view that cannot be split by workload."""
+        if not self.workloads:
+            return None
+        return f"{what} cover every workload of the run: the workload filter does not split them."
+
     def by_workload(self, df: pd.DataFrame) -> pd.DataFrame:
         if not self.workloads or "workload" not in df.columns:
             return df

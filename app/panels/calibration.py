@@ -19,7 +19,7 @@ def render(ctx) -> None:
     else:
         run = st.selectbox("run for reliability", labelled, key="calib_run",
                            format_func=lambda r: f"{ctx.arm_of(r)} · {r}")
-        bins = ctx.q("reliability_bins", (run,))
+        bins = ctx.q("reliability_bins", (run,), ctx.workloads)
         if bins.empty:
             st.info("No labelled blocks in this run yet.")
         else:
@@ -29,7 +29,7 @@ def render(ctx) -> None:
             wide["n"] = wide["position"].map(ece[ece["variant"] == "after"].set_index("position")["n"])
             st.subheader("ECE per position")
             st.dataframe(wide, hide_index=True)
-    pos = ctx.q("position_acceptance", ctx.run_ids)
+    pos = ctx.q("position_acceptance", ctx.run_ids, ctx.workloads)
     if len(pos):
         st.subheader("Survival vs empirical acceptance")
         st.plotly_chart(F.fig_survival(pos), key="survival_fig")

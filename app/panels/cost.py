@@ -15,6 +15,8 @@ def render(ctx) -> None:
     if steps.empty:
         st.info("No steps in the selection.")
         return
+    if note := ctx.whole_run_note("Steps (each batches requests of several workloads)"):
+        st.caption(note)
     runs = ctx.runs[ctx.runs["run_id"].isin(ctx.run_ids)]
     a, b = st.columns(2)
     if steps["predicted_step_ms"].notna().any():

@@ -24,6 +24,8 @@ def render(ctx) -> None:
     if not on:
         st.info("Estimators are paused (turn on 'compute estimators').")
         return
+    if note := ctx.whole_run_note("The estimators"):
+        st.caption(note)
     with st.spinner("running estimators ..."):
         views, why = ctx.q("estimates", run)
     if why:

@@ -22,15 +22,17 @@ def render(ctx) -> None:
         st.info("No blocks in the selection.")
         return
     cmp = R.blog_comparison(reg)
-    st.caption(f"{plain(src[0])}: windows, utilization against the ceiling and window shares per workload; grey / "
+    st.caption(f"{plain(ctx.arm_of(src[0]))} run {plain(src[0])}: windows, utilization against its ceiling and window shares per workload; grey / "
                f"blog columns: the SGLang DSpark blog ({R.BLOG_URL}).")
     st.dataframe(cmp, hide_index=True)
-    st.plotly_chart(R.fig_regime(cmp), key="regime_fig")
+    st.plotly_chart(R.fig_regime(cmp, arm=ctx.arm_of(src[0])), key="regime_fig")
     groups = ctx.runs.set_index("run_id").loc[list(ctx.run_ids), "audit_group"].dropna().unique()
     for g in groups:
         curve = ctx.q("throughput_curve", f"{g}/curve")
         if len(curve):
             st.subheader("Compact vs static over batch size (virtual clock)")
+            if note := ctx.whole_run_note("The curve runs"):
+                st.caption(note)
             st.plotly_chart(R.fig_throughput_curve(curve), key=f"curve_fig_{g}")
             st.dataframe(R.curve_ratios(curve), hide_index=True)
             break

@@ -19,6 +19,8 @@ def render(ctx) -> None:
     st.plotly_chart(F.fig_utilization(util), key="util_fig")
     arms = {ctx.arm_of(r): r for r in ctx.run_ids}
     if "compact" in arms and "cap-accept" in arms:
+        if note := ctx.whole_run_note("The full-traffic inference figures below"):
+            st.caption(note)
         inf = ctx.q("sampling_inference", arms["compact"], arms["cap-accept"])
         if isinstance(inf, str):
             st.info(f"No full-traffic inference: {plain(inf)}")
