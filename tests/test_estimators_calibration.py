@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from acceptscope.figures import figure_of
 from estimators.calibration import (StsCalibrator, calibration_data, check_sglang_sts, compare, fit_grid, fit_smooth,
                                     sglang_grid, survival)
 from estimators.calibration_metrics import _Prepared, ece
@@ -92,8 +93,8 @@ def test_smooth_fit_beats_grid_on_its_own_loss_and_held_out():
     assert {"ece_lo", "ece_hi", "auroc_lo"} <= set(m.columns)
     inside = (m.ece_lo <= m.ece + 1e-9) & (m.ece <= m.ece_hi + 1e-9)
     assert inside.mean() > 0.9 and (m.ece_hi > m.ece_lo).all()
-    fig = res.figure(positions=[0, 1])
-    assert len(fig.data) > 0
+    fig = figure_of(res, positions=[1, 2])  # positions 1..gamma, as every surface shows them
+    assert len(fig.data) > 0 and [a.text for a in fig.layout.annotations] == ["position 1", "position 2"]
 
 
 def test_joint_fit_and_greedy_label():
