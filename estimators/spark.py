@@ -705,3 +705,120 @@ def estimate_lake(lake: str | Path, run_ids: Sequence[str] | None = None, master
     finally:
         if own:
             spark.stop()
+
+
+# ---------------------------------------------------------------------------
+# STS temperatures over the lake: per-position binned statistics on the executors, the 1-D fit on the driver
+# ---------------------------------------------------------------------------
+STS_Z_BIN = 1 / 64  # logit bin width
+STS_P_BIN = 1 / 256  # width of a bin of the survival of the earlier positions (prev)
+CAL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window", "correct_drafts",
+               "confidence", "confidence_logit", "survival", "ceiling", "temperature", "workload", "finished")
+
+
+def _cal_rows(tbl: pa.Table, label: str, gamma: int, temperatures) -> tuple[np.ndarray, np.ndarray]:
+    """(z, y) of a batch, as ``calibration_data`` builds them for ``acceptscope calibrate``."""
+    from estimators.calibration import calibration_data
+
+    try:
+        if label == "greedy":
+            d = calibration_data(None, "greedy", sts_samples=tbl.to_pandas(), gamma=gamma)
+        else:
+            d = calibration_data(_block_frame(tbl, gamma), "realized", temperatures=temperatures)
+    except ValueError:  # no labelled rows in this batch
+        return np.zeros((0, gamma)), np.zeros((0, gamma))
+    return d.z, d.y
+
+
+def _block_frame(tbl: pa.Table, gamma: int):
+    from estimators.frame import BlockFrame
+
+    return BlockFrame.from_request_steps(_to_model(tbl, schema.REQUEST_STEPS), gamma=gamma)
+
+
+STS_FIELDS = [("cell", pa.int64()), ("y", pa.float64()), ("n", pa.int64()), ("sz", pa.float64()), ("sp", pa.float64())]
+
+
+def _sts_partition(batches, label: str, gamma: int, temperatures, fitted: list[float], k: int):
+    """Per (z-bin, prev-bin, label) cell of position ``k``: count, sum of z, sum of prev (the survival
+    through positions < k under the temperatures already ``fitted``)."""
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        z, y = _cal_rows(pa.Table.from_batches([batch]), label, gamma, temperatures)
+        if not len(z):
+            continue
+        prev = np.ones(len(z))
+        for j, t in enumerate(fitted):
+            prev = prev * 0.5 * (1.0 + np.tanh(0.5 * z[:, j] / t))
+        zb = np.floor(z[:, k] / STS_Z_BIN).astype(np.int64)
+        pb = np.minimum(np.floor(prev / STS_P_BIN).astype(np.int64), int(1 / STS_P_BIN))
+        cell = (zb * 1024 + pb) * 2 + (y[:, k] > 0.5)
+        u, inv = np.unique(cell, return_inverse=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(u >> 1 << 1), pa.array((u & 1).astype(float)), pa.array(np.bincount(inv, minlength=u.size)),
+             pa.array(np.bincount(inv, weights=z[:, k], minlength=u.size)),
+             pa.array(np.bincount(inv, weights=prev, minlength=u.size))], schema=pa.schema(STS_FIELDS))
+
+
+def sts_fit_lake(store: LakeStore, run_id: str, label: str = "realized", method: str = "smooth-nll") -> dict:
+    """``acceptscope calibrate``'s final fit (``StsCalibrator(method).fit`` on every sample) over the
+    lake: one Spark job per position ``k`` aggregates, across partitions, the count and the sums of
+    ``z_k`` and of ``prev_k`` (survival through the earlier positions under the temperatures fitted
+    so far) per cell of a (``z_k``, ``prev_k``, label) grid; the driver minimizes the same loss
+    (``scipy`` bounded, same bounds and tolerance) over the cells, each at its mean point.
+
+    Why binned: the sequential NLL / Brier objective is a sum over samples of a nonlinear function
+    of (prev, z, y), with no finite exact sufficient statistic; cell means make the error second
+    order in the cell width (measured against the local fit in tests/test_estimators_spark.py).
+    ``sequential-ece`` (a grid search on ECE bins of the survival) is not binned this way: refused."""
+    import math
+
+    from pyspark.sql import functions as F
+    from scipy.optimize import minimize_scalar
+
+    from estimators import load_run, sts_in_force
+    from estimators.calibration import LOG_T_BOUNDS
+
+    if method not in ("smooth-nll", "smooth-brier"):
+        raise ValueError(f"sts_fit_lake fits smooth-nll or smooth-brier, not {method!r} (use acceptscope calibrate --db)")
+    data = load_run(store, run_id, skip=("request_steps", "steps", "estimator_rows", "estimator_gather",
+                                         "estimator_eos", "sts_samples"))
+    gamma = int(data["run"]["gamma"])
+    temps = sts_in_force(data)
+    if label == "greedy":
+        src = store.frame("sts_samples").where(F.col("run_id") == run_id)
+    elif label == "realized":
+        src = store.frame("request_steps").where((F.col("run_id") == run_id) & F.col("ceiling").isNotNull())
+        src = src.select(*[c for c in CAL_COLUMNS if c in src.columns])
+    else:
+        raise ValueError(f"label must be 'realized' or 'greedy', got {label!r}")
+    loss = method.split("-")[1]
+    T: list[float] = []
+    cells = 0
+    n_samples = None
+    for k in range(gamma):
+        fitted = list(T)
+
+        def fn(batches, k=k, fitted=fitted):
+            return _sts_partition(batches, label, gamma, temps, fitted, k)
+
+        agg = (src.mapInArrow(fn, _spark_struct(STS_FIELDS)).groupBy("cell", "y")
+               .agg(F.sum("n").alias("n"), F.sum("sz").alias("sz"), F.sum("sp").alias("sp")).toArrow())
+        n = agg.column("n").to_numpy().astype(float)
+        if not n.size:
+            raise ValueError(f"run {run_id!r}: no {label} calibration samples in {store.path}")
+        y = agg.column("y").to_numpy()
+        mz, mp = agg.column("sz").to_numpy() / n, agg.column("sp").to_numpy() / n
+        n_samples, cells = int(n.sum()), cells + n.size
+
+        def obj(lt, mz=mz, mp=mp, y=y, n=n):
+            p = np.clip(mp * 0.5 * (1.0 + np.tanh(0.5 * mz / math.exp(lt))), 1e-12, 1 - 1e-12)
+            if loss == "nll":
+                return float(-(n * (y * np.log(p) + (1 - y) * np.log1p(-p))).sum() / n.sum())
+            return float((n * (p - y) ** 2).sum() / n.sum())
+
+        r = minimize_scalar(obj, bounds=LOG_T_BOUNDS, method="bounded", options=dict(xatol=1e-5))
+        T.append(float(math.exp(r.x)))
+    return dict(temperatures=T, num_samples=n_samples, cells=cells, method=method, label=label,
+                bins=dict(z=STS_Z_BIN, prev=STS_P_BIN))
