@@ -77,13 +77,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--masters", default="local[1],local[2]")
     ap.add_argument("--run", default="syn-compact")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--dir", help="where the lake is written (default: the temp directory)")
     a = ap.parse_args(argv)
 
     from acceptscope.store import Store
     from estimators import run_all, to_jsonable
-    from estimators.spark import LakeStore, SparkTail, run_lake, spark_session
+    from estimators.spark import LakeStore, SparkTail, run_lake, spark_session, sts_fit_lake
 
-    root = Path(tempfile.mkdtemp(prefix="acceptscope-spark-bench-"))
+    root = Path(tempfile.mkdtemp(prefix="acceptscope-spark-bench-", dir=a.dir))
     t0 = time.perf_counter()
     db, lake, n = make_lake(root, a.requests)
     print(f"lake: {n} request-steps in {a.run} ({time.perf_counter() - t0:.1f} s to simulate + export) at {lake}")
@@ -91,6 +92,11 @@ def main(argv=None) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     local = to_jsonable(run_all(Store(db), a.run))
     local_s, local_cpu = time.perf_counter() - t0, time.process_time() - c0
+    from estimators import load_run
+    from estimators.calibration import StsCalibrator, calibration_data
+
+    d = calibration_data(load_run(Store(db), "syn-cap")["request_steps"], "realized")
+    sts_local = StsCalibrator("smooth-nll").fit(d.z, d.y).temperatures_
     rs_bytes = sum(p.stat().st_size for p in (lake / "request_steps").rglob("*.parquet"))
     out = {"request_steps": n, "requests": a.requests, "local_duckdb_s": local_s, "local_duckdb_cpu_s": local_cpu, "masters": {},
            "lake_request_steps_bytes_per_row": rs_bytes / (2 * n)}
@@ -109,6 +115,9 @@ def main(argv=None) -> dict:
             dist = to_jsonable(run_lake(store, eng, a.run))
             total, driver_cpu = time.perf_counter() - t, time.process_time() - c
             worst, nvals = _worst_rel(local, dist)
+            t = time.perf_counter()
+            sts = sts_fit_lake(store, "syn-cap", "realized", "smooth-nll")
+            sts_s = time.perf_counter() - t
         finally:
             spark.stop()
         st = eng.stats
@@ -118,7 +127,10 @@ def main(argv=None) -> dict:
                                       reduce_rows_per_s=n / st["reduce_wall_s"], job_s=job_s, driver_cpu_s=driver_cpu,
                                       executor_cpu_s=ex, executor_us_per_row=1e6 * ex / n,
                                       bytes_to_driver=back, bytes_to_driver_per_row=back / n,
-                                      equal_values=nvals, worst_rel_diff_vs_local=worst, **st)
+                                      equal_values=nvals, worst_rel_diff_vs_local=worst, sts_fit_s=sts_s,
+                                      sts_cells=sts["cells"], sts_samples=sts["num_samples"],
+                                      sts_worst_rel_vs_local=float(max(abs(a / b - 1) for a, b in
+                                                                       zip(sts["temperatures"], sts_local))), **st)
         print(f"{master:>9}: end to end {total:6.1f} s ({n / total:8.0f} rows/s); executors' reduction "
               f"{st['reduce_wall_s']:.1f} s ({n / st['reduce_wall_s']:8.0f} rows/s); one trivial job {job_s:.2f} s")
         print(f"{'':>9}  executor CPU {ex:.2f} s ({1e6 * ex / n:.1f} us/row: fit {st['fit_executor_cpu_s']:.2f} s, "
@@ -128,6 +140,10 @@ def main(argv=None) -> dict:
               f"{st['fit_bytes_collected'] / 1e3:.0f} kB, {st['reduce_partitions']} partition payloads "
               f"{st['reduce_bytes_collected'] / 1e3:.0f} kB)")
         print(f"{'':>9}  JSON vs the single-machine path: {nvals} values, worst relative difference {worst:.3g}")
+        m = out["masters"][master]
+        print(f"{'':>9}  STS fit (syn-cap, realized, smooth-nll): {sts_s:.1f} s, {sts['num_samples']} samples in "
+              f"{sts['cells']} cells over {len(sts_local)} positions; worst relative difference to the local fit "
+              f"{m['sts_worst_rel_vs_local']:.3g}")
     ms = list(out["masters"])
     if len(ms) >= 2:
         r = out["masters"][ms[-1]]["reduce_rows_per_s"] / out["masters"][ms[0]]["reduce_rows_per_s"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -144,6 +145,28 @@ def test_lake_read_as_exported_and_partitioning_does_not_matter(ref, spark):
     local = to_jsonable(run_all(Store(db), "0100", n_boot=50, hazard_boot=5, seed=3))
     worst, m = _compare(local, results[1])
     assert m > 200
+
+
+def test_sts_fit_over_the_lake_equals_calibrate(sgl, spark):
+    """``acceptscope calibrate``'s final fit (smooth-nll, every sample) from per-position binned sums
+    aggregated on the executors. The local fit is itself determined only to the optimizer's
+    tolerance (``xatol=1e-5`` in log T): summation order alone moves it by a few 1e-6."""
+    from estimators import load_run, sts_in_force
+    from estimators.calibration import StsCalibrator, calibration_data
+    from estimators.spark import LakeStore, sts_fit_lake
+
+    db, lake = sgl
+    run = next(r for r in Store(db).runs().run_id if "cap-accept" in r)
+    data = load_run(Store(db), run)
+    d = calibration_data(data["request_steps"], "realized", temperatures=sts_in_force(data), gamma=int(data["run"]["gamma"]))
+    local = StsCalibrator("smooth-nll").fit(d.z, d.y)
+    got = sts_fit_lake(LakeStore(spark, lake), run, "realized", "smooth-nll")
+    assert got["num_samples"] == local.num_samples_ == len(d.z) > 100
+    rel = np.abs(np.array(got["temperatures"]) / np.array(local.temperatures_) - 1)
+    assert rel.max() <= 1e-5, (got["temperatures"], local.temperatures_)
+    print(f"\nSTS fit over the lake: {len(rel)} temperatures from {got['cells']} cells, worst relative difference {rel.max():.3g}")
+    with pytest.raises(ValueError, match="sequential-ece"):
+        sts_fit_lake(LakeStore(spark, lake), run, "realized", "sequential-ece")
 
 
 def test_cli_lake_errors(tmp_path):
