@@ -37,6 +37,7 @@ import os
 import pickle
 import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema
-from estimators.stream import TAIL_COLUMNS, _RunAcc, whole_requests
+from estimators.stream import TAIL_COLUMNS, StreamTail, _RunAcc, whole_requests
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")
@@ -354,7 +355,7 @@ class SparkTail:
         return est
 
     def reduce(self, est, refits, run_id: str, gamma: int, exact: bool, steps: pd.DataFrame, step_rows, hazard_boot: int,
-               seed: int, cal_fraction: float, temperatures, keep_per_request: bool) -> "_LakeAcc":
+               seed: int, cal_fraction: float, temperatures, keep_per_request: bool, specs) -> "_LakeAcc":
         """The streamed path's per-chunk sums (``estimators.stream._RunAcc``) on the executors, one
         payload per partition (per-(group, request) statistics, per-group and per-position sums,
         counts, the calibration rows of the sampled requests), merged on the driver."""
@@ -364,12 +365,12 @@ class SparkTail:
         kw = dict(run_id=run_id, gamma=gamma, exact=exact, steps=steps, hazard_boot=hazard_boot, seed=seed,
                   cal_fraction=cal_fraction, temperatures=temperatures, step_rows=step_rows,
                   keep_per_request=keep_per_request)
-        bc = self.spark.sparkContext.broadcast((remote, refits, kw))
+        bc = self.spark.sparkContext.broadcast((remote, refits, kw, list(specs)))
         chunk = self.chunk_rows
 
         def fn(batches):
-            e, r, k = bc.value
-            return _reduce_partition(batches, e, r, k, chunk)
+            e, r, k, sp = bc.value
+            return _reduce_partition(batches, e, r, k, sp, chunk)
 
         t0 = time.perf_counter()
         rows = _by_request(self._rs([run_id], TAIL_COLUMNS), self.parts).mapInArrow(fn, "payload binary").toArrow()
@@ -490,16 +491,24 @@ class _LakeAcc(_RunAcc):
             at = first[np.searchsorted(uk, self.cal[-1][2])]
             self.cal_req.append((run[at], rid[at]))
 
-    def state(self, cpu_s: float) -> dict:
-        return dict(counts=self.counts, stats={g: self._expand(pd.concat(v, ignore_index=True), g)
-                                               for g, v in self.stats.items() if v},
-                    shifts=self.shifts, util=self.util, pos=self.pos, windows=self.windows, per_request=self.per_request,
-                    trim=self.trim, cal=self.cal, cal_req=self.cal_req, notes=self.notes, chunks=self.chunks, cpu_s=cpu_s)
+    def state(self, cpu_s: float, specs) -> dict:
+        """What goes back to the driver: sums. The per-(group, request) statistics are reduced here
+        to the bootstrap's per-replicate partial sums (``bootstrap.replicate_sums``) of each
+        aggregate the results use (``specs``: (grouping, n_boot, target, seed))."""
+        from estimators.bootstrap import replicate_sums
+
+        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items() if v}
+        sums = {sp: replicate_sums(stats[sp[0]], list(sp[0]), n_boot=sp[1], target=sp[2], seed=sp[3])
+                for sp in specs if sp[0] in stats}
+        return dict(counts=self.counts, sums=sums, shifts=self.shifts, util=self.util, pos=self.pos,
+                    windows=self.windows, per_request=self.per_request, trim=self.trim, cal=self.cal,
+                    cal_req=self.cal_req, notes=self.notes, chunks=self.chunks, cpu_s=cpu_s)
 
     def merge(self, states: list[dict]) -> None:
         """Add the partitions' states; calibration rows in frame order (requests by sorted key),
         as the held-out split draws per request in order of appearance."""
         c = self.counts
+        self.sums: dict = {}
         for st in states:
             for k, v in st["counts"].items():
                 if k == "modes":
@@ -507,10 +516,8 @@ class _LakeAcc(_RunAcc):
                         c["modes"][m] = c["modes"].get(m, 0) + x
                 else:
                     c[k] += v
-            for g, d in st["stats"].items():
-                for col in g:
-                    d[col] = d[col].astype(object)
-                self.stats[g].append(self._compact(d, g))
+            for sp, d in st["sums"].items():
+                self.sums.setdefault(sp, []).append(d)
             for g in self.shifts:
                 self.shifts[g] += st["shifts"][g]
                 self.util[g] += st["util"][g]
@@ -530,8 +537,42 @@ class _LakeAcc(_RunAcc):
             z, y, k = (np.concatenate([x[i] for x in self.cal])[order] for i in range(3))
             self.cal, self.cal_req = [(z, y, k, self.cal[0][3])], [(run[order], rid[order])]
 
+    def tail_result(self, info: dict, notes: list[str]) -> "_LakeTail":
+        shifts = {}
+        for g, v in self.shifts.items():
+            if v:
+                d = pd.concat(v, ignore_index=True)
+                shifts[g] = d.groupby(list(g), dropna=False).sum().reset_index() if g else d.sum().to_frame().T
+        return _LakeTail(counts=self.counts, stats={}, shifts=shifts, gamma=self.G, levels=tuple(self.est.levels),
+                         hazard_info=info, notes=list(self.notes) + notes, sums=self.sums)
 
-def _reduce_partition(batches, est, refits, kw: dict, chunk_rows: int):
+
+@dataclass
+class _LakeTail(StreamTail):
+    """The streamed tail result whose aggregates come from the executors' replicate partial sums."""
+
+    sums: dict = field(default_factory=dict)
+
+    def aggregate(self, by=None, level: float = 0.95, n_boot: int = 400, target: str = "run", seed: int = 0):
+        from estimators.bootstrap import aggregate_from_sums
+
+        by = [by] if isinstance(by, str) else list(by or [])
+        spec = (tuple(by), n_boot, target, seed)
+        if spec not in self.sums:
+            raise ValueError(f"the lake's tail result keeps the aggregates (grouping, n_boot, target, seed) "
+                             f"{sorted(self.sums)}, not {spec}")
+        return aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(tuple(by)))
+
+
+def aggregate_specs(n_boot: int, seed: int) -> list[tuple]:
+    """The aggregates ``run_lake``'s results read: the tail summary (400 replicates, seed 0), the
+    utilization intervals per grouping, the workload figure."""
+    from estimators.stream import GROUPINGS
+
+    return sorted({((), 400, "run", 0), (("workload",), 200, "run", 0), *((g, n_boot, "run", seed) for g in GROUPINGS)})
+
+
+def _reduce_partition(batches, est, refits, kw: dict, specs, chunk_rows: int):
     """One partition's requests through ``_LakeAcc`` in chunks of whole requests: one payload."""
     import time
 
@@ -540,7 +581,7 @@ def _reduce_partition(batches, est, refits, kw: dict, chunk_rows: int):
     for tbl in whole_requests(batches, chunk_rows):
         acc.add(_to_model(tbl, schema.REQUEST_STEPS))
     if acc.chunks:
-        st = acc.state(time.process_time() - t0)
+        st = acc.state(time.process_time() - t0, specs)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(st, protocol=5)], pa.binary())], names=["payload"])
 
 
@@ -636,7 +677,7 @@ def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200
         "SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps WHERE run_id = ? "
         "GROUP BY rank, epoch, forward_ct", [run_id])
     acc = engine.reduce(est, refits, run_id, gamma, exact, steps, step_rows, hb, seed,
-                        min(1.0, sample_rows / n_rows), temps, n_rows <= sample_rows)
+                        min(1.0, sample_rows / n_rows), temps, n_rows <= sample_rows, aggregate_specs(n_boot, seed))
     res: dict[str, Any] = {"skipped": {}}
     res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
     tail = acc.tail_result(dict(est.hazard.info_), [train_note] + ([fit_note] if fit_note else []))

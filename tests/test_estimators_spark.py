@@ -169,6 +169,33 @@ def test_sts_fit_over_the_lake_equals_calibrate(sgl, spark):
         sts_fit_lake(LakeStore(spark, lake), run, "realized", "sequential-ece")
 
 
+def test_replicate_partial_sums_add_up_to_the_aggregate():
+    """The executors' per-replicate partial sums (``bootstrap.replicate_sums``) of disjoint sets of
+    requests, finished by ``aggregate_from_sums`` in any order, are ``aggregate_stats`` of all the
+    requests: the keyed Poisson bootstrap does not depend on the partitioning."""
+    import pandas as pd
+
+    from estimators.bootstrap import aggregate_from_sums, aggregate_stats, replicate_sums, request_stats, shift_sums
+
+    rng = np.random.default_rng(1)
+    n = 3000
+    b = pd.DataFrame({"run_id": "r", "rid": rng.integers(0, 400, n).astype(str), "workload": rng.choice(["a", "b", None], n),
+                      "mean": rng.random(n) * 3, "var": rng.random(n) * 0.3, "censored": rng.random(n) < 0.4,
+                      "mode": rng.choice(["greedy", "sampled"], n), "resolved": rng.random(n) < 0.7})
+    b["bound_lo"], b["bound_hi"] = b["mean"] - 0.5, b["mean"] + 0.7
+    b = b.sort_values("rid", kind="stable", ignore_index=True)
+    cut = b.rid.searchsorted(["150", "290"])
+    pieces = (b.iloc[:cut[0]], b.iloc[cut[0]:cut[1]], b.iloc[cut[1]:])
+    deltas = rng.normal(size=(5, n)) * 0.01
+    for by in ([], ["workload"]):
+        for target in ("run", "population"):
+            sh = shift_sums(b, by, deltas)
+            whole = aggregate_stats(request_stats(b, by), by, n_boot=100, target=target, seed=3, shift=sh)
+            parts = [replicate_sums(request_stats(x, by), by, n_boot=100, target=target, seed=3) for x in pieces]
+            assert whole["hi"].gt(whole["lo"]).all()
+            pd.testing.assert_frame_equal(whole, aggregate_from_sums(parts[::-1], shift=sh), rtol=1e-12)
+
+
 def test_cli_lake_errors(tmp_path):
     r = CliRunner().invoke(app, ["estimate", "--lake", str(tmp_path), "--json"])
     assert r.exit_code == 2 and "--engine" in r.output
