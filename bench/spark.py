@@ -2,21 +2,20 @@
 
 A synthetic fleet-shaped lake (estimators.synthetic: a cap-accept run and the compact view of
 the same draws, engine schema, written by ``export_parquet``) is estimated with
-``run_all(LakeStore, "syn-compact", tail_engine=SparkTail)`` under ``local[1]`` and ``local[2]``
-(a fresh SparkSession each), after one warm-up job per session (a hazard fit: JVM JIT, Python
-workers).
-Reported per master:
+``run_lake(LakeStore, SparkTail, "syn-compact")`` under ``local[1]`` and ``local[2]`` (a fresh
+SparkSession each, after a warm-up job: JVM JIT, Python workers). Reported per master:
 
-* ``tail_s``: the distributed part (hazard training positions + per-block predictions with
-  ``hazard_boot`` refits, on the executors; the hazard fit and the assembly on the driver);
-* ``driver_s``: the rest of ``run_all`` (reads of the driver columns, aggregate bootstrap,
-  utilization, calibration, cost, planner), single-threaded on the driver;
-* ``job_s``: the fixed cost of one trivial Spark job (a count of ``runs``), the per-job floor;
-* rows/s = request-steps of the estimated run / seconds, for the tail part and end to end;
+* ``total_s`` / rows/s end to end (``run_lake``: hazard fit, refits, the executors' reduction,
+  the driver's merge, bootstrap, cost, calibration, planner);
+* ``reduce_s`` / rows/s of the executors' pass (walk, per-block predictions, per-request sums),
+  the part that scales with executors;
+* executor CPU per row (the per-row cost used for the N-node extrapolation in docs/scale.md)
+  and the bytes that came back to the driver per row;
+* ``job_s``: one trivial Spark job (the per-job floor).
 
-and the single-machine path (``run_all`` over the DuckDB file) for reference. The ratio
-``local[2] / local[1]`` of tail rows/s is the measured speed-up from a second executor core.
-The host is shared (2 cores, other work running): wall seconds are noisy, run it twice.
+and the single-machine path (``run_all`` over the DuckDB file) for reference, with the
+JSON equality (values compared, worst relative difference). The host is shared (2 cores,
+other work running): wall seconds are noisy, compare ratios within one run.
 
 Usage::
 
@@ -78,13 +77,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--masters", default="local[1],local[2]")
     ap.add_argument("--run", default="syn-compact")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--dir", help="where the lake is written (default: the temp directory)")
     a = ap.parse_args(argv)
 
     from acceptscope.store import Store
     from estimators import run_all, to_jsonable
-    from estimators.spark import LakeStore, SparkTail, spark_session
+    from estimators.spark import LakeStore, SparkTail, run_lake, spark_session, sts_fit_lake
 
-    root = Path(tempfile.mkdtemp(prefix="acceptscope-spark-bench-"))
+    root = Path(tempfile.mkdtemp(prefix="acceptscope-spark-bench-", dir=a.dir))
     t0 = time.perf_counter()
     db, lake, n = make_lake(root, a.requests)
     print(f"lake: {n} request-steps in {a.run} ({time.perf_counter() - t0:.1f} s to simulate + export) at {lake}")
@@ -92,6 +92,11 @@ def main(argv=None) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     local = to_jsonable(run_all(Store(db), a.run))
     local_s, local_cpu = time.perf_counter() - t0, time.process_time() - c0
+    from estimators import load_run
+    from estimators.calibration import StsCalibrator, calibration_data
+
+    d = calibration_data(load_run(Store(db), "syn-cap")["request_steps"], "realized")
+    sts_local = StsCalibrator("smooth-nll").fit(d.z, d.y).temperatures_
     rs_bytes = sum(p.stat().st_size for p in (lake / "request_steps").rglob("*.parquet"))
     out = {"request_steps": n, "requests": a.requests, "local_duckdb_s": local_s, "local_duckdb_cpu_s": local_cpu, "masters": {},
            "lake_request_steps_bytes_per_row": rs_bytes / (2 * n)}
@@ -101,58 +106,50 @@ def main(argv=None) -> dict:
         spark = spark_session(master)
         try:
             store = LakeStore(spark, lake)
-            timing = {}
-
-            class Timed(SparkTail):
-                def fit(self, *args, **kw):
-                    t, c = time.perf_counter(), time.process_time()
-                    r = super().fit(*args, **kw)
-                    timing["fit"] = time.perf_counter() - t
-                    timing["fit_driver_cpu"] = time.process_time() - c
-                    return r
-
-                def estimate(self, *args, **kw):
-                    t, c = time.perf_counter(), time.process_time()
-                    r = super().estimate(*args, **kw)
-                    timing["estimate"] = time.perf_counter() - t
-                    timing["estimate_driver_cpu"] = time.process_time() - c
-                    return r
-
-            gamma = int(store.query_df("SELECT gamma FROM runs WHERE run_id = ?", [a.run]).gamma.iloc[0])
-            SparkTail(store).fit(store, ["syn-cap"], None, gamma)  # warm-up: JIT, Python workers
+            store.query_df("SELECT count(*) AS n FROM request_steps")  # warm-up: JIT, Python workers
             t = time.perf_counter()
             store.query_df("SELECT count(*) AS n FROM runs")
             job_s = time.perf_counter() - t
+            eng = SparkTail(store)
             t, c = time.perf_counter(), time.process_time()
-            eng = Timed(store)
-            dist = run_all(store, a.run, tail_engine=eng)
+            dist = to_jsonable(run_lake(store, eng, a.run))
             total, driver_cpu = time.perf_counter() - t, time.process_time() - c
-            worst, nvals = _worst_rel(local, to_jsonable(dist))
+            worst, nvals = _worst_rel(local, dist)
+            t = time.perf_counter()
+            sts = sts_fit_lake(store, "syn-cap", "realized", "smooth-nll")
+            sts_s = time.perf_counter() - t
         finally:
             spark.stop()
-        tail_s = timing["fit"] + timing["estimate"]
-        out["masters"][master] = dict(total_s=total, tail_s=tail_s, fit_s=timing["fit"], estimate_s=timing["estimate"],
-                                          driver_s=total - tail_s, job_s=job_s,
-                                          tail_rows_per_s=n / tail_s, end_to_end_rows_per_s=n / total,
-                                          driver_cpu_s=driver_cpu, equal_values=nvals, worst_rel_diff_vs_local=worst, **{k: v for k, v in timing.items() if "cpu" in k},
-                                          **eng.stats)
-        print(f"{master:>9}: end to end {total:6.1f} s ({n / total:8.0f} rows/s); tail (fit {timing['fit']:.1f} s + "
-              f"estimate {timing['estimate']:.1f} s) {n / tail_s:8.0f} rows/s; driver rest {total - tail_s:.1f} s; "
-              f"one trivial job {job_s:.2f} s")
         st = eng.stats
-        ex = st["fit_executor_cpu_s"] + st["estimate_executor_cpu_s"] + st.get("refit_executor_cpu_s", 0)
-        print(f"{'':>9}  executor CPU {ex:.2f} s ({1e6 * ex / n:.0f} us/row: fit {st['fit_executor_cpu_s']:.2f} s, "
-              f"{st.get('refit_tasks', 0)} hazard refits {st.get('refit_executor_cpu_s', 0):.2f} s, "
-              f"estimate {st['estimate_executor_cpu_s']:.2f} s); driver CPU {driver_cpu:.2f} s "
-              f"({1e6 * driver_cpu / n:.0f} us/row; tail part {timing['fit_driver_cpu'] + timing['estimate_driver_cpu']:.2f} s); "
-              f"collected {eng.stats['fit_bytes_collected'] / n:.0f} + {eng.stats['estimate_bytes_collected'] / n:.0f} B/row")
+        ex = st["fit_executor_cpu_s"] + st["reduce_executor_cpu_s"] + st.get("refit_executor_cpu_s", 0)
+        back = st["fit_bytes_collected"] + st["reduce_bytes_collected"]
+        out["masters"][master] = dict(total_s=total, end_to_end_rows_per_s=n / total, reduce_s=st["reduce_wall_s"],
+                                      reduce_rows_per_s=n / st["reduce_wall_s"], job_s=job_s, driver_cpu_s=driver_cpu,
+                                      executor_cpu_s=ex, executor_us_per_row=1e6 * ex / n,
+                                      bytes_to_driver=back, bytes_to_driver_per_row=back / n,
+                                      equal_values=nvals, worst_rel_diff_vs_local=worst, sts_fit_s=sts_s,
+                                      sts_cells=sts["cells"], sts_samples=sts["num_samples"],
+                                      sts_worst_rel_vs_local=float(max(abs(a / b - 1) for a, b in
+                                                                       zip(sts["temperatures"], sts_local))), **st)
+        print(f"{master:>9}: end to end {total:6.1f} s ({n / total:8.0f} rows/s); executors' reduction "
+              f"{st['reduce_wall_s']:.1f} s ({n / st['reduce_wall_s']:8.0f} rows/s); one trivial job {job_s:.2f} s")
+        print(f"{'':>9}  executor CPU {ex:.2f} s ({1e6 * ex / n:.1f} us/row: fit {st['fit_executor_cpu_s']:.2f} s, "
+              f"{st.get('refit_tasks', 0)} hazard refits {st.get('refit_executor_cpu_s', 0):.2f} s in "
+              f"{st.get('refit_wall_s', 0):.1f} s, reduction {st['reduce_executor_cpu_s']:.2f} s); driver CPU "
+              f"{driver_cpu:.2f} s; back to the driver {back / 1e3:.0f} kB ({back / n:.1f} B/row: training positions "
+              f"{st['fit_bytes_collected'] / 1e3:.0f} kB, {st['reduce_partitions']} partition payloads "
+              f"{st['reduce_bytes_collected'] / 1e3:.0f} kB)")
         print(f"{'':>9}  JSON vs the single-machine path: {nvals} values, worst relative difference {worst:.3g}")
+        m = out["masters"][master]
+        print(f"{'':>9}  STS fit (syn-cap, realized, smooth-nll): {sts_s:.1f} s, {sts['num_samples']} samples in "
+              f"{sts['cells']} cells over {len(sts_local)} positions; worst relative difference to the local fit "
+              f"{m['sts_worst_rel_vs_local']:.3g}")
     ms = list(out["masters"])
     if len(ms) >= 2:
-        r = out["masters"][ms[-1]]["tail_rows_per_s"] / out["masters"][ms[0]]["tail_rows_per_s"]
+        r = out["masters"][ms[-1]]["reduce_rows_per_s"] / out["masters"][ms[0]]["reduce_rows_per_s"]
         e = out["masters"][ms[-1]]["end_to_end_rows_per_s"] / out["masters"][ms[0]]["end_to_end_rows_per_s"]
-        out["ratio_tail"], out["ratio_end_to_end"] = r, e
-        print(f"{ms[-1]} / {ms[0]}: tail rows/s x{r:.2f}, end to end x{e:.2f}")
+        out["ratio_reduce"], out["ratio_end_to_end"] = r, e
+        print(f"{ms[-1]} / {ms[0]}: executors' reduction rows/s x{r:.2f}, end to end x{e:.2f}")
     print(f"single machine (DuckDB file, run_all): {local_s:.1f} s ({n / local_s:.0f} rows/s), CPU {local_cpu:.1f} s")
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))

@@ -241,3 +241,84 @@ def shift_sums(blocks_group: pd.DataFrame, by: list[str], deltas: np.ndarray) ->
     for j in range(deltas.shape[0]):
         out[f"shift_{j}"] = np.bincount(gcode, weights=deltas[j], minlength=ng)
     return out
+
+
+def replicate_sums(stats: pd.DataFrame, by: list[str] | None = None, *, n_boot: int = 400, target: str = "run",
+                   seed: int = 0) -> dict:
+    """:func:`aggregate_stats`' replicate numerators and denominators per group, as partial sums over
+    the requests in ``stats``: they add up exactly across any split of the requests (every draw is
+    keyed by the request), so executors can each reduce their own requests and
+    :func:`aggregate_from_sums` finishes on the sums alone (issue 14: nothing per request moves)."""
+    if target not in ("run", "population"):
+        raise ValueError(f"target must be 'run' or 'population', got {target!r}")
+    by = list(by or [])
+    g, groups = group_codes(stats, by)
+    labels = np.array(["|".join(_label(v) for v in row) for row in groups[by].itertuples(index=False)]
+                      if by else ["all"], dtype=object)
+    ng = len(labels) if len(stats) else 0
+    cnt, s0 = stats["n"].to_numpy(float), stats["sum_mean"].to_numpy(float)
+    sd = np.sqrt(np.maximum(stats["sum_var"].to_numpy(float), 0))
+    kcode, kuniq = pd.factorize(stats[KEY].to_numpy(np.uint64))
+    kuniq = np.asarray(kuniq, np.uint64)
+    num = np.zeros((n_boot, ng))
+    den = np.zeros((n_boot, ng)) if target == "population" else None
+    for i in range(n_boot if ng else 0):
+        noisy = s0 + normal_draws(kuniq, i, seed)[kcode] * sd
+        if den is not None:
+            w = poisson_weights(kuniq, i, seed)[kcode]
+            num[i] = np.bincount(g, weights=w * noisy, minlength=ng)
+            den[i] = np.bincount(g, weights=w * cnt, minlength=ng)
+        else:
+            num[i] = np.bincount(g, weights=noisy, minlength=ng)
+    out = dict(labels=labels[:ng], by=by, num=num, den=den, target=target,
+               values=[[_label(v) for v in groups[c]][:ng] for c in by])
+    for c in ("n", "sum_mean", "n_censored", "sum_below", "sum_above", "n_truth", "sum_truth"):
+        out[c] = np.bincount(g, weights=stats[c].to_numpy(float), minlength=ng)
+    return out
+
+
+def aggregate_from_sums(parts: list[dict], *, level: float = 0.95, shift: pd.DataFrame | None = None) -> pd.DataFrame:
+    """:func:`aggregate_stats`' table from :func:`replicate_sums` of disjoint sets of requests."""
+    by, target = parts[0]["by"], parts[0]["target"]
+    labels = np.array(sorted({lab for p in parts for lab in p["labels"]}), dtype=object)
+    ng, n_boot = len(labels), parts[0]["num"].shape[0]
+    at = {lab: j for j, lab in enumerate(labels)}
+    values = [[None] * ng for _ in by]
+    acc = {c: np.zeros(ng) for c in ("n", "sum_mean", "n_censored", "sum_below", "sum_above", "n_truth", "sum_truth")}
+    num = np.zeros((n_boot, ng))
+    den = np.zeros((n_boot, ng)) if target == "population" else None
+    for p in parts:
+        j = np.array([at[lab] for lab in p["labels"]], np.int64)
+        for c in acc:
+            np.add.at(acc[c], j, p[c])
+        np.add.at(num.T, j, p["num"].T)
+        if den is not None:
+            np.add.at(den.T, j, p["den"].T)
+        for col, vals in zip(values, p["values"]):
+            for jj, v in zip(j, vals):
+                col[jj] = v
+    n_g = acc["n"]
+    sh = None
+    if shift is not None and len(shift):
+        cols = [c for c in shift.columns if c.startswith("shift_")]
+        if by:
+            lab = np.array(["|".join(_label(v) for v in row) for row in shift[by].itertuples(index=False)], dtype=object)
+            m = shift[cols].groupby(lab).sum().reindex(labels)
+        else:
+            m = shift[cols].sum().to_frame().T
+        sh = m[cols].fillna(0.0).to_numpy(float).T
+    reps = np.empty((n_boot, ng))
+    for i in range(n_boot):
+        d = den[i] if den is not None else n_g
+        x = num[i] if sh is None else num[i] + sh[i % sh.shape[0]] * d / np.maximum(n_g, 1e-12)
+        reps[i] = x / np.maximum(d, 1e-12)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(reps, [a, 1 - a], axis=0) if n_boot else (np.full(ng, np.nan), np.full(ng, np.nan))
+    out = pd.DataFrame({"group": labels, "n": n_g.astype(np.int64), "n_censored": acc["n_censored"].astype(np.int64),
+                        "mean_ceiling": acc["sum_mean"] / n_g, "lo": lo - acc["sum_below"] / n_g,
+                        "hi": hi + acc["sum_above"] / n_g, "level": level, "target": target})
+    if acc["n_truth"].sum() == n_g.sum() and n_g.sum() > 0:
+        out["truth"] = acc["sum_truth"] / n_g
+    for c, vals in zip(by, values):
+        out[c] = vals
+    return out

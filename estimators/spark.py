@@ -1,27 +1,32 @@
 """The estimators over a Parquet telemetry lake on Spark (``pip install acceptscope[spark]``).
 
-``acceptscope estimate --lake LAKE --engine spark`` runs :func:`estimators.run_all` with two
-pieces swapped: the store is a :class:`LakeStore` (Spark SQL views over the lake exactly as
-``acceptscope export`` wrote it: Hive partitions ``run_id=`` / ``rank=``, partition types pinned
-from the record model, no copy), and the tail estimator is a :class:`SparkTail`. Everything
-downstream of the tail (aggregate bootstrap, utilization, calibration, cost, planner) is the
-single-machine code, fed the same inputs, so the JSON equals ``estimate --db`` on the same runs.
+``acceptscope estimate --lake LAKE --engine spark`` runs :func:`run_lake` per run: the store is a
+:class:`LakeStore` (Spark SQL views over the lake exactly as ``acceptscope export`` wrote it:
+Hive partitions ``run_id=`` / ``rank=``, partition types pinned from the record model, no copy),
+and the per-row work is the streamed path's (``estimators.stream._RunAcc``) on the executors.
+The JSON equals ``estimate --db`` on the same runs (tests/test_estimators_spark.py).
 
-What runs where (docs/scale.md has the measured costs):
+What runs where (docs/scale.md section 6 has the measured costs):
 
-* **executors**, over ``request_steps`` hash-partitioned by ``(run_id, rid)`` so that every
-  request's steps sit in one partition (the walk follows a trimmed draft into the request's
-  later steps): the tail walk over the list columns, the hazard model's training positions
-  (one row per trimmed position with a known outcome), and, with the fitted model and its
-  bootstrap refits broadcast, the per-block predictive pmf, mean, variance, bounds and intervals.
-  Per-block uniforms are hashed from the block itself, and refit weights are drawn on the
-  driver per training request, so nothing depends on the partitioning.
-* **driver**: the hazard fit from the collected training positions (the same
-  ``HazardModel.fit_long`` the local path calls, on the same rows in the same order: the fit is
-  bit-identical), its ``hazard_boot`` refits, and the aggregation of the collected per-block
-  results (scalars and the pmf; the draft, committed-token and log-prob lists never leave the
-  executors). The driver reads ``request_steps`` without those lists (scalars and the
-  confidence vectors the calibration and planner audit use), and the small tables whole.
+* **executors**, over ``request_steps`` hash-partitioned by ``(run_id, rid)`` (every request's
+  steps in one partition, sorted, cut into chunks of whole requests), Arrow batches in and out
+  (``mapInArrow``), numpy per chunk, no per-row Python:
+  the hazard model's training positions (one row per trimmed position with a known outcome, of
+  a stable hash-sample of at most ``fit_rows`` request-steps); then, with the fitted model and its
+  bootstrap refits broadcast, the tail walk and per-block predictions, reduced per partition to
+  per-(group, request) sufficient statistics (``estimators.bootstrap.request_stats``), per-group
+  refit shifts, per-group / per-position utilization sums, the window histogram, trim counters
+  and the calibration rows (a stable hash-sample of requests, at most ``sample_rows``); and the
+  per-position STS statistics (:func:`sts_fit_lake`).
+* **driver**: the logistic hazard fit (``HazardModel.fit_long`` on the collected positions: the
+  local path's rows in its order, so the fit is bit-identical), the ``hazard_boot`` refits (spread
+  over tasks), the merge of the partitions' sums, the keyed Poisson bootstrap of the aggregates
+  (``aggregate_stats``: replicate draws seeded by the request key, so no dependence on the
+  partitioning), the cost fit over ``steps`` (one row per decode step), the calibration
+  comparison, and the planner audit, whose budget recomputation needs whole decode steps with
+  each request's history: it reads the run's scalar and confidence columns (up to
+  ``estimators.stream.PLANNER_ROWS`` request-steps, the first decode steps beyond).
+  Small tables (``runs``, ``steps``, SGLang estimator rows, ``sts_samples``) are read whole.
 
 pyspark is imported here only, lazily.
 """
@@ -32,6 +37,7 @@ import os
 import pickle
 import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -40,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema
-from estimators.stream import whole_requests
+from estimators.stream import TAIL_COLUMNS, StreamTail, _RunAcc, whole_requests
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")
@@ -228,20 +234,6 @@ def _train_partition(batches, est, gamma: int, chunk_rows: int):
             schema=sch)
 
 
-def _estimate_partition(batches, est, refits, gamma: int, seed: int, chunk_rows: int):
-    """Per-block tail results of a partition's requests, one pickled payload per chunk."""
-    import time
-
-    for tbl in whole_requests(batches, chunk_rows):
-        t0 = time.process_time()
-        frame = _frame(tbl, gamma)
-        res = est.estimate(frame, hazard_boot=len(refits or ()), seed=seed, refits=refits)
-        run, rid, pos = _row_keys(frame)
-        payload = dict(run_id=run, rid=rid, pos=pos, blocks=res.blocks, pmf=res.pmf, boot=res._boot,
-                       notes=list(frame.notes), rows=frame.n, cpu_s=time.process_time() - t0)
-        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(payload, protocol=5)], pa.binary())], names=["payload"])
-
-
 def _by_request(df, parts: int):
     return df.repartition(parts, "run_id", "rid").sortWithinPartitions("run_id", "rid", "rank", "epoch", "forward_ct")
 
@@ -253,6 +245,24 @@ def _request_index(run_id, rid) -> tuple[dict, np.ndarray]:
     key = pd.Series(rid, dtype=object) if one_run else run.astype(str) + "\x00" + pd.Series(rid, dtype=object).astype(str)
     codes, uniq = pd.factorize(key, sort=True)
     return {(a, b): c for a, b, c in zip(run_id, rid, codes)}, codes
+
+
+def _codes_of(index: dict, run, rid) -> np.ndarray:
+    """Request codes of rows, from :func:`_request_index`'s map (one lookup per distinct request)."""
+    key = pd.MultiIndex.from_arrays([pd.Index(run, dtype=object), pd.Index(rid, dtype=object)])
+    inv, u = pd.factorize(key)
+    return np.array([index[k] for k in u], np.int64)[inv] if len(u) else np.zeros(0, np.int64)
+
+
+class _Rows:
+    """A ``query_df`` answering every query with one frame (to reuse a store-reading helper on
+    rows aggregated by Spark)."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.df = df
+
+    def query_df(self, sql, params=None) -> pd.DataFrame:
+        return self.df
 
 
 def _strip(model):
@@ -275,16 +285,34 @@ class SparkTail:
         # what the last fit / estimate cost: executor CPU seconds (summed over chunks) and what came back
         self.stats: dict[str, float] = {}
 
-    def _rs(self, run_ids):
+    def _rs(self, run_ids, columns: Sequence[str] | None = None):
+        """``request_steps`` of ``run_ids`` (``columns`` only), temperatures filled as
+        :func:`estimators.load_run` fills them: the request's own, else the run's."""
         from pyspark.sql import functions as F
 
-        return self.store.frame("request_steps").where(F.col("run_id").isin(list(run_ids)))
+        ids = list(run_ids)
+        rs = self.store.frame("request_steps").where(F.col("run_id").isin(ids))
+        if columns is not None:
+            rs = rs.select(*[c for c in columns if c in schema.REQUEST_STEPS.names])
+        if "temperature" not in rs.columns:
+            return rs
+        req = (self.store.frame("requests").where(F.col("run_id").isin(ids) & F.col("temperature").isNotNull())
+               .select("run_id", "rid", F.col("temperature").cast("double").alias("_req_t")))
+        run = self.store.frame("runs").where(F.col("run_id").isin(ids)).select(
+            "run_id", F.col("temperature").cast("double").alias("_run_t"))
+        cols = rs.columns
+        rs = rs.join(F.broadcast(req), ["run_id", "rid"], "left").join(F.broadcast(run), ["run_id"], "left")
+        return rs.withColumn("temperature", F.coalesce(F.col("temperature").cast("double"), F.col("_req_t"),
+                                                         F.col("_run_t"))).select(*cols)
 
-    def fit(self, store, run_ids: list[str], frame, gamma: int):
+    def fit(self, store, run_ids: list[str], frame, gamma: int, fit_rows: int | None = None, seed: int = 0,
+            expect_truth: bool | None = None):
         """Hazard training positions on the executors (one job), the fit (``fit_long``) on the driver.
 
         ``frame``: the driver's frame of ``run_ids`` when the run fits on itself (it says whether
-        there is truth); None for truth-bearing training runs."""
+        there is truth); None when unknown (truth is looked for). ``fit_rows``: fit on the stable
+        hash-sample of whole requests the streamed path fits on (``estimators.stream``), at most
+        that many request-steps (the logistic fit is not a sum; ``self.fit_note`` says so)."""
         from estimators.tail import TailEstimator
 
         est = TailEstimator()
@@ -293,16 +321,19 @@ class SparkTail:
         if hz.method == "confidence":  # no fit: the confidence itself
             hz.gamma_, hz.fitted_, hz.info_ = gamma, True, dict(method="confidence", source="none")
             return est
-        expect_truth = frame is None or bool(frame.has_truth.any())
+        if expect_truth is None:
+            expect_truth = frame is None or bool(frame.has_truth.any())
         used = "truth" if hz.source == "truth" or (hz.source == "auto" and expect_truth) else "observed"
-        got = self._train_rows(run_ids, gamma, used)
+        self.fit_note = None
+        sample = None if fit_rows is None else self._sample(run_ids, fit_rows, seed)
+        got = self._train_rows(run_ids, gamma, used, sample)
         is_req = got.column("pos").to_numpy() < 0
         if not is_req.any():
             raise ValueError(f"no request_steps for runs {run_ids} in {self.store.path}")
         has_truth = bool(got.column("truth").to_numpy(zero_copy_only=False)[is_req].any())
         if hz.source == "auto" and used == "truth" and not has_truth:  # training runs without truth after all
             used = "observed"
-            got = self._train_rows(run_ids, gamma, used)
+            got = self._train_rows(run_ids, gamma, used, sample)
             is_req = got.column("pos").to_numpy() < 0
         col = lambda c: got.column(c).to_numpy(zero_copy_only=False)
         run, rid, pos = col("run_id"), col("rid"), col("pos")
@@ -312,7 +343,7 @@ class SparkTail:
         by_code[codes] = col("n")[is_req]
         starts = np.concatenate([[0], np.cumsum(by_code)[:-1]])
         p = ~is_req
-        req = np.array([index[(a, b)] for a, b in zip(run[p], rid[p])], np.int64)
+        req = _codes_of(index, run[p], rid[p])
         row = starts[req] + pos[p]
         order = np.lexsort((col("seq")[p], row))
         L = dict(row=row[order], k=col("k")[p][order], x=col("x")[p][order], y=col("y")[p][order],
@@ -322,6 +353,38 @@ class SparkTail:
                           fit_bytes_collected=int(got.nbytes))
         hz.fit_long(L, used, gamma)
         return est
+
+    def reduce(self, est, refits, run_id: str, gamma: int, exact: bool, steps: pd.DataFrame, step_rows, hazard_boot: int,
+               seed: int, cal_fraction: float, temperatures, keep_per_request: bool, specs) -> "_LakeAcc":
+        """The streamed path's per-chunk sums (``estimators.stream._RunAcc``) on the executors, one
+        payload per partition (per-(group, request) statistics, per-group and per-position sums,
+        counts, the calibration rows of the sampled requests), merged on the driver."""
+        import time
+
+        remote = _broadcastable(est)
+        kw = dict(run_id=run_id, gamma=gamma, exact=exact, steps=steps, hazard_boot=hazard_boot, seed=seed,
+                  cal_fraction=cal_fraction, temperatures=temperatures, step_rows=step_rows,
+                  keep_per_request=keep_per_request)
+        bc = self.spark.sparkContext.broadcast((remote, refits, kw, list(specs)))
+        chunk = self.chunk_rows
+
+        def fn(batches):
+            e, r, k, sp = bc.value
+            return _reduce_partition(batches, e, r, k, sp, chunk)
+
+        t0 = time.perf_counter()
+        rows = _by_request(self._rs([run_id], TAIL_COLUMNS), self.parts).mapInArrow(fn, "payload binary").toArrow()
+        bc.destroy()
+        payloads = rows.column("payload").to_pylist()
+        acc = _LakeAcc(est=est, **kw)
+        states = [pickle.loads(x) for x in payloads]
+        if not states:
+            raise ValueError(f"run {run_id!r} has no request_steps")
+        acc.merge(states)
+        self.stats.update(reduce_executor_cpu_s=float(sum(x["cpu_s"] for x in states)), reduce_partitions=len(states),
+                          reduce_bytes_collected=int(sum(len(x) for x in payloads)),
+                          reduce_wall_s=time.perf_counter() - t0)
+        return acc
 
     def refits(self, est, hazard_boot: int, seed: int) -> list:
         """The hazard model's ``hazard_boot`` request-bootstrap refits, spread over tasks: the training
@@ -346,7 +409,22 @@ class SparkTail:
                           refit_wall_s=time.perf_counter() - t0)
         return [pickle.loads(g[1]) for g in got]
 
-    def _train_rows(self, run_ids, gamma: int, used: str) -> pa.Table:
+    def _sample(self, run_ids, max_rows: int, seed: int) -> pa.Table | None:
+        """The (run_id, rid) of :func:`estimators.stream._sample_requests`'s stable hash-sample, from
+        per-request counts aggregated on the executors (None: every request fits)."""
+        from pyspark.sql import functions as F
+
+        from estimators.stream import _sample_requests
+
+        d = self._rs(run_ids, ["run_id", "rid"]).groupBy("run_id", "rid").agg(F.count("*").alias("n")).toPandas()
+        sel = _sample_requests(_Rows(d), run_ids, max_rows, seed)
+        if sel is not None:  # the streamed path's note
+            kept = int(d.merge(sel.to_pandas(), on=["run_id", "rid"]).n.sum())
+            self.fit_note = (f"hazards fitted on a stable hash-sample of {kept} of {int(d.n.sum())} request-steps "
+                             f"(whole requests)")
+        return sel
+
+    def _train_rows(self, run_ids, gamma: int, used: str, sample: pa.Table | None = None) -> pa.Table:
         from estimators.tail import TailEstimator
 
         remote = TailEstimator()
@@ -357,55 +435,15 @@ class SparkTail:
         def fn(batches):
             return _train_partition(batches, bc.value, gamma, chunk)
 
-        got = _by_request(self._rs(run_ids), self.parts).mapInArrow(fn, _spark_struct(TRAIN_FIELDS)).toArrow()
+        rs = self._rs(run_ids, TAIL_COLUMNS)
+        if sample is not None:
+            from pyspark.sql import functions as F
+
+            rs = rs.join(F.broadcast(self.spark.createDataFrame(sample.to_pandas())), ["run_id", "rid"], "left_semi")
+        got = _by_request(rs, self.parts).mapInArrow(fn, _spark_struct(TRAIN_FIELDS)).toArrow()
         bc.destroy()
         return got
 
-    def estimate(self, est, run_id: str, frame, gather, hazard_boot: int, seed: int):
-        """Per-block results on the executors, assembled on the driver in ``frame``'s row order."""
-        from estimators.tail import TailResult
-
-        if gather is not None:
-            raise NotImplementedError("SGLang pg log-probs (use_sglang_pg) are not distributed: run estimate --db")
-        refits = self.refits(est, hazard_boot, seed) if hazard_boot and hasattr(est.hazard, "_train") else None
-        remote = _broadcastable(est)
-        bc = self.spark.sparkContext.broadcast((remote, refits))
-        G, chunk = frame.gamma, self.chunk_rows
-
-        def fn(batches):
-            e, r = bc.value
-            return _estimate_partition(batches, e, r, G, seed, chunk)
-
-        rows = _by_request(self._rs([run_id]), self.parts).mapInArrow(fn, "payload binary").toArrow()
-        bc.destroy()
-        payloads = rows.column("payload").to_pylist()
-        parts = [pickle.loads(p) for p in payloads]
-        self.stats.update(estimate_executor_cpu_s=float(sum(p["cpu_s"] for p in parts)), estimate_chunks=len(parts),
-                          estimate_bytes_collected=int(sum(len(p) for p in payloads)))
-        if not parts:
-            raise ValueError(f"run {run_id!r} has no request_steps in {self.store.path}")
-        # place every executor row at its frame row: first row of its request + position in it
-        first = np.searchsorted(frame.request, np.arange(int(frame.request.max()) + 1))
-        code = dict(zip(zip(frame.df["run_id"].to_numpy(object)[first], frame.df["rid"].to_numpy(object)[first]),
-                        range(first.size)))
-        idx = np.concatenate([first[[code[k] for k in zip(p["run_id"], p["rid"])]] + p["pos"] for p in parts])
-        if idx.size != frame.n or np.unique(idx).size != frame.n:
-            raise RuntimeError(f"executor rows ({idx.size}) do not match the run's request-steps ({frame.n})")
-        order = np.argsort(idx, kind="stable")
-        blocks = pd.concat([p["blocks"] for p in parts], ignore_index=True).iloc[order].reset_index(drop=True)
-        if "truth" in blocks and not frame.has_truth.any():
-            blocks = blocks.drop(columns="truth")
-        pmf = np.concatenate([p["pmf"] for p in parts])[order]
-        boot = None
-        if refits:
-            boot = {k: np.concatenate([p["boot"][k] for p in parts], axis=1)[:, order] for k in ("means", "vars")}
-        notes = list(frame.notes)
-        for p in parts:  # notes only the walk's columns can raise (the driver frame lacks them)
-            for n in p["notes"]:
-                if n.startswith("committed_tokens reconstructed") and n not in notes:
-                    notes.insert(0, n)
-        return TailResult(blocks=blocks, pmf=pmf, gamma=G, levels=tuple(est.levels),
-                          hazard_info=dict(est.hazard.info_), notes=notes, _boot=boot)
 
 
 def _broadcastable(est):
@@ -423,11 +461,263 @@ def _spark_struct(fields):
     return from_arrow_schema(pa.schema(fields))
 
 
+class _Remote:
+    """The fitted estimator on an executor, estimating with the hazard refits made on the driver."""
+
+    def __init__(self, est, refits):
+        self.est, self.refits, self.levels, self.hazard = est, refits, est.levels, est.hazard
+
+    def estimate(self, frame, hazard_boot: int = 0, seed: int = 0):
+        return self.est.estimate(frame, hazard_boot=hazard_boot if self.refits else 0, seed=seed, refits=self.refits)
+
+
+class _LakeAcc(_RunAcc):
+    """``_RunAcc`` whose state travels: :meth:`state` on an executor (group labels expanded, the
+    calibration rows tagged with their request), :meth:`merge` on the driver."""
+
+    def __init__(self, est, **kw):
+        super().__init__(kw.pop("run_id"), kw.pop("gamma"), est, kw.pop("exact"), kw.pop("steps"), kw.pop("hazard_boot"),
+                         kw.pop("seed"), kw.pop("cal_fraction"), kw.pop("temperatures"), **kw)
+        self.cal_req: list[tuple[np.ndarray, np.ndarray]] = []  # (run_id, rid) of each calibration row
+
+    def add(self, tbl: pa.Table) -> None:
+        from estimators.bootstrap import row_request_keys
+
+        n_cal = len(self.cal)
+        super().add(tbl)
+        if len(self.cal) > n_cal:  # the (run_id, rid) of the rows just sampled, by their request key
+            run, rid = (tbl.column(c).to_numpy(zero_copy_only=False).astype(object) for c in ("run_id", "rid"))
+            uk, first = np.unique(row_request_keys(run, rid), return_index=True)
+            at = first[np.searchsorted(uk, self.cal[-1][2])]
+            self.cal_req.append((run[at], rid[at]))
+
+    def state(self, cpu_s: float, specs) -> dict:
+        """What goes back to the driver: sums. The per-(group, request) statistics are reduced here
+        to the bootstrap's per-replicate partial sums (``bootstrap.replicate_sums``) of each
+        aggregate the results use (``specs``: (grouping, n_boot, target, seed))."""
+        from estimators.bootstrap import replicate_sums
+
+        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items() if v}
+        sums = {sp: replicate_sums(stats[sp[0]], list(sp[0]), n_boot=sp[1], target=sp[2], seed=sp[3])
+                for sp in specs if sp[0] in stats}
+        return dict(counts=self.counts, sums=sums, shifts=self.shifts, util=self.util, pos=self.pos,
+                    windows=self.windows, per_request=self.per_request, trim=self.trim, cal=self.cal,
+                    cal_req=self.cal_req, notes=self.notes, chunks=self.chunks, cpu_s=cpu_s)
+
+    def merge(self, states: list[dict]) -> None:
+        """Add the partitions' states; calibration rows in frame order (requests by sorted key),
+        as the held-out split draws per request in order of appearance."""
+        c = self.counts
+        self.sums: dict = {}
+        for st in states:
+            for k, v in st["counts"].items():
+                if k == "modes":
+                    for m, x in v.items():
+                        c["modes"][m] = c["modes"].get(m, 0) + x
+                else:
+                    c[k] += v
+            for sp, d in st["sums"].items():
+                self.sums.setdefault(sp, []).append(d)
+            for g in self.shifts:
+                self.shifts[g] += st["shifts"][g]
+                self.util[g] += st["util"][g]
+            self.pos += st["pos"]
+            self.windows += st["windows"]
+            self.per_request += st["per_request"]
+            for k, v in st["trim"].items():
+                self.trim[k] += v
+            self.cal += st["cal"]
+            self.cal_req += st["cal_req"]
+            self.notes += [n for n in st["notes"] if n not in self.notes]
+            self.chunks += st["chunks"]
+        if self.cal:
+            run = np.concatenate([r[0] for r in self.cal_req])
+            rid = np.concatenate([r[1] for r in self.cal_req])
+            order = pd.DataFrame({"a": run, "b": rid}).sort_values(["a", "b"], kind="stable").index.to_numpy()
+            z, y, k = (np.concatenate([x[i] for x in self.cal])[order] for i in range(3))
+            self.cal, self.cal_req = [(z, y, k, self.cal[0][3])], [(run[order], rid[order])]
+
+    def tail_result(self, info: dict, notes: list[str]) -> "_LakeTail":
+        shifts = {}
+        for g, v in self.shifts.items():
+            if v:
+                d = pd.concat(v, ignore_index=True)
+                shifts[g] = d.groupby(list(g), dropna=False).sum().reset_index() if g else d.sum().to_frame().T
+        return _LakeTail(counts=self.counts, stats={}, shifts=shifts, gamma=self.G, levels=tuple(self.est.levels),
+                         hazard_info=info, notes=list(self.notes) + notes, sums=self.sums)
+
+
+@dataclass
+class _LakeTail(StreamTail):
+    """The streamed tail result whose aggregates come from the executors' replicate partial sums."""
+
+    sums: dict = field(default_factory=dict)
+
+    def aggregate(self, by=None, level: float = 0.95, n_boot: int = 400, target: str = "run", seed: int = 0):
+        from estimators.bootstrap import aggregate_from_sums
+
+        by = [by] if isinstance(by, str) else list(by or [])
+        spec = (tuple(by), n_boot, target, seed)
+        if spec not in self.sums:
+            raise ValueError(f"the lake's tail result keeps the aggregates (grouping, n_boot, target, seed) "
+                             f"{sorted(self.sums)}, not {spec}")
+        return aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(tuple(by)))
+
+
+def aggregate_specs(n_boot: int, seed: int) -> list[tuple]:
+    """The aggregates ``run_lake``'s results read: the tail summary (400 replicates, seed 0), the
+    utilization intervals per grouping, the workload figure."""
+    from estimators.stream import GROUPINGS
+
+    return sorted({((), 400, "run", 0), (("workload",), 200, "run", 0), *((g, n_boot, "run", seed) for g in GROUPINGS)})
+
+
+def _reduce_partition(batches, est, refits, kw: dict, specs, chunk_rows: int):
+    """One partition's requests through ``_LakeAcc`` in chunks of whole requests: one payload."""
+    import time
+
+    t0 = time.process_time()
+    acc = _LakeAcc(est=_Remote(est, refits), **dict(kw))
+    for tbl in whole_requests(batches, chunk_rows):
+        acc.add(_to_model(tbl, schema.REQUEST_STEPS))
+    if acc.chunks:
+        st = acc.state(time.process_time() - t0, specs)
+        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(st, protocol=5)], pa.binary())], names=["payload"])
+
+
+PLANNER_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window",
+                   "correct_drafts", "cap_trim", "bonus_token", "confidence", "ceiling", "temperature", "workload",
+                   "finished")
+
+
+def _planner(store, acc: _LakeAcc, steps: pd.DataFrame, table, n_rows: int):
+    """The planner audit: its budget recomputation needs whole decode steps with every request's
+    history (confidence vectors), so it reads those columns on the driver, for the whole run up to
+    ``estimators.stream.PLANNER_ROWS`` request-steps (exact: ``run_all``'s audit) and for the first
+    decode steps beyond (``estimators.stream._planner_window`` over the rows Spark read). The lost
+    drafts are the run's totals from the executors' sums."""
+    from estimators.frame import BlockFrame
+    from estimators.planner import audit
+    from estimators.stream import PLANNER_ROWS, _planner_window
+
+    if n_rows > PLANNER_ROWS:
+        return _planner_window(_WindowStore(store, acc.run_id, steps, PLANNER_ROWS), acc, steps, table, PLANNER_ROWS, None)
+    tbl = store.read_arrow("request_steps", acc.run_id, columns=[c for c in PLANNER_COLUMNS
+                                                                 if c in schema.REQUEST_STEPS.names])
+    frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
+    p = audit(frame, steps, table, ceiling_estimate=None if acc.exact else frame.correct.astype(float))
+    if not acc.exact:  # the estimated ceilings stay on the executors: their sum came back
+        s, t = p.summary, acc.trim
+        s["accepted_drafts_lost"] = float(t["ceiling_tokens"] - t["delivered"])
+        s["lost_per_saved_token"] = s["accepted_drafts_lost"] / max(s["verify_tokens_saved"], 1.0)
+    return p
+
+
+class _WindowStore:
+    """What ``_planner_window`` reads (``request_steps`` of the first decode steps of one run), read
+    by Spark and served from an in-memory DuckDB connection."""
+
+    def __init__(self, store, run_id: str, steps: pd.DataFrame, max_rows: int):
+        from pyspark.sql import functions as F
+
+        st = steps.sort_values(["epoch", "forward_ct"])
+        per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
+        upto = per[per <= max_rows]
+        e, f = upto.index[-1] if len(upto) else per.index[0]
+        df = store.frame("request_steps").where((F.col("run_id") == run_id) & ((F.col("epoch") < int(e)) | (
+            (F.col("epoch") == int(e)) & (F.col("forward_ct") <= int(f)))))
+        self.tbl = _to_model(df.select(*TAIL_COLUMNS).toArrow(), schema.REQUEST_STEPS)
+
+    def connect(self, read_only: bool = True):
+        import duckdb
+
+        con = duckdb.connect()
+        con.register("request_steps", self.tbl)
+        return con
+
+
+def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
+             sample_rows: int = 1 << 19, fit_rows: int = 1 << 18, cache: dict | None = None) -> dict[str, Any]:
+    """:func:`estimators.run_all` of one run of the lake, with the streamed path's sums computed on
+    the executors (see the module docstring). Equal to ``run_all`` on runs up to ``sample_rows``
+    request-steps (calibration rows) and ``fit_rows`` training request-steps (hazard fit)."""
+    from estimators import RUN_KEYS, _Table, fit_cost, hazard_runs, load_run, sglang_bracket, sts_in_force
+    from estimators.calibration import CalData, calibration_data, compare
+
+    c = store.query_df("SELECT count(*) AS n_rows, count(ceiling) AS n_truth FROM request_steps WHERE run_id = ?",
+                       [run_id])
+    n_rows, n_truth = int(c.n_rows.iloc[0]), int(c.n_truth.iloc[0])
+    data = load_run(store, run_id, skip=("request_steps",))
+    if n_rows == 0:
+        raise ValueError(f"run {run_id!r} has no request_steps")
+    gamma, exact = int(data["run"]["gamma"]), n_truth == n_rows
+    if exact:
+        train = (run_id,)
+        train_note = "this run: ceiling recorded on every request-step (the verify ran the whole block): no tail is estimated"
+    else:
+        others, train_note = hazard_runs(store, run_id, gamma, data["run"].get("audit_group"))
+        train = tuple(others) or (run_id,)
+    cache = {} if cache is None else cache
+    if train not in cache:
+        est = engine.fit(store, list(train), None, gamma, fit_rows=fit_rows, seed=seed,
+                         expect_truth=exact or train != (run_id,) or n_truth > 0)
+        cache[train] = (est, engine.fit_note, {})
+    est, fit_note, refit_cache = cache[train]
+    hb = 0 if exact else hazard_boot
+    if hb and hasattr(est.hazard, "_train") and (hb, seed) not in refit_cache:
+        refit_cache[(hb, seed)] = engine.refits(est, hb, seed)
+    refits = refit_cache.get((hb, seed)) if hb else None
+    skipped: dict[str, str] = {}
+    try:
+        temps = sts_in_force(data)
+    except ValueError as e:
+        skipped["calibration"], temps = str(e), None
+    steps = data["steps"]
+    step_rows = None if len(steps) else store.query_df(
+        "SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps WHERE run_id = ? "
+        "GROUP BY rank, epoch, forward_ct", [run_id])
+    acc = engine.reduce(est, refits, run_id, gamma, exact, steps, step_rows, hb, seed,
+                        min(1.0, sample_rows / n_rows), temps, n_rows <= sample_rows, aggregate_specs(n_boot, seed))
+    res: dict[str, Any] = {"skipped": {}}
+    res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
+    tail = acc.tail_result(dict(est.hazard.info_), [train_note] + ([fit_note] if fit_note else []))
+    res["tail"] = tail
+    res["bracket"] = sglang_bracket(data, acc.trim_counters(), gamma)
+    res["utilization"] = acc.utilization_result(tail, n_boot, seed)
+    try:
+        if "calibration" in skipped:
+            raise ValueError(skipped["calibration"])
+        if exact:
+            if not acc.cal:
+                raise ValueError("label 'realized' needs request-steps with a ceiling (a cap-accept or static run)")
+            z, y, k, notes = acc.cal[0]
+            notes = [notes[0], f"realized label: position k reached past iff k < ceiling ({len(z)} request-steps)"]
+            if acc.cal_fraction < 1:
+                notes.append("calibration on a stable hash-sample of the run's requests")
+            d = CalData(z, y, k, "realized", notes)
+        else:
+            d = calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
+        tr, te = d.split(seed=seed)
+        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
+                                     extra_fits=None if temps is None else {"in-force": list(temps)})
+    except ValueError as e:
+        res["skipped"]["calibration"] = str(e)
+    table = fit_cost(res, steps, data["sps_table"], seed)
+    if table is not None and len(steps):
+        res["planner"] = _planner(store, acc, steps, table, n_rows)
+        res["planner"].notes.append("SPS table: " + ("the run's recorded table" if data["sps_table"] else
+                                                     "fitted from this run's timings"))
+    else:
+        res["skipped"]["planner"] = "no SPS table recorded and no step timings to fit one"
+    return res
+
+
 def estimate_lake(lake: str | Path, run_ids: Sequence[str] | None = None, master: str = "local[2]",
-                  n_boot: int = 200, seed: int = 0, spark=None) -> dict[str, Any]:
-    """``acceptscope estimate --lake LAKE --engine spark --json``: ``{run_id: to_jsonable(run_all(...))}``."""
+                  n_boot: int = 200, seed: int = 0, spark=None, engine_stats: dict | None = None) -> dict[str, Any]:
+    """``acceptscope estimate --lake LAKE --engine spark --json``: ``{run_id: results as JSON}``.
+    ``engine_stats``: filled with what the executors did and sent back, per run."""
     from acceptscope.store import incomplete_runs
-    from estimators import run_all, to_jsonable
+    from estimators import to_jsonable
 
     from pyspark.sql import SparkSession
 
@@ -435,17 +725,141 @@ def estimate_lake(lake: str | Path, run_ids: Sequence[str] | None = None, master
     spark = spark or spark_session(master)
     try:
         store = LakeStore(spark, lake)
-        ids = list(run_ids) if run_ids else store.runs().run_id.tolist()
-        engine = SparkTail(store)
-        incomplete = set(incomplete_runs(store.runs(), ids))
+        runs = store.runs()
+        ids = list(run_ids) if run_ids else runs.run_id.tolist()
+        for r in ids:
+            if r not in set(runs.run_id):
+                raise KeyError(f"run {r!r} not in {store.path}")
+        incomplete = set(incomplete_runs(runs, ids))
+        cache: dict = {}
         out = {}
         for rid in ids:
+            engine = SparkTail(store)
             try:
-                out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed, tail_engine=engine))
+                out[rid] = to_jsonable(run_lake(store, engine, rid, n_boot=n_boot, seed=seed, cache=cache))
             except ValueError as e:
                 out[rid] = {"error": str(e)}
             out[rid]["complete"] = rid not in incomplete  # as `estimate --db` says it
+            if engine_stats is not None:
+                engine_stats[rid] = dict(engine.stats)
         return out
     finally:
         if own:
             spark.stop()
+
+
+# ---------------------------------------------------------------------------
+# STS temperatures over the lake: per-position binned statistics on the executors, the 1-D fit on the driver
+# ---------------------------------------------------------------------------
+STS_Z_BIN = 1 / 64  # logit bin width
+STS_P_BIN = 1 / 256  # width of a bin of the survival of the earlier positions (prev)
+CAL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window", "correct_drafts",
+               "confidence", "confidence_logit", "survival", "ceiling", "temperature", "workload", "finished")
+
+
+def _cal_rows(tbl: pa.Table, label: str, gamma: int, temperatures) -> tuple[np.ndarray, np.ndarray]:
+    """(z, y) of a batch, as ``calibration_data`` builds them for ``acceptscope calibrate``."""
+    from estimators.calibration import calibration_data
+
+    try:
+        if label == "greedy":
+            d = calibration_data(None, "greedy", sts_samples=tbl.to_pandas(), gamma=gamma)
+        else:
+            d = calibration_data(_block_frame(tbl, gamma), "realized", temperatures=temperatures)
+    except ValueError:  # no labelled rows in this batch
+        return np.zeros((0, gamma)), np.zeros((0, gamma))
+    return d.z, d.y
+
+
+def _block_frame(tbl: pa.Table, gamma: int):
+    from estimators.frame import BlockFrame
+
+    return BlockFrame.from_request_steps(_to_model(tbl, schema.REQUEST_STEPS), gamma=gamma)
+
+
+STS_FIELDS = [("cell", pa.int64()), ("y", pa.float64()), ("n", pa.int64()), ("sz", pa.float64()), ("sp", pa.float64())]
+
+
+def _sts_partition(batches, label: str, gamma: int, temperatures, fitted: list[float], k: int):
+    """Per (z-bin, prev-bin, label) cell of position ``k``: count, sum of z, sum of prev (the survival
+    through positions < k under the temperatures already ``fitted``)."""
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        z, y = _cal_rows(pa.Table.from_batches([batch]), label, gamma, temperatures)
+        if not len(z):
+            continue
+        prev = np.ones(len(z))
+        for j, t in enumerate(fitted):
+            prev = prev * 0.5 * (1.0 + np.tanh(0.5 * z[:, j] / t))
+        zb = np.floor(z[:, k] / STS_Z_BIN).astype(np.int64)
+        pb = np.minimum(np.floor(prev / STS_P_BIN).astype(np.int64), int(1 / STS_P_BIN))
+        cell = (zb * 1024 + pb) * 2 + (y[:, k] > 0.5)
+        u, inv = np.unique(cell, return_inverse=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(u >> 1 << 1), pa.array((u & 1).astype(float)), pa.array(np.bincount(inv, minlength=u.size)),
+             pa.array(np.bincount(inv, weights=z[:, k], minlength=u.size)),
+             pa.array(np.bincount(inv, weights=prev, minlength=u.size))], schema=pa.schema(STS_FIELDS))
+
+
+def sts_fit_lake(store: LakeStore, run_id: str, label: str = "realized", method: str = "smooth-nll") -> dict:
+    """``acceptscope calibrate``'s final fit (``StsCalibrator(method).fit`` on every sample) over the
+    lake: one Spark job per position ``k`` aggregates, across partitions, the count and the sums of
+    ``z_k`` and of ``prev_k`` (survival through the earlier positions under the temperatures fitted
+    so far) per cell of a (``z_k``, ``prev_k``, label) grid; the driver minimizes the same loss
+    (``scipy`` bounded, same bounds and tolerance) over the cells, each at its mean point.
+
+    Why binned: the sequential NLL / Brier objective is a sum over samples of a nonlinear function
+    of (prev, z, y), with no finite exact sufficient statistic; cell means make the error second
+    order in the cell width (measured against the local fit in tests/test_estimators_spark.py).
+    ``sequential-ece`` (a grid search on ECE bins of the survival) is not binned this way: refused."""
+    import math
+
+    from pyspark.sql import functions as F
+    from scipy.optimize import minimize_scalar
+
+    from estimators import load_run, sts_in_force
+    from estimators.calibration import LOG_T_BOUNDS
+
+    if method not in ("smooth-nll", "smooth-brier"):
+        raise ValueError(f"sts_fit_lake fits smooth-nll or smooth-brier, not {method!r} (use acceptscope calibrate --db)")
+    data = load_run(store, run_id, skip=("request_steps", "steps", "estimator_rows", "estimator_gather",
+                                         "estimator_eos", "sts_samples"))
+    gamma = int(data["run"]["gamma"])
+    temps = sts_in_force(data)
+    if label == "greedy":
+        src = store.frame("sts_samples").where(F.col("run_id") == run_id)
+    elif label == "realized":
+        src = store.frame("request_steps").where((F.col("run_id") == run_id) & F.col("ceiling").isNotNull())
+        src = src.select(*[c for c in CAL_COLUMNS if c in src.columns])
+    else:
+        raise ValueError(f"label must be 'realized' or 'greedy', got {label!r}")
+    loss = method.split("-")[1]
+    T: list[float] = []
+    cells = 0
+    n_samples = None
+    for k in range(gamma):
+        fitted = list(T)
+
+        def fn(batches, k=k, fitted=fitted):
+            return _sts_partition(batches, label, gamma, temps, fitted, k)
+
+        agg = (src.mapInArrow(fn, _spark_struct(STS_FIELDS)).groupBy("cell", "y")
+               .agg(F.sum("n").alias("n"), F.sum("sz").alias("sz"), F.sum("sp").alias("sp")).toArrow())
+        n = agg.column("n").to_numpy().astype(float)
+        if not n.size:
+            raise ValueError(f"run {run_id!r}: no {label} calibration samples in {store.path}")
+        y = agg.column("y").to_numpy()
+        mz, mp = agg.column("sz").to_numpy() / n, agg.column("sp").to_numpy() / n
+        n_samples, cells = int(n.sum()), cells + n.size
+
+        def obj(lt, mz=mz, mp=mp, y=y, n=n):
+            p = np.clip(mp * 0.5 * (1.0 + np.tanh(0.5 * mz / math.exp(lt))), 1e-12, 1 - 1e-12)
+            if loss == "nll":
+                return float(-(n * (y * np.log(p) + (1 - y) * np.log1p(-p))).sum() / n.sum())
+            return float((n * (p - y) ** 2).sum() / n.sum())
+
+        r = minimize_scalar(obj, bounds=LOG_T_BOUNDS, method="bounded", options=dict(xatol=1e-5))
+        T.append(float(math.exp(r.x)))
+    return dict(temperatures=T, num_samples=n_samples, cells=cells, method=method, label=label,
+                bins=dict(z=STS_Z_BIN, prev=STS_P_BIN))

@@ -115,43 +115,85 @@ def test_spark_estimate_equals_local(which, ref, sgl, spark):
 
 
 def test_lake_read_as_exported_and_partitioning_does_not_matter(ref, spark):
-    """Partition columns typed from the record model (a numeric-looking run id stays a string), and
-    the per-block results do not depend on how requests are spread over partitions and chunks."""
+    """Partition columns typed from the record model (a numeric-looking run id stays a string); the
+    results do not depend on how requests are spread over partitions and chunks; what comes back
+    from the executors is sums (a few payloads, one per partition), not request-steps."""
     from pyspark.sql.types import IntegerType, StringType
 
-    from estimators import load_run
-    from estimators.frame import BlockFrame
-    from estimators.spark import LakeStore, SparkTail
+    from estimators import to_jsonable
+    from estimators.spark import LakeStore, SparkTail, run_lake
 
     db, lake = ref
     store = LakeStore(spark, lake)
     sch = store.frame("request_steps").schema
     assert isinstance(sch["run_id"].dataType, StringType) and isinstance(sch["rank"].dataType, IntegerType)
     assert store.runs().run_id.tolist().count("0100") == 1
-    data = load_run(store, "0100")
-    assert "draft_tokens" not in data["request_steps"]  # the walk's lists stay on the executors
-    frame = BlockFrame.from_request_steps(data["request_steps"], gamma=int(data["run"]["gamma"]))
+    n = int(Store(db).query_df("SELECT count(*) AS n FROM request_steps WHERE run_id = '0100'").n.iloc[0])
     results = []
     for parts, chunk in ((2, 1 << 16), (3, 7)):
         eng = SparkTail(store, chunk_rows=chunk)
         eng.parts = parts
-        est = eng.fit(store, ["ref-cap"], None, frame.gamma)
-        results.append((est, eng.estimate(est, "0100", frame, None, 5, seed=3)))
-    (e1, t1), (e2, t2) = results
-    for g in (False, True):
-        if g in e1.hazard.coef_:
-            assert np.array_equal(e1.hazard.coef_[g], e2.hazard.coef_[g])
-    assert t1.blocks.equals(t2.blocks) and np.array_equal(t1.pmf, t2.pmf)
-    assert np.array_equal(t1._boot["means"], t2._boot["means"])
-    # and they are the single-machine estimator's blocks
-    from estimators.tail import TailEstimator
+        results.append(to_jsonable(run_lake(store, eng, "0100", n_boot=50, hazard_boot=5, seed=3)))
+        assert 1 <= eng.stats["reduce_partitions"] <= parts
+        # training positions: one row per trimmed position with a known outcome (+ one per request)
+        assert eng.stats["fit_rows_collected"] < 2 * n
+    worst, m = _compare(results[0], results[1])
+    assert m > 200 and worst <= RTOL
+    # and with the single-machine path's seeds they are its results
+    from estimators import run_all
 
-    loc = TailEstimator().fit(Store(db).read_table("request_steps", ["ref-cap"]), gamma=frame.gamma)
-    full = BlockFrame.from_request_steps(Store(db).read_table("request_steps", "0100"), gamma=frame.gamma)
-    lt = loc.estimate(full, hazard_boot=5, seed=3)
-    assert np.allclose(lt.blocks["mean"], t1.blocks["mean"], rtol=RTOL, atol=0)
-    assert np.allclose(lt._boot["means"], t1._boot["means"], rtol=RTOL, atol=0)
-    assert (lt.blocks["hi95"] == t1.blocks["hi95"]).all()
+    local = to_jsonable(run_all(Store(db), "0100", n_boot=50, hazard_boot=5, seed=3))
+    worst, m = _compare(local, results[1])
+    assert m > 200
+
+
+def test_sts_fit_over_the_lake_equals_calibrate(sgl, spark):
+    """``acceptscope calibrate``'s final fit (smooth-nll, every sample) from per-position binned sums
+    aggregated on the executors. The local fit is itself determined only to the optimizer's
+    tolerance (``xatol=1e-5`` in log T): summation order alone moves it by a few 1e-6."""
+    from estimators import load_run, sts_in_force
+    from estimators.calibration import StsCalibrator, calibration_data
+    from estimators.spark import LakeStore, sts_fit_lake
+
+    db, lake = sgl
+    run = next(r for r in Store(db).runs().run_id if "cap-accept" in r)
+    data = load_run(Store(db), run)
+    d = calibration_data(data["request_steps"], "realized", temperatures=sts_in_force(data), gamma=int(data["run"]["gamma"]))
+    local = StsCalibrator("smooth-nll").fit(d.z, d.y)
+    got = sts_fit_lake(LakeStore(spark, lake), run, "realized", "smooth-nll")
+    assert got["num_samples"] == local.num_samples_ == len(d.z) > 100
+    rel = np.abs(np.array(got["temperatures"]) / np.array(local.temperatures_) - 1)
+    assert rel.max() <= 1e-5, (got["temperatures"], local.temperatures_)
+    print(f"\nSTS fit over the lake: {len(rel)} temperatures from {got['cells']} cells, worst relative difference {rel.max():.3g}")
+    with pytest.raises(ValueError, match="sequential-ece"):
+        sts_fit_lake(LakeStore(spark, lake), run, "realized", "sequential-ece")
+
+
+def test_replicate_partial_sums_add_up_to_the_aggregate():
+    """The executors' per-replicate partial sums (``bootstrap.replicate_sums``) of disjoint sets of
+    requests, finished by ``aggregate_from_sums`` in any order, are ``aggregate_stats`` of all the
+    requests: the keyed Poisson bootstrap does not depend on the partitioning."""
+    import pandas as pd
+
+    from estimators.bootstrap import aggregate_from_sums, aggregate_stats, replicate_sums, request_stats, shift_sums
+
+    rng = np.random.default_rng(1)
+    n = 3000
+    b = pd.DataFrame({"run_id": "r", "rid": rng.integers(0, 400, n).astype(str), "workload": rng.choice(["a", "b", None], n),
+                      "mean": rng.random(n) * 3, "var": rng.random(n) * 0.3, "censored": rng.random(n) < 0.4,
+                      "mode": rng.choice(["greedy", "sampled"], n), "resolved": rng.random(n) < 0.7})
+    b["bound_lo"], b["bound_hi"] = b["mean"] - 0.5, b["mean"] + 0.7
+    b = b.sort_values("rid", kind="stable", ignore_index=True)
+    cut = b.rid.searchsorted(["150", "290"])
+    pieces = (b.iloc[:cut[0]], b.iloc[cut[0]:cut[1]], b.iloc[cut[1]:])
+    deltas = rng.normal(size=(5, n)) * 0.01
+    for by in ([], ["workload"]):
+        for target in ("run", "population"):
+            sh = shift_sums(b, by, deltas)
+            whole = aggregate_stats(request_stats(b, by), by, n_boot=100, target=target, seed=3, shift=sh)
+            parts = [replicate_sums(request_stats(x, by), by, n_boot=100, target=target, seed=3) for x in pieces]
+            assert whole["hi"].gt(whole["lo"]).all()
+            pd.testing.assert_frame_equal(whole, aggregate_from_sums(parts[::-1], shift=sh), rtol=1e-12)
 
 
 def test_cli_lake_errors(tmp_path):

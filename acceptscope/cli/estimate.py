@@ -35,8 +35,9 @@ Examples:
   acceptscope estimate --lake LAKE --engine spark --master 'local[2]' --json
 
 With --lake LAKE --engine spark (needs the [spark] extra) the same estimators run over a
-Parquet lake written by `acceptscope export` (estimators/spark.py: the tail walk and per-block
-predictions on the executors) and print the same JSON as --db on the same runs.
+Parquet lake written by `acceptscope export` (estimators/spark.py: the tail walk, per-block
+predictions and their per-request sums on the executors) and print the same JSON as --db on
+the same runs.
 """
 
 
