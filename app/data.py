@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from acceptscope import schema
+from acceptscope import schema, summaries
 from acceptscope.store import open_read_only
 
 RS = schema.REQUEST_STEPS.name
@@ -41,6 +41,11 @@ class Reader:
     def df(self, sql: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
         with open_read_only(self.path, self.lock_timeout_s) as con:
             return con.execute(sql, list(params or [])).df()
+
+    def summary(self, fn: Any, *args: Any) -> Any:
+        """``fn(con, *args)`` of :mod:`acceptscope.summaries` on one short read-only connection."""
+        with open_read_only(self.path, self.lock_timeout_s) as con:
+            return fn(con, *args)
 
     # -- change probe -----------------------------------------------------
     def data_version(self) -> tuple[int, ...]:
@@ -71,45 +76,12 @@ class Reader:
         (cap-accept, static); ``utilization`` = Σ acc_len / Σ (ceiling + 1) over those blocks.
         In compact the ceiling is NULL and utilization needs an estimator.
         """
-        return self.df(
-            f"""
-            WITH b AS (
-              SELECT run_id, count(*) AS blocks, count(DISTINCT rid) AS requests_seen,
-                     avg(acc_len) AS mean_acc_len, avg("window") AS mean_window,
-                     sum(acc_len) AS committed_tokens, sum("window") AS verified_drafts,
-                     sum(correct_drafts) AS correct_drafts,
-                     avg(ceiling + 1) AS ceiling_accept_len,
-                     sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
-                       / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization,
-                     avg(cap_trim) AS mean_cap_trim
-              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id),
-            s AS (
-              SELECT run_id, count(*) AS steps, max(wall_time_s) AS wall_s, avg(bs) AS mean_bs,
-                     sum(executed_verify_tokens) AS executed_verify_tokens
-              FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id)
-            SELECT r.run_id, r.arm, r.engine, r.gamma, r.audit_group, b.* EXCLUDE (run_id),
-                   b.correct_drafts / nullif(b.verified_drafts, 0) AS in_window_accept_rate,
-                   s.steps, s.wall_s, s.mean_bs, s.executed_verify_tokens,
-                   b.committed_tokens / nullif(s.wall_s, 0) AS tokens_per_s
-            FROM "{RUNS}" r LEFT JOIN b USING (run_id) LEFT JOIN s USING (run_id)
-            WHERE r.run_id IN (SELECT unnest(?))
-            ORDER BY r.arm, r.run_id
-            """,
-            [list(run_ids)] * 3,
-        )
+        return self.summary(summaries.run_summary, list(run_ids))
 
     # -- distributions ----------------------------------------------------
     def window_distribution(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Count of blocks per (run, workload, window): what the scheduler chose to verify."""
-        return self.df(
-            f"""
-            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, rs."window", count(*) AS blocks
-            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
-            WHERE rs.run_id IN (SELECT unnest(?))
-            GROUP BY ALL ORDER BY rs.run_id, workload, rs."window"
-            """,
-            [list(run_ids)],
-        )
+        return self.summary(summaries.window_distribution, list(run_ids))
 
     def position_acceptance(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Per position k (1-based): mean predicted survival vs empirical P(ceiling >= k).
@@ -117,36 +89,11 @@ class Reader:
         The empirical side needs the uncapped ceiling, so it is NULL for compact runs;
         the in-window side (``reached``/``accepted_in_window``) is observed in every arm.
         """
-        return self.df(
-            f"""
-            WITH u AS (
-              SELECT run_id, unnest(generate_series(1, len(survival))) AS k, unnest(survival) AS s,
-                     ceiling, "window", correct_drafts
-              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND survival IS NOT NULL)
-            SELECT u.run_id, r.arm, k, count(*) AS n, avg(s) AS mean_survival,
-                   avg((ceiling >= k)::DOUBLE) AS empirical_survival,
-                   count(*) FILTER (WHERE "window" >= k) AS reached_in_window,
-                   avg((correct_drafts >= k)::DOUBLE) FILTER (WHERE "window" >= k) AS accepted_given_verified
-            FROM u JOIN "{RUNS}" r USING (run_id)
-            GROUP BY ALL ORDER BY u.run_id, k
-            """,
-            [list(run_ids)],
-        )
+        return self.summary(summaries.position_acceptance, list(run_ids))
 
     def utilization_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Realized accept length against the observed ceiling per (run, workload)."""
-        return self.df(
-            f"""
-            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, count(*) AS blocks,
-                   avg(acc_len) AS mean_acc_len, avg(ceiling + 1) AS ceiling_accept_len,
-                   sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
-                     / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization
-            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
-            WHERE rs.run_id IN (SELECT unnest(?))
-            GROUP BY ALL ORDER BY rs.run_id, workload
-            """,
-            [list(run_ids)],
-        )
+        return self.summary(summaries.utilization_by_workload, list(run_ids))
 
     def step_costs(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Per-step cost telemetry (what the cost model predicts vs what the step took)."""
@@ -165,18 +112,7 @@ class Reader:
     # -- drill-down -------------------------------------------------------
     def requests(self, run_id: str, limit: int = 5000) -> pd.DataFrame:
         """Requests of one run with their block statistics."""
-        return self.df(
-            f"""
-            SELECT q.rid, q.workload, q.prompt_index, q.seed, q.temperature, q.completion_tokens,
-                   q.finish_reason, q.latency_s, b.blocks, b.mean_acc_len, b.mean_window, b.ceiling_accept_len
-            FROM "{REQ}" q LEFT JOIN (
-              SELECT rid, count(*) AS blocks, avg(acc_len) AS mean_acc_len, avg("window") AS mean_window,
-                     avg(ceiling + 1) AS ceiling_accept_len
-              FROM "{RS}" WHERE run_id = ? GROUP BY rid) b USING (rid)
-            WHERE q.run_id = ? ORDER BY q.workload, q.prompt_index, q.rid LIMIT ?
-            """,
-            [run_id, run_id, int(limit)],
-        )
+        return self.summary(summaries.requests, run_id, limit)
 
     def request_steps(self, run_id: str, rid: str) -> pd.DataFrame:
         """Every block of one request, in order: window, confidences, accepted, ceiling."""
@@ -205,23 +141,7 @@ class Reader:
     def regime_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Per (run, workload): mean window, shares of blocks at the full window / at <= 3 / trimmed,
         utilization against the ceiling (where observed) and the calibrated survival's mean."""
-        return self.df(
-            f"""
-            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, count(*) AS blocks,
-                   avg(rs."window") AS mean_window,
-                   avg(CASE WHEN rs."window" >= r.gamma THEN 1.0 ELSE 0.0 END) AS share_full_window,
-                   avg(CASE WHEN rs."window" <= 3 THEN 1.0 ELSE 0.0 END) AS share_window_le3,
-                   avg(CASE WHEN rs."window" < r.gamma THEN 1.0 ELSE 0.0 END) AS share_trimmed,
-                   avg(acc_len) AS mean_acc_len,
-                   sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
-                     / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization,
-                   any_value(r.gamma) AS gamma
-            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
-            WHERE rs.run_id IN (SELECT unnest(?))
-            GROUP BY ALL ORDER BY rs.run_id, workload
-            """,
-            [list(run_ids)],
-        )
+        return self.summary(summaries.regime_by_workload, list(run_ids))
 
     def throughput_curve(self, audit_group: str) -> pd.DataFrame:
         """Decode throughput per (workload, batch, arm) of the runs in ``audit_group`` on the virtual clock:
