@@ -629,9 +629,11 @@ def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd
         w, x, y = (g[c].to_numpy(float) for c in ("w", "x", "y"))
         truth = float(np.sum(w * y) / np.sum(w))
         conf = float(np.sum(w * x) / np.sum(w))
-        idx = rng.integers(0, len(g), size=(n_boot, len(g)))
-        bx = np.array([np.sum(w[i] * x[i]) / np.sum(w[i]) for i in idx])
-        by = np.array([np.sum(w[i] * y[i]) / np.sum(w[i]) for i in idx])
+        bx, by = np.empty(n_boot), np.empty(n_boot)
+        for b in range(n_boot):  # one (n,) draw at a time: no n_boot x n index matrix (GBs on big runs)
+            i = rng.integers(0, len(g), size=len(g))
+            sw = np.sum(w[i])
+            bx[b], by[b] = np.sum(w[i] * x[i]) / sw, np.sum(w[i] * y[i]) / sw
         lo, hi = np.quantile(bx, [0.025, 0.975])
         tlo, thi = np.quantile(by, [0.025, 0.975])
         rows.append(dict(workload=wl, requests=len(g), truth=truth, truth_lo=tlo, truth_hi=thi, conf_only=conf,

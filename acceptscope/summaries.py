@@ -12,7 +12,9 @@ Stale or missing summaries (a file written before schema version 2, or rows appe
 something that bypassed ``Store.write_arrow``) are detected per run by comparing row counts
 (:func:`stale_runs`); such runs are aggregated from the raw tables by DuckDB with the same
 SQL (:func:`_agg_sql`), so every query answers the same either way. A read-write open
-(:func:`ensure`) rebuilds them once.
+(:func:`ensure`) rebuilds them once. Nothing deletes rows, and the only in-place UPDATE the store
+makes (``fill_temperatures``) touches a column no summary reads; an UPDATE of a summarised column
+from outside would not be noticed (row counts are unchanged).
 
 All functions take an open DuckDB connection; the caller owns the locking discipline
 (``acceptscope.store``). This module imports nothing from the store (no import cycle).
@@ -110,7 +112,7 @@ def _upsert_sql(t: schema.Table, select: str) -> str:
 
 def present(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether every summary table exists in this file."""
-    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
     return all(t.name in have for t in schema.SUMMARY_TABLES)
 
 
@@ -138,6 +140,15 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     A row count per run (one column scan, pruned by zone maps) against the summaries' own counts:
     rows appended past :func:`add` (an older writer, a raw INSERT) make the run stale.
     """
+    try:  # fast path, one query: nothing deletes rows, so equal totals mean every run is counted exactly
+        raw_n, raw_s, sum_n, sum_s = con.execute(
+            f"SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}), "
+            f"(SELECT coalesce(sum(n), 0) FROM {schema.SUM_CELLS.name}), "
+            f"(SELECT coalesce(sum(n), 0) FROM {schema.SUM_STEPS.name})").fetchone()
+        if (raw_n, raw_s) == (sum_n, sum_s) and present(con):
+            return set()
+    except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
+        pass
     where, p = ("", []) if run_ids is None else (" WHERE run_id IN (SELECT unnest(?))", [list(run_ids)])
     raw_rs = _counts(con, f"SELECT run_id, count(*) FROM {RS}{where} GROUP BY run_id", p)
     raw_st = _counts(con, f"SELECT run_id, count(*) FROM {STEPS}{where} GROUP BY run_id", p)
@@ -163,7 +174,7 @@ def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> None:
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     """The file's schema version (1: written before ``store_meta`` existed)."""
-    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
     if schema.STORE_META.name not in have:
         return 1
     row = con.execute(f"SELECT value FROM {schema.STORE_META.name} WHERE key = 'schema_version'").fetchone()
@@ -358,10 +369,22 @@ def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
         ORDER BY workload, prompt_index, seed""")
 
 
-def run_step_totals(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per run: steps, modeled seconds (NULL without a virtual clock), executed verify tokens."""
-    if run_ids is None:
-        run_ids = [r[0] for r in con.execute(f"SELECT run_id FROM {RUNS}").fetchall()]
-    steps = _source(con, schema.SUM_STEPS, run_ids)
-    return _df(con, f"""SELECT run_id, n AS steps, CASE WHEN n_modeled > 0 THEN sum_modeled_ms / 1e3 END AS modeled_s,
-                               CASE WHEN n_executed > 0 THEN sum_executed END AS verify_tokens FROM {steps} s""")
+def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.DataFrame:
+    """Decode throughput per (workload, batch, arm) of ``audit_group``'s runs on the virtual clock
+    (``Reader.throughput_curve``); step totals come from the summaries."""
+    ids = [r[0] for r in con.execute(f"SELECT run_id FROM {RUNS} WHERE audit_group = ?", [audit_group]).fetchall()]
+    steps = _source(con, schema.SUM_STEPS, ids)
+    return _df(con, f"""
+        WITH t AS (SELECT run_id, sum_modeled_ms / 1e3 AS modeled_s, n AS steps,
+                          CASE WHEN n_executed > 0 THEN sum_executed END AS verify_tokens
+                   FROM {steps} s WHERE n_modeled > 0),
+             q AS (SELECT run_id, any_value(workload) AS workload, sum(completion_tokens - 1) AS tokens,
+                          count(*) AS requests
+                   FROM {REQ} WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id)
+        SELECT q.workload, CAST(json_extract_string(r.config_json, '$.max_running_requests') AS INTEGER) AS batch,
+               r.arm, r.run_id, q.requests, q.tokens, t.steps, t.modeled_s,
+               q.tokens / t.modeled_s AS tokens_per_s,
+               t.verify_tokens / t.steps AS verify_tokens_per_step
+        FROM {RUNS} r JOIN t USING (run_id) JOIN q USING (run_id)
+        WHERE r.audit_group = ?
+        ORDER BY q.workload, batch, r.arm""", [ids, audit_group])

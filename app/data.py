@@ -147,21 +147,4 @@ class Reader:
         """Decode throughput per (workload, batch, arm) of the runs in ``audit_group`` on the virtual clock:
         tokens after each request's prefill token / the sum of modeled step times (runs without a
         modeled clock are left out)."""
-        return self.df(
-            f"""
-            WITH t AS (SELECT run_id, sum(modeled_step_ms) / 1e3 AS modeled_s, count(*) AS steps,
-                              sum(executed_verify_tokens) AS verify_tokens
-                       FROM "{STEPS}" GROUP BY run_id HAVING count(modeled_step_ms) > 0),
-                 q AS (SELECT run_id, any_value(workload) AS workload, sum(completion_tokens - 1) AS tokens,
-                              count(*) AS requests
-                       FROM "{REQ}" GROUP BY run_id)
-            SELECT q.workload, CAST(json_extract_string(r.config_json, '$.max_running_requests') AS INTEGER) AS batch,
-                   r.arm, r.run_id, q.requests, q.tokens, t.steps, t.modeled_s,
-                   q.tokens / t.modeled_s AS tokens_per_s,
-                   t.verify_tokens / t.steps AS verify_tokens_per_step
-            FROM "{RUNS}" r JOIN t USING (run_id) JOIN q USING (run_id)
-            WHERE r.audit_group = ?
-            ORDER BY q.workload, batch, r.arm
-            """,
-            [audit_group],
-        )
+        return self.summary(summaries.throughput_curve, audit_group)
