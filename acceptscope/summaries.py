@@ -238,8 +238,8 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     return "(" + " UNION ALL ".join(parts) + ")"
 
 
-def _df(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence | None = None) -> pd.DataFrame:
-    return con.execute(sql, list(params or [])).df()
+def _df(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence | dict | None = None) -> pd.DataFrame:
+    return con.execute(sql, params if isinstance(params, dict) else list(params or [])).df()
 
 
 def _avg(s: str, n: str) -> str:
@@ -342,31 +342,35 @@ def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000) -> 
     """Requests of one run with their block statistics."""
     reqs = _source(con, schema.SUM_REQUESTS, [run_id])
     return _df(con, f"""
-        SELECT q.rid, q.workload, q.prompt_index, q.seed, q.temperature, q.completion_tokens,
-               q.finish_reason, q.latency_s, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
+        WITH q AS (  -- the page of requests first, then their block statistics
+          SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s
+          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ?)
+        SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
                b.sum_window / nullif(b.n_window, 0) AS mean_window,
                b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
-        FROM {REQ} q LEFT JOIN {reqs} b ON b.rid = q.rid
-        WHERE q.run_id = ? ORDER BY q.workload, q.prompt_index, q.rid LIMIT ?""", [run_id, int(limit)])
+        FROM q LEFT JOIN {reqs} b ON b.rid = q.rid
+        ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit)])
 
 
 def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> pd.DataFrame:
-    """One row per compact request key with w, a, x and (where audited) y (``audit_sampling.per_request``)."""
-    stale = stale_runs(con, [compact_run, audit_run])
-    c_src = _source(con, schema.SUM_REQUESTS, [compact_run], stale)
-    t_src = _source(con, schema.SUM_REQUESTS, [audit_run], stale)
+    """One row per compact request key with w, a, x and (where audited) y (``audit_sampling.per_request``).
+
+    One join of both runs' request summaries with their keys and one group-by (half the work of
+    aggregating each arm and joining the two)."""
+    reqs = _source(con, schema.SUM_REQUESTS, [compact_run, audit_run])
+    # a key with a NULL part pairs with nothing (as a join on it would not)
+    c = "s.run_id = $c"
+    t = "s.run_id = $a AND s.n_ceil > 0 AND q.workload IS NOT NULL AND q.prompt_index IS NOT NULL AND q.seed IS NOT NULL"
     return _df(con, f"""
-        WITH c AS (
-          SELECT q.workload, q.prompt_index, q.seed, sum(s.n)::BIGINT AS w,
-                 sum(s.sum_acc_len) / nullif(sum(s.n_acc_len), 0) AS a, sum(s.sum_x) / nullif(sum(s.n_x), 0) AS x
-          FROM {c_src} s JOIN {REQ} q ON q.run_id = s.run_id AND q.rid = s.rid GROUP BY ALL),
-        t AS (
-          SELECT q.workload, q.prompt_index, q.seed, sum(s.sum_ceil1) / sum(s.n_ceil) AS y,
-                 sum(s.n_ceil)::BIGINT AS audit_blocks
-          FROM {t_src} s JOIN {REQ} q ON q.run_id = s.run_id AND q.rid = s.rid
-          WHERE s.n_ceil > 0 GROUP BY ALL)
-        SELECT c.*, t.y, t.audit_blocks FROM c LEFT JOIN t USING (workload, prompt_index, seed)
-        ORDER BY workload, prompt_index, seed""")
+        SELECT q.workload, q.prompt_index, q.seed, sum(s.n) FILTER (WHERE {c})::BIGINT AS w,
+               sum(s.sum_acc_len) FILTER (WHERE {c}) / nullif(sum(s.n_acc_len) FILTER (WHERE {c}), 0) AS a,
+               sum(s.sum_x) FILTER (WHERE {c}) / nullif(sum(s.n_x) FILTER (WHERE {c}), 0) AS x,
+               sum(s.sum_ceil1) FILTER (WHERE {t}) / sum(s.n_ceil) FILTER (WHERE {t}) AS y,
+               sum(s.n_ceil) FILTER (WHERE {t})::BIGINT AS audit_blocks
+        FROM {reqs} s JOIN {REQ} q ON q.run_id = s.run_id AND q.rid = s.rid
+        WHERE q.run_id IN ($c, $a)
+        GROUP BY ALL HAVING count(*) FILTER (WHERE {c}) > 0
+        ORDER BY q.workload, q.prompt_index, q.seed""", {"c": compact_run, "a": audit_run})
 
 
 def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.DataFrame:
@@ -388,3 +392,39 @@ def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.Dat
         FROM {RUNS} r JOIN t USING (run_id) JOIN q USING (run_id)
         WHERE r.audit_group = ?
         ORDER BY q.workload, batch, r.arm""", [ids, audit_group])
+
+
+def runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """All runs with their size (requests, request-steps), newest first."""
+    ids = [r[0] for r in con.execute(f"SELECT run_id FROM {RUNS}").fetchall()]
+    cells = _source(con, schema.SUM_CELLS, ids)
+    return _df(con, f"""
+        SELECT r.*, coalesce(q.n_requests, 0) AS n_requests, coalesce(s.n_blocks, 0) AS n_blocks
+        FROM {RUNS} r
+        LEFT JOIN (SELECT run_id, count(*) AS n_requests FROM {REQ} GROUP BY run_id) q USING (run_id)
+        LEFT JOIN (SELECT run_id, sum(n)::BIGINT AS n_blocks FROM {cells} c GROUP BY run_id) s USING (run_id)
+        ORDER BY r.started_at DESC NULLS LAST, r.run_id""")
+
+
+def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_per_run: int | None = None
+               ) -> pd.DataFrame:
+    """Per-step cost telemetry; with ``max_rows_per_run``, every k-th ``forward_ct`` of a longer run
+    (k from the step summaries), so a plot of a 200k-step run reads about that many rows."""
+    ids = list(dict.fromkeys(run_ids))
+    where, params = "run_id IN (SELECT unnest(?))", [ids]
+    if max_rows_per_run and ids:
+        n = dict(con.execute(f"SELECT run_id, n FROM {_source(con, schema.SUM_STEPS, ids)} s").fetchall())
+        terms, params = [], []
+        for r in ids:
+            k = -(-int(n.get(r, 0)) // int(max_rows_per_run))
+            terms.append("(run_id = ?" + (f" AND forward_ct % {k} = 0)" if k > 1 else ")"))
+            params.append(r)
+        where = "(" + " OR ".join(terms) + ")"
+    sql = f"""
+        SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
+               predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
+        FROM {STEPS} WHERE {where} ORDER BY run_id, rank, epoch, forward_ct"""
+    try:
+        return _df(con, sql.format(modeled=", modeled_step_ms"), params)
+    except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
+        return _df(con, sql.format(modeled=""), params)

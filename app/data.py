@@ -59,15 +59,7 @@ class Reader:
     # -- runs -------------------------------------------------------------
     def runs(self) -> pd.DataFrame:
         """All runs with their size, newest first."""
-        return self.df(
-            f"""
-            SELECT r.*, coalesce(q.n_requests, 0) AS n_requests, coalesce(s.n_blocks, 0) AS n_blocks
-            FROM "{RUNS}" r
-            LEFT JOIN (SELECT run_id, count(*) AS n_requests FROM "{REQ}" GROUP BY run_id) q USING (run_id)
-            LEFT JOIN (SELECT run_id, count(*) AS n_blocks FROM "{RS}" GROUP BY run_id) s USING (run_id)
-            ORDER BY r.started_at DESC NULLS LAST, r.run_id
-            """
-        )
+        return self.summary(summaries.runs)
 
     def run_summary(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Headline numbers per run: accept length, window, ceiling, utilization, throughput.
@@ -95,19 +87,10 @@ class Reader:
         """Realized accept length against the observed ceiling per (run, workload)."""
         return self.summary(summaries.utilization_by_workload, list(run_ids))
 
-    def step_costs(self, run_ids: Sequence[str]) -> pd.DataFrame:
-        """Per-step cost telemetry (what the cost model predicts vs what the step took)."""
-        import duckdb
-
-        sql = f"""
-            SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
-                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
-            FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id, rank, epoch, forward_ct
-            """
-        try:
-            return self.df(sql.format(modeled=", modeled_step_ms"), [list(run_ids)])
-        except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
-            return self.df(sql.format(modeled=""), [list(run_ids)])
+    def step_costs(self, run_ids: Sequence[str], max_rows_per_run: int | None = None) -> pd.DataFrame:
+        """Per-step cost telemetry (what the cost model predicts vs what the step took); ``max_rows_per_run``
+        thins long runs to evenly spaced steps (a plot cannot show 200k points anyway)."""
+        return self.summary(summaries.step_costs, list(run_ids), max_rows_per_run)
 
     # -- drill-down -------------------------------------------------------
     def requests(self, run_id: str, limit: int = 5000) -> pd.DataFrame:

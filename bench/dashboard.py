@@ -63,7 +63,7 @@ calls = {
     "utilization_by_workload": lambda: r.utilization_by_workload(ids),
     "sampling_inference": lambda: audit_sampling.infer_runs(r, "big-c", "big-cap"),
     "regime_by_workload": lambda: r.regime_by_workload(["big-cap"]),
-    "step_costs": lambda: r.step_costs(ids),
+    "step_costs": lambda: r.step_costs(ids, 20_000),  # app/panels/cost.py's MAX_POINTS
     "requests": lambda: r.requests("big-cap"),
     "request_steps": lambda: r.request_steps("big-cap", rid),
 }
