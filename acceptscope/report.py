@@ -402,7 +402,7 @@ def build_report(
     # -- cost ----------------------------------------------------------------
     est_figs("cost", "cost", [compact])
     est_figs("planner", "cost", [compact])
-    steps = reader.step_costs(ids)
+    steps = reader.step_costs(ids, STEP_POINTS)
     if len(steps):
         mape = _mape(steps)
         cost_ev = views.get(compact or "", {}).get("cost")
@@ -621,6 +621,9 @@ def _sampling_html(s: Any) -> str:
             f"{s.n_boot} resamples)</h3><table class='kv'>{body}</table>")
 
 
+STEP_POINTS = 20_000  # steps per run in the cost figures and the step-time error; longer runs are thinned evenly
+
+
 def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per workload: cap-accept truth vs the compact confidence-only and ratio-corrected estimates."""
     rows = []
@@ -630,10 +633,11 @@ def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd
         truth = float(np.sum(w * y) / np.sum(w))
         conf = float(np.sum(w * x) / np.sum(w))
         bx, by = np.empty(n_boot), np.empty(n_boot)
-        for b in range(n_boot):  # one (n,) draw at a time: no n_boot x n index matrix (GBs on big runs)
-            i = rng.integers(0, len(g), size=len(g))
-            sw = np.sum(w[i])
-            bx[b], by[b] = np.sum(w[i] * x[i]) / sw, np.sum(w[i] * y[i]) / sw
+        step = max(1, (1 << 21) // len(g))  # replicates per draw: index blocks of <= 16 MB, never n_boot x n
+        for b in range(0, n_boot, step):  # (the same random stream as one n_boot x n draw)
+            i = rng.integers(0, len(g), size=(min(step, n_boot - b), len(g)))
+            sw = w[i].sum(axis=1)
+            bx[b:b + len(i)], by[b:b + len(i)] = (w[i] * x[i]).sum(axis=1) / sw, (w[i] * y[i]).sum(axis=1) / sw
         lo, hi = np.quantile(bx, [0.025, 0.975])
         tlo, thi = np.quantile(by, [0.025, 0.975])
         rows.append(dict(workload=wl, requests=len(g), truth=truth, truth_lo=tlo, truth_hi=thi, conf_only=conf,
