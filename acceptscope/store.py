@@ -275,7 +275,8 @@ def _attach_host() -> duckdb.DuckDBPyConnection:
         host = _HOST.get(os.getpid())
         if host is None:
             _HOST.clear()
-            host = _HOST[os.getpid()] = duckdb.connect()
+            # no replacement scans: a missing table must fail as one, not read a Python variable of that name
+            host = _HOST[os.getpid()] = duckdb.connect(config={"python_enable_replacements": False})
             _fit_threads(host)
         return host
 
