@@ -140,12 +140,23 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     A row count per run (one column scan, pruned by zone maps) against the summaries' own counts:
     rows appended past :func:`add` (an older writer, a raw INSERT) make the run stale.
     """
-    try:  # fast path, one query: nothing deletes rows, so equal totals mean every run is counted exactly
-        raw_n, raw_s, sum_n, sum_s = con.execute(
-            f"SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}), "
-            f"(SELECT coalesce(sum(n), 0) FROM {schema.SUM_CELLS.name}), "
-            f"(SELECT coalesce(sum(n), 0) FROM {schema.SUM_STEPS.name})").fetchone()
-        if (raw_n, raw_s) == (sum_n, sum_s) and present(con):
+    # fast path, one query. Nothing deletes rows, so equal totals mean every run is counted exactly,
+    # unless a run_id was rewritten in place: then the summaries hold an id the runs table no longer
+    # has, or a requested run has rows but no summary (both checked; the full count settles it).
+    ids = [] if run_ids is None else list(run_ids)
+    cells, steps = schema.SUM_CELLS.name, schema.SUM_STEPS.name
+    try:
+        raw_n, raw_s, sum_n, sum_s, orphans, unsummarised = con.execute(
+            f"""SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}),
+                       (SELECT coalesce(sum(n), 0) FROM {cells}), (SELECT coalesce(sum(n), 0) FROM {steps}),
+                       (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps})
+                        WHERE run_id NOT IN (SELECT run_id FROM {RUNS})),
+                       (SELECT count(*) FROM (SELECT unnest(?::VARCHAR[]) AS run_id) r
+                        WHERE run_id NOT IN (SELECT run_id FROM {cells}) AND run_id NOT IN (SELECT run_id FROM {steps})
+                          AND (EXISTS (SELECT 1 FROM {RS} x WHERE x.run_id = r.run_id)
+                               OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id)))""",
+            [ids]).fetchone()
+        if (raw_n, raw_s) == (sum_n, sum_s) and not orphans and not unsummarised and present(con):
             return set()
     except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
         pass

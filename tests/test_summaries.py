@@ -198,3 +198,22 @@ def test_sampling_inference_allocates_nothing_replicates_by_requests() -> None:
         tracemalloc.stop()
         assert res.n_audited == frame["y"].notna().sum()
         assert peak < dense_mb / 20, f"peak {peak:.1f} MB"  # measured: under 1 MB
+
+
+def test_a_run_id_rewritten_in_place_is_not_read_from_stale_summaries(filled: Store) -> None:
+    """Totals still match after an UPDATE of run_id (the hostile-HTML fixture does this): the orphaned
+    summaries must not answer for the renamed run."""
+    want = filled.read_table("request_steps", "run-b")
+    con = duckdb.connect(str(filled.path))
+    for t in ("runs", "request_steps", "steps", "requests"):
+        con.execute(f"UPDATE {t} SET run_id = 'run-z' WHERE run_id = 'run-b'")
+    con.close()
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c, ["run-z"]) == {"run-z"}
+        assert summaries.stale_runs(c) == {"run-b", "run-z"}
+    s = Reader(filled.path).run_summary(["run-z"]).set_index("run_id")
+    assert s.loc["run-z", "blocks"] == len(want)
+    assert s.loc["run-z", "mean_acc_len"] == pytest.approx(want["acc_len"].mean())
+    assert sorted(Store(filled.path).rebuilt_summaries) == ["run-b", "run-z"]  # the orphan rows go too
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c) == set()
