@@ -21,7 +21,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from acceptscope import schema
+from acceptscope import schema, summaries
 from acceptscope.store import Store, fetch_arrow, open_read_only
 
 RS = schema.REQUEST_STEPS.name
@@ -98,6 +98,11 @@ class Reader:
 
     df = query_df  # the short name the query methods below use
 
+    def summary(self, fn: Any, *args: Any) -> Any:
+        """``fn(con, *args)`` of :mod:`acceptscope.summaries` on one short read-only connection."""
+        with open_read_only(self.path, self.lock_timeout_s) as con:
+            return fn(con, *args)
+
     # -- change probe -----------------------------------------------------
     def data_version(self) -> tuple[int, ...]:
         """Row counts of the tables a run grows; changes whenever a flush commits."""
@@ -110,15 +115,7 @@ class Reader:
     # -- runs -------------------------------------------------------------
     def runs(self) -> pd.DataFrame:
         """All runs with their size, newest first."""
-        return self.df(
-            f"""
-            SELECT r.*, coalesce(q.n_requests, 0) AS n_requests, coalesce(s.n_blocks, 0) AS n_blocks
-            FROM "{RUNS}" r
-            LEFT JOIN (SELECT run_id, count(*) AS n_requests FROM "{REQ}" GROUP BY run_id) q USING (run_id)
-            LEFT JOIN (SELECT run_id, count(*) AS n_blocks FROM "{RS}" GROUP BY run_id) s USING (run_id)
-            ORDER BY r.started_at DESC NULLS LAST, r.run_id
-            """
-        )
+        return self.summary(summaries.runs)
 
     def run_summary(self, run_ids: Sequence[str], workloads: Sequence[str] | None = None) -> pd.DataFrame:
         """Headline numbers per run: accept length, window, ceiling, utilization, throughput.
@@ -128,6 +125,8 @@ class Reader:
         In compact the ceiling is NULL and utilization needs an estimator. ``workloads`` restricts the
         block figures; steps and wall time stay whole-run (a step batches every workload).
         """
+        if not workloads:
+            return self.summary(summaries.run_summary, list(run_ids))
         wf, wp = workload_filter(workloads)
         return self.df(
             f"""
@@ -159,15 +158,7 @@ class Reader:
     # -- distributions ----------------------------------------------------
     def window_distribution(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Count of blocks per (run, workload, window): what the scheduler chose to verify."""
-        return self.df(
-            f"""
-            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, rs."window", count(*) AS blocks
-            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
-            WHERE rs.run_id IN (SELECT unnest(?))
-            GROUP BY ALL ORDER BY rs.run_id, workload, rs."window"
-            """,
-            [list(run_ids)],
-        )
+        return self.summary(summaries.window_distribution, list(run_ids))
 
     def position_acceptance(self, run_ids: Sequence[str], workloads: Sequence[str] | None = None) -> pd.DataFrame:
         """Per position k (1-based): mean predicted survival vs empirical P(ceiling >= k).
@@ -175,6 +166,8 @@ class Reader:
         The empirical side needs the uncapped ceiling, so it is NULL for compact runs;
         the in-window side (``reached``/``accepted_in_window``) is observed in every arm.
         """
+        if not workloads:
+            return self.summary(summaries.position_acceptance, list(run_ids))
         wf, wp = workload_filter(workloads)
         return self.df(
             f"""
@@ -194,46 +187,17 @@ class Reader:
 
     def utilization_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Realized accept length against the observed ceiling per (run, workload)."""
-        return self.df(
-            f"""
-            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, count(*) AS blocks,
-                   avg(acc_len) AS mean_acc_len, avg(ceiling + 1) AS ceiling_accept_len,
-                   sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
-                     / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization
-            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
-            WHERE rs.run_id IN (SELECT unnest(?))
-            GROUP BY ALL ORDER BY rs.run_id, workload
-            """,
-            [list(run_ids)],
-        )
+        return self.summary(summaries.utilization_by_workload, list(run_ids))
 
-    def step_costs(self, run_ids: Sequence[str]) -> pd.DataFrame:
-        """Per-step cost telemetry (what the cost model predicts vs what the step took)."""
-        sql = f"""
-            SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
-                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
-            FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id, rank, epoch, forward_ct
-            """
-        try:
-            return self.df(sql.format(modeled=", modeled_step_ms"), [list(run_ids)])
-        except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
-            return self.df(sql.format(modeled=""), [list(run_ids)])
+    def step_costs(self, run_ids: Sequence[str], max_rows_per_run: int | None = None) -> pd.DataFrame:
+        """Per-step cost telemetry (what the cost model predicts vs what the step took); ``max_rows_per_run``
+        thins long runs to evenly spaced steps (a plot cannot show 200k points anyway)."""
+        return self.summary(summaries.step_costs, list(run_ids), max_rows_per_run)
 
     # -- drill-down -------------------------------------------------------
     def requests(self, run_id: str, limit: int = 5000) -> pd.DataFrame:
         """Requests of one run with their block statistics."""
-        return self.df(
-            f"""
-            SELECT q.rid, q.workload, q.prompt_index, q.seed, q.temperature, q.completion_tokens,
-                   q.finish_reason, q.latency_s, b.blocks, b.mean_acc_len, b.mean_window, b.ceiling_accept_len
-            FROM "{REQ}" q LEFT JOIN (
-              SELECT rid, count(*) AS blocks, avg(acc_len) AS mean_acc_len, avg("window") AS mean_window,
-                     avg(ceiling + 1) AS ceiling_accept_len
-              FROM "{RS}" WHERE run_id = ? GROUP BY rid) b USING (rid)
-            WHERE q.run_id = ? ORDER BY q.workload, q.prompt_index, q.rid LIMIT ?
-            """,
-            [run_id, run_id, int(limit)],
-        )
+        return self.summary(summaries.requests, run_id, limit)
 
     def request_steps(self, run_id: str, rid: str) -> pd.DataFrame:
         """Every block of one request, in order: window, confidences, accepted, ceiling."""
@@ -262,43 +226,10 @@ class Reader:
     def regime_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Per (run, workload): mean window, shares of blocks at the full window / at <= 3 / trimmed,
         utilization against the ceiling (where observed) and the calibrated survival's mean."""
-        return self.df(
-            f"""
-            SELECT rs.run_id, r.arm, coalesce(rs.workload, '?') AS workload, count(*) AS blocks,
-                   avg(rs."window") AS mean_window,
-                   avg(CASE WHEN rs."window" >= r.gamma THEN 1.0 ELSE 0.0 END) AS share_full_window,
-                   avg(CASE WHEN rs."window" <= 3 THEN 1.0 ELSE 0.0 END) AS share_window_le3,
-                   avg(CASE WHEN rs."window" < r.gamma THEN 1.0 ELSE 0.0 END) AS share_trimmed,
-                   avg(acc_len) AS mean_acc_len,
-                   sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
-                     / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization,
-                   any_value(r.gamma) AS gamma
-            FROM "{RS}" rs JOIN "{RUNS}" r USING (run_id)
-            WHERE rs.run_id IN (SELECT unnest(?))
-            GROUP BY ALL ORDER BY rs.run_id, workload
-            """,
-            [list(run_ids)],
-        )
+        return self.summary(summaries.regime_by_workload, list(run_ids))
 
     def throughput_curve(self, audit_group: str) -> pd.DataFrame:
         """Decode throughput per (workload, batch, arm) of the runs in ``audit_group`` on the virtual clock:
         tokens after each request's prefill token / the sum of modeled step times (runs without a
         modeled clock are left out)."""
-        return self.df(
-            f"""
-            WITH t AS (SELECT run_id, sum(modeled_step_ms) / 1e3 AS modeled_s, count(*) AS steps,
-                              sum(executed_verify_tokens) AS verify_tokens
-                       FROM "{STEPS}" GROUP BY run_id HAVING count(modeled_step_ms) > 0),
-                 q AS (SELECT run_id, any_value(workload) AS workload, sum(completion_tokens - 1) AS tokens,
-                              count(*) AS requests
-                       FROM "{REQ}" GROUP BY run_id)
-            SELECT q.workload, CAST(json_extract_string(r.config_json, '$.max_running_requests') AS INTEGER) AS batch,
-                   r.arm, r.run_id, q.requests, q.tokens, t.steps, t.modeled_s,
-                   q.tokens / t.modeled_s AS tokens_per_s,
-                   t.verify_tokens / t.steps AS verify_tokens_per_step
-            FROM "{RUNS}" r JOIN t USING (run_id) JOIN q USING (run_id)
-            WHERE r.audit_group = ?
-            ORDER BY q.workload, batch, r.arm
-            """,
-            [audit_group],
-        )
+        return self.summary(summaries.throughput_curve, audit_group)

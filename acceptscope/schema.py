@@ -39,8 +39,9 @@ fast (0.9-1.1x). LIST wins the reads that matter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
+import pandas as pd
 import pyarrow as pa
 
 ARMS = ("compact", "cap-accept", "static")
@@ -419,6 +420,115 @@ ALL_TABLES: tuple[Table, ...] = (
 )
 TABLES: dict[str, Table] = {t.name: t for t in ALL_TABLES}
 
+# ---------------------------------------------------------------------------
+# derived tables: per-run summaries the store keeps up to date as it appends
+# (acceptscope.summaries), so a dashboard panel reads kilobytes, not millions of rows.
+# Not part of the record model: exports and row counts leave them out.
+# ---------------------------------------------------------------------------
+SCHEMA_VERSION = 2  # 1: no summaries, no store_meta table; 2: summary tables + store_meta
+
+STORE_META = Table(
+    "store_meta",
+    (
+        _c("key", pa.string(), "setting name (schema_version)", False),
+        _c("value", pa.string(), "its value", False),
+    ),
+    key=("key",),
+    doc="Store-level settings: the schema version the file was written with.",
+)
+
+_SUM_COUNTS = (
+    _c("n", pa.int64(), "request_steps rows", False),
+    _c("sum_acc_len", pa.int64(), "Σ acc_len"),
+    _c("n_acc_len", pa.int64(), "rows with acc_len"),
+    _c("sum_window", pa.int64(), "Σ window"),
+    _c("n_window", pa.int64(), "rows with window"),
+    _c("sum_correct", pa.int64(), "Σ correct_drafts"),
+    _c("n_correct", pa.int64(), "rows with correct_drafts"),
+    _c("sum_ceil1", pa.int64(), "Σ (ceiling + 1)"),
+    _c("n_ceil", pa.int64(), "rows with a ceiling"),
+    _c("sum_acc_len_ceil", pa.int64(), "Σ acc_len over rows with a ceiling"),
+    _c("sum_cap_trim", pa.int64(), "Σ cap_trim"),
+    _c("n_cap_trim", pa.int64(), "rows with cap_trim"),
+)
+
+SUM_CELLS = Table(
+    "sum_cells",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("workload", pa.string(), "workload label ('?' where NULL)", False),
+        _c("window", pa.int32(), "verified drafts (-1 where NULL)", False),
+        *_SUM_COUNTS,
+    ),
+    key=("run_id", "workload", "window"),
+    doc="request_steps sums per (run, workload, window).",
+)
+
+SUM_REQUESTS = Table(
+    "sum_requests",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("rid", pa.string(), "request id", False),
+        *_SUM_COUNTS,
+        _c("sum_x", pa.float64(), "Σ (1 + Σ_k survival_k): the confidence-implied accept length"),
+        _c("n_x", pa.int64(), "rows with survival"),
+    ),
+    key=("run_id", "rid"),
+    doc="request_steps sums per (run, request).",
+)
+
+SUM_POSITIONS = Table(
+    "sum_positions",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("k", pa.int32(), "1-based draft position", False),
+        _c("n", pa.int64(), "rows with a survival list reaching k", False),
+        _c("sum_s", pa.float64(), "Σ survival_k"),
+        _c("n_s", pa.int64(), "non-NULL survival_k"),
+        _c("sum_emp", pa.int64(), "rows with ceiling >= k"),
+        _c("n_emp", pa.int64(), "rows with a ceiling"),
+        _c("n_reached", pa.int64(), "rows with window >= k"),
+        _c("sum_acc_given", pa.int64(), "rows with window >= k and correct_drafts >= k"),
+        _c("n_acc_given", pa.int64(), "rows with window >= k and correct_drafts"),
+    ),
+    key=("run_id", "k"),
+    doc="Per-position survival and acceptance counts.",
+)
+
+SUM_RELIABILITY = Table(
+    "sum_reliability",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("position", pa.int32(), "1-based draft position", False),
+        _c("variant", pa.string(), "after (post-STS confidence) | before (sigmoid of the logit)", False),
+        _c("bin", pa.int32(), "equal-width confidence bin (summaries.RELIABILITY_BINS bins)", False),
+        _c("sum_p", pa.float64(), "Σ predicted confidence"),
+        _c("hits", pa.int64(), "labels = 1 (ceiling >= position)"),
+        _c("n", pa.int64(), "labelled samples", False),
+    ),
+    key=("run_id", "position", "variant", "bin"),
+    doc="Calibration bins over blocks with an observed ceiling.",
+)
+
+SUM_STEPS = Table(
+    "sum_steps",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("n", pa.int64(), "steps rows", False),
+        _c("max_wall_s", pa.float64(), "max wall_time_s"),
+        _c("sum_bs", pa.int64(), "Σ bs"),
+        _c("n_bs", pa.int64(), "rows with bs"),
+        _c("sum_executed", pa.int64(), "Σ executed_verify_tokens"),
+        _c("n_executed", pa.int64(), "rows with executed_verify_tokens"),
+        _c("sum_modeled_ms", pa.float64(), "Σ modeled_step_ms"),
+        _c("n_modeled", pa.int64(), "rows with modeled_step_ms"),
+    ),
+    key=("run_id",),
+    doc="steps sums per run.",
+)
+
+SUMMARY_TABLES: tuple[Table, ...] = (SUM_CELLS, SUM_REQUESTS, SUM_POSITIONS, SUM_RELIABILITY, SUM_STEPS)
+
 
 def table(name: str) -> Table:
     """Look a table up by name, with a clear error."""
@@ -436,3 +546,94 @@ def to_batch(t: Table, rows: Sequence[dict]) -> pa.RecordBatch:
     """Build an Arrow batch of table ``t`` from row dicts (missing keys become NULL)."""
     cols = {c.name: [r.get(c.name) for r in rows] for c in t.columns}
     return pa.RecordBatch.from_pydict(cols, schema=t.arrow_schema)
+
+
+# ---------------------------------------------------------------------------
+# input coercion
+# ---------------------------------------------------------------------------
+def _check_columns(t: Table, names: Sequence[str], what: str) -> None:
+    known = set(t.names)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{what} for table {t.name!r} has unknown column(s) {unknown}; known: {t.names}")
+
+
+def _conform(t: Table, data: pa.Table, what: str) -> pa.Table:
+    _check_columns(t, data.column_names, what)
+    cols = []
+    for c in t.columns:
+        if c.name in data.column_names:
+            col = data.column(c.name)
+            if col.type != c.type:
+                try:
+                    col = col.cast(c.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                    raise ValueError(
+                        f"{what} for table {t.name!r}: column {c.name!r} of type {col.type} "
+                        f"cannot become {c.type}: {e}"
+                    ) from e
+        else:
+            col = pa.nulls(data.num_rows, c.type)
+        if not c.nullable and col.null_count:
+            raise ValueError(
+                f"{what} for table {t.name!r}: column {c.name!r} is required but has {col.null_count} NULL value(s)"
+            )
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=t.arrow_schema)
+
+
+def as_arrow(t: Table, data: Any) -> pa.Table:
+    """Coerce row dicts, a DataFrame, or Arrow data into table ``t``'s exact schema.
+
+    Unknown columns, uncastable values and NULLs in required columns raise a
+    ``ValueError`` naming the table and column; missing nullable columns become NULL.
+    """
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        return _conform(t, data, "Arrow data")
+    if isinstance(data, pd.DataFrame):
+        _check_columns(t, [str(c) for c in data.columns], "DataFrame")
+        arrays = []
+        for c in t.columns:
+            if c.name not in data.columns:
+                arrays.append(pa.nulls(len(data), c.type))
+                continue
+            try:
+                arrays.append(pa.array(data[c.name], type=c.type, from_pandas=True))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                raise ValueError(
+                    f"DataFrame for table {t.name!r}: column {c.name!r} cannot become {c.type}: {e}"
+                ) from e
+        return _conform(t, pa.Table.from_arrays(arrays, names=t.names), "DataFrame")
+    if isinstance(data, Mapping):
+        data = [data]
+    rows = list(data)
+    if rows and not all(isinstance(r, Mapping) for r in rows):
+        bad = next(i for i, r in enumerate(rows) if not isinstance(r, Mapping))
+        raise ValueError(f"rows for table {t.name!r}: row {bad} is {type(rows[bad]).__name__}, not a dict")
+    keys: set[str] = set()
+    for r in rows:
+        keys.update(r.keys())
+    _check_columns(t, sorted(keys), "rows")
+    cols = {}
+    for c in t.columns:
+        vals = [r.get(c.name) for r in rows]
+        try:
+            cols[c.name] = pa.array(vals, type=c.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+            bad = _first_bad(vals, c.type)
+            raise ValueError(
+                f"rows for table {t.name!r}: column {c.name!r} row {bad} value {vals[bad]!r:.80} "
+                f"cannot become {c.type}: {e}"
+            ) from e
+    return _conform(t, pa.Table.from_pydict(cols, schema=t.arrow_schema), "rows")
+
+
+def _first_bad(vals: list, type_: pa.DataType) -> int:
+    for i, v in enumerate(vals):
+        try:
+            pa.array([v], type=type_)
+        except Exception:  # noqa: BLE001 - we are locating the offender
+            return i
+    return 0

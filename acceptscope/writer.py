@@ -64,12 +64,15 @@ import atexit
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pyarrow as pa
 
 from acceptscope import schema
-from acceptscope.store import Store, as_arrow
+from acceptscope.schema import as_arrow
+
+if TYPE_CHECKING:  # the store imports this module (Store.writer), never the other way round
+    from acceptscope.store import Store
 
 
 class WriterError(RuntimeError):

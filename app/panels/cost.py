@@ -7,11 +7,12 @@ import streamlit as st
 from acceptscope.figures import tables as F
 
 TITLE = "Cost"
+MAX_POINTS = 20_000  # per run: longer runs are thinned to evenly spaced steps
 
 
 def render(ctx) -> None:
     st.header(TITLE)
-    steps = ctx.q("step_costs", ctx.run_ids)
+    steps = ctx.q("step_costs", ctx.run_ids, MAX_POINTS)
     if steps.empty:
         st.info("No steps in the selection.")
         return

@@ -1,0 +1,441 @@
+"""Per-run summaries the store keeps as it appends, and the panel queries that read them.
+
+Why this module exists: with two 5M-row runs selected, panel queries that aggregate
+``request_steps`` took 0.3-13 s and the dashboard process 7.7 GB. The store instead keeps
+small summary tables (``schema.SUMMARY_TABLES``: sums per run x workload x window, per
+request, per draft position, per calibration bin, per run's steps) in the same transaction
+as every append (:func:`add`, called by ``Store.write_arrow``: ingest, the engine's
+writer and live capture all go through it), counting only rows actually inserted. A panel
+reads those (kilobytes) instead of millions of rows.
+
+Stale or missing summaries (a file written before schema version 2, or rows appended by
+something that bypassed ``Store.write_arrow``) are detected per run by comparing row counts
+(:func:`stale_runs`); such runs are aggregated from the raw tables by DuckDB with the same
+SQL (:func:`_agg_sql`), so every query answers the same either way. A read-write open
+(:func:`ensure`) rebuilds them once. Nothing deletes rows, and the only in-place UPDATE the store
+makes (``fill_temperatures``) touches a column no summary reads; an UPDATE of a summarised column
+from outside would not be noticed (row counts are unchanged).
+
+All functions take an open DuckDB connection; the caller owns the locking discipline
+(``acceptscope.store``). This module imports nothing from the store (no import cycle).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from acceptscope import schema
+
+RELIABILITY_BINS = 15  # equal-width bins kept by sum_reliability; other bin counts read the raw table
+RS, STEPS, REQ, RUNS = (schema.REQUEST_STEPS.name, schema.STEPS.name, schema.REQUESTS.name, schema.RUNS.name)
+
+_COUNTS = """count(*) AS n,
+  coalesce(sum(acc_len), 0)::BIGINT, count(acc_len),
+  coalesce(sum("window"), 0)::BIGINT, count("window"),
+  coalesce(sum(correct_drafts), 0)::BIGINT, count(correct_drafts),
+  coalesce(sum(ceiling::BIGINT + 1), 0)::BIGINT, count(ceiling),
+  coalesce(sum(acc_len) FILTER (WHERE ceiling IS NOT NULL), 0)::BIGINT,
+  coalesce(sum(cap_trim), 0)::BIGINT, count(cap_trim)"""
+
+
+def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
+    """The SELECT that builds summary table ``t``'s rows from ``src`` (a relation of raw rows).
+
+    The one definition of every summary: used on each appended batch, on a rebuild, and as
+    the fallback for runs whose summaries are stale.
+    """
+    if t is schema.SUM_CELLS:
+        return (f'SELECT run_id, coalesce(workload, \'?\'), coalesce("window", -1)::INTEGER, {_COUNTS} '
+                f"FROM {src} GROUP BY ALL")
+    if t is schema.SUM_REQUESTS:
+        return (f"SELECT run_id, rid, {_COUNTS}, coalesce(sum(1 + list_sum(survival)), 0)::DOUBLE, "
+                f"count(1 + list_sum(survival)) FROM {src} GROUP BY ALL")
+    if t is schema.SUM_POSITIONS:
+        return f"""
+            WITH u AS (
+              SELECT run_id, unnest(generate_series(1, len(survival))) AS k, unnest(survival) AS s,
+                     ceiling, "window", correct_drafts
+              FROM {src} WHERE survival IS NOT NULL)
+            SELECT run_id, k::INTEGER, count(*), coalesce(sum(s::DOUBLE), 0), count(s),
+                   count(*) FILTER (WHERE ceiling >= k), count(ceiling),
+                   count(*) FILTER (WHERE "window" >= k),
+                   count(*) FILTER (WHERE "window" >= k AND correct_drafts >= k),
+                   count(correct_drafts) FILTER (WHERE "window" >= k)
+            FROM u GROUP BY ALL"""
+    if t is schema.SUM_RELIABILITY:
+        return f"""
+            WITH u AS (
+              SELECT run_id, unnest(generate_series(1, len(confidence))) AS k, unnest(confidence) AS c,
+                     unnest(confidence_logit) AS z, ceiling
+              FROM {src} WHERE ceiling IS NOT NULL AND confidence IS NOT NULL),
+            lab AS (SELECT run_id, k, c, 1 / (1 + exp(-z)) AS c_raw, (ceiling >= k)::INT AS y
+                    FROM u WHERE ceiling >= k - 1),
+            v AS (SELECT run_id, k, 'after' AS variant, c::DOUBLE AS p, y FROM lab
+                  UNION ALL SELECT run_id, k, 'before', c_raw, y FROM lab WHERE c_raw IS NOT NULL)
+            SELECT run_id, k::INTEGER, variant, least(floor(p * {int(n_bins)})::INT, {int(n_bins)} - 1),
+                   sum(p), sum(y)::BIGINT, count(*)
+            FROM v WHERE isfinite(p) GROUP BY ALL"""
+    if t is schema.SUM_STEPS:
+        return f"""SELECT run_id, count(*), max(wall_time_s), coalesce(sum(bs), 0)::BIGINT, count(bs),
+                          coalesce(sum(executed_verify_tokens), 0)::BIGINT, count(executed_verify_tokens),
+                          coalesce(sum(modeled_step_ms), 0)::DOUBLE, count(modeled_step_ms)
+                   FROM {src} GROUP BY ALL"""
+    raise KeyError(f"{t.name} is not a summary table")
+
+
+_OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema.SUM_POSITIONS,
+                                   schema.SUM_RELIABILITY),
+       schema.STEPS.name: (schema.SUM_STEPS,)}
+
+
+SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _upsert_sql(t: schema.Table, select: str) -> str:
+    """INSERT the SELECT's rows, adding sums and counts into rows whose key already exists."""
+    sets = []
+    for c in t.columns:
+        if c.name in t.key:
+            continue
+        q = _q(c.name)
+        sets.append(f"{q} = greatest({q}, EXCLUDED.{q})" if c.name.startswith("max_") else f"{q} = {q} + EXCLUDED.{q}")
+    return f"INSERT INTO {_q(t.name)} {select} ON CONFLICT DO UPDATE SET {', '.join(sets)}"
+
+
+def present(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether every summary table exists in this file."""
+    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+    return all(t.name in have for t in schema.SUMMARY_TABLES)
+
+
+def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
+    """Fold rows just inserted into ``table`` into its summaries (inside the caller's transaction)."""
+    sums = _OF.get(table)
+    if not sums or inserted.num_rows == 0:
+        return
+    view = f"_summarise_{table}"
+    con.register(view, inserted)
+    try:
+        for t in sums:
+            con.execute(_upsert_sql(t, _agg_sql(t, view)))
+    finally:
+        con.unregister(view)
+
+
+def _counts(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> dict[str, int]:
+    return {r[0]: int(r[1]) for r in con.execute(sql, params).fetchall()}
+
+
+def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = None) -> set[str]:
+    """Runs (of ``run_ids``, default all) whose summaries do not count exactly the stored rows.
+
+    A row count per run (one column scan, pruned by zone maps) against the summaries' own counts:
+    rows appended past :func:`add` (an older writer, a raw INSERT) make the run stale.
+    """
+    # fast path, one query. Nothing deletes rows, so equal totals mean every run is counted exactly,
+    # unless a run_id was rewritten in place: then the summaries hold an id the runs table no longer
+    # has, or a requested run has rows but no summary (both checked; the full count settles it).
+    ids = [] if run_ids is None else list(run_ids)
+    cells, steps = schema.SUM_CELLS.name, schema.SUM_STEPS.name
+    try:
+        raw_n, raw_s, sum_n, sum_s, orphans, unsummarised = con.execute(
+            f"""SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}),
+                       (SELECT coalesce(sum(n), 0) FROM {cells}), (SELECT coalesce(sum(n), 0) FROM {steps}),
+                       (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps})
+                        WHERE run_id NOT IN (SELECT run_id FROM {RUNS})),
+                       (SELECT count(*) FROM (SELECT unnest(?::VARCHAR[]) AS run_id) r
+                        WHERE run_id NOT IN (SELECT run_id FROM {cells}) AND run_id NOT IN (SELECT run_id FROM {steps})
+                          AND (EXISTS (SELECT 1 FROM {RS} x WHERE x.run_id = r.run_id)
+                               OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id)))""",
+            [ids]).fetchone()
+        if (raw_n, raw_s) == (sum_n, sum_s) and not orphans and not unsummarised and present(con):
+            return set()
+    except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
+        pass
+    where, p = ("", []) if run_ids is None else (" WHERE run_id IN (SELECT unnest(?))", [list(run_ids)])
+    raw_rs = _counts(con, f"SELECT run_id, count(*) FROM {RS}{where} GROUP BY run_id", p)
+    raw_st = _counts(con, f"SELECT run_id, count(*) FROM {STEPS}{where} GROUP BY run_id", p)
+    if not present(con):
+        return set(raw_rs) | set(raw_st)
+    sum_rs = _counts(con, f"SELECT run_id, sum(n) FROM {schema.SUM_CELLS.name}{where} GROUP BY run_id", p)
+    sum_st = _counts(con, f"SELECT run_id, n FROM {schema.SUM_STEPS.name}{where}", p)
+    runs = set(raw_rs) | set(raw_st) | set(sum_rs) | set(sum_st)
+    return {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)}
+
+
+def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> None:
+    """Recompute the summaries of ``run_ids`` from the raw tables (DuckDB aggregation)."""
+    ids = list(run_ids)
+    if not ids:
+        return
+    for base, sums in _OF.items():
+        src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest($ids)))"
+        for t in sums:
+            con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
+            con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The file's schema version (1: written before ``store_meta`` existed)."""
+    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+    if schema.STORE_META.name not in have:
+        return 1
+    row = con.execute(f"SELECT value FROM {schema.STORE_META.name} WHERE key = 'schema_version'").fetchone()
+    try:
+        return int(row[0]) if row else 1
+    except ValueError:
+        raise ValueError(f"{schema.STORE_META.name}.schema_version is {row[0]!r}, not an integer") from None
+
+
+def check_version(con: duckdb.DuckDBPyConnection, path: object) -> int:
+    v = schema_version(con)
+    if v > schema.SCHEMA_VERSION:
+        raise ValueError(f"{path}: written by a newer acceptscope (schema version {v}; this one reads up to "
+                         f"{schema.SCHEMA_VERSION}): upgrade acceptscope to read it")
+    return v
+
+
+def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
+    """On a read-write open (the store has created any missing summary table): rebuild stale runs and
+    record the schema version.
+
+    Returns the runs rebuilt (a file from before schema version 2 rebuilds every run once).
+    """
+    check_version(con, path)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        stale = sorted(stale_runs(con))
+        rebuild(con, stale)
+        con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
+                    [str(schema.SCHEMA_VERSION)])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return stale
+
+
+# ---------------------------------------------------------------------------
+# reads: summary rows for fresh runs, the same aggregation over raw rows for stale ones
+# ---------------------------------------------------------------------------
+def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[str],
+            stale: set[str] | None = None, n_bins: int = RELIABILITY_BINS) -> str:
+    """A relation with summary ``t``'s columns for ``run_ids`` (literal ids, quoted)."""
+    ids = list(dict.fromkeys(str(r) for r in run_ids))
+    if stale is None:
+        stale = stale_runs(con, ids) if ids else set()
+    fresh = [r for r in ids if r not in stale] if n_bins == RELIABILITY_BINS else []
+    raw = [r for r in ids if r not in fresh]
+    cols = ", ".join(_q(c) for c in t.names)
+
+    def lit(xs: list[str]) -> str:
+        return "[" + ", ".join("'" + x.replace("'", "''") + "'" for x in xs) + "]::VARCHAR[]"
+
+    parts = []
+    if fresh:
+        parts.append(f"SELECT {cols} FROM {_q(t.name)} WHERE run_id IN (SELECT unnest({lit(fresh)}))")
+    if raw or not fresh:
+        base = STEPS if t is schema.SUM_STEPS else RS
+        src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest({lit(raw)})))"
+        parts.append(f"SELECT * FROM ({_agg_sql(t, src, n_bins)}) AS x({cols})")
+    return "(" + " UNION ALL ".join(parts) + ")"
+
+
+def _df(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence | dict | None = None) -> pd.DataFrame:
+    return con.execute(sql, params if isinstance(params, dict) else list(params or [])).df()
+
+
+def _avg(s: str, n: str) -> str:
+    return f"sum({s}) / nullif(sum({n}), 0)"
+
+
+def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
+    """Headline numbers per run (``acceptscope.reader.Reader.run_summary`` documents the columns)."""
+    stale = stale_runs(con, run_ids)
+    cells = _source(con, schema.SUM_CELLS, run_ids, stale)
+    reqs = _source(con, schema.SUM_REQUESTS, run_ids, stale)
+    steps = _source(con, schema.SUM_STEPS, run_ids, stale)
+    return _df(con, f"""
+        WITH b AS (
+          SELECT run_id, sum(n)::BIGINT AS blocks,
+                 {_avg('sum_acc_len', 'n_acc_len')} AS mean_acc_len,
+                 {_avg('sum_window', 'n_window')} AS mean_window,
+                 CASE WHEN sum(n_acc_len) > 0 THEN sum(sum_acc_len) END AS committed_tokens,
+                 CASE WHEN sum(n_window) > 0 THEN sum(sum_window) END AS verified_drafts,
+                 CASE WHEN sum(n_correct) > 0 THEN sum(sum_correct) END AS correct_drafts,
+                 {_avg('sum_ceil1', 'n_ceil')} AS ceiling_accept_len,
+                 sum(sum_acc_len_ceil) / nullif(sum(sum_ceil1) FILTER (WHERE n_ceil > 0), 0) AS utilization,
+                 {_avg('sum_cap_trim', 'n_cap_trim')} AS mean_cap_trim
+          FROM {cells} c GROUP BY run_id),
+        q AS (SELECT run_id, count(*) AS requests_seen FROM {reqs} r GROUP BY run_id),
+        s AS (
+          SELECT run_id, n AS steps, max_wall_s AS wall_s, sum_bs / nullif(n_bs, 0) AS mean_bs,
+                 CASE WHEN n_executed > 0 THEN sum_executed END AS executed_verify_tokens
+          FROM {steps} s)
+        SELECT r.run_id, r.arm, r.engine, r.gamma, r.audit_group, b.blocks, q.requests_seen, b.* EXCLUDE (run_id, blocks),
+               b.correct_drafts / nullif(b.verified_drafts, 0) AS in_window_accept_rate,
+               s.steps, s.wall_s, s.mean_bs, s.executed_verify_tokens,
+               b.committed_tokens / nullif(s.wall_s, 0) AS tokens_per_s
+        FROM {RUNS} r LEFT JOIN b USING (run_id) LEFT JOIN q USING (run_id) LEFT JOIN s USING (run_id)
+        WHERE r.run_id IN (SELECT unnest(?))
+        ORDER BY r.arm, r.run_id""", [list(run_ids)])
+
+
+def window_distribution(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
+    """Blocks per (run, workload, window)."""
+    cells = _source(con, schema.SUM_CELLS, run_ids)
+    return _df(con, f"""
+        SELECT c.run_id, r.arm, c.workload, CASE WHEN c."window" >= 0 THEN c."window" END AS "window",
+               sum(c.n)::BIGINT AS blocks
+        FROM {cells} c JOIN {RUNS} r USING (run_id)
+        GROUP BY ALL ORDER BY c.run_id, c.workload, "window" NULLS LAST""")
+
+
+def utilization_by_workload(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
+    """Realized accept length against the observed ceiling per (run, workload)."""
+    cells = _source(con, schema.SUM_CELLS, run_ids)
+    return _df(con, f"""
+        SELECT c.run_id, r.arm, c.workload, sum(n)::BIGINT AS blocks,
+               {_avg('sum_acc_len', 'n_acc_len')} AS mean_acc_len,
+               {_avg('sum_ceil1', 'n_ceil')} AS ceiling_accept_len,
+               sum(sum_acc_len_ceil) / nullif(sum(sum_ceil1) FILTER (WHERE n_ceil > 0), 0) AS utilization
+        FROM {cells} c JOIN {RUNS} r USING (run_id)
+        GROUP BY ALL ORDER BY c.run_id, c.workload""")
+
+
+def regime_by_workload(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
+    """Per (run, workload): window shares, accept length, utilization (``Reader.regime_by_workload``)."""
+    cells = _source(con, schema.SUM_CELLS, run_ids)
+    return _df(con, f"""
+        SELECT c.run_id, r.arm, c.workload, sum(n)::BIGINT AS blocks,
+               {_avg('sum_window', 'n_window')} AS mean_window,
+               coalesce(sum(n) FILTER (WHERE c."window" >= r.gamma), 0) / sum(n) AS share_full_window,
+               coalesce(sum(n) FILTER (WHERE c."window" BETWEEN 0 AND 3), 0) / sum(n) AS share_window_le3,
+               coalesce(sum(n) FILTER (WHERE c."window" BETWEEN 0 AND r.gamma - 1), 0) / sum(n) AS share_trimmed,
+               {_avg('sum_acc_len', 'n_acc_len')} AS mean_acc_len,
+               sum(sum_acc_len_ceil) / nullif(sum(sum_ceil1) FILTER (WHERE n_ceil > 0), 0) AS utilization,
+               any_value(r.gamma) AS gamma
+        FROM {cells} c JOIN {RUNS} r USING (run_id)
+        GROUP BY c.run_id, r.arm, c.workload ORDER BY c.run_id, c.workload""")
+
+
+def position_acceptance(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
+    """Per position k: mean predicted survival vs empirical P(ceiling >= k) (``Reader.position_acceptance``)."""
+    pos = _source(con, schema.SUM_POSITIONS, run_ids)
+    return _df(con, f"""
+        SELECT p.run_id, r.arm, p.k, sum(p.n)::BIGINT AS n, sum(sum_s) / nullif(sum(n_s), 0) AS mean_survival,
+               sum(sum_emp) / nullif(sum(n_emp), 0) AS empirical_survival,
+               sum(n_reached)::BIGINT AS reached_in_window,
+               sum(sum_acc_given) / nullif(sum(n_acc_given), 0) AS accepted_given_verified
+        FROM {pos} p JOIN {RUNS} r USING (run_id)
+        GROUP BY ALL ORDER BY p.run_id, p.k""")
+
+
+def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_bins: int = RELIABILITY_BINS
+                     ) -> pd.DataFrame:
+    """Per (run, position, variant, bin): mean predicted confidence, observed rate, hits, n."""
+    rel = _source(con, schema.SUM_RELIABILITY, run_ids, n_bins=n_bins)
+    return _df(con, f"""
+        SELECT run_id, position, variant, bin, sum(sum_p) / sum(n) AS mean_pred, sum(hits) / sum(n) AS rate,
+               sum(hits)::BIGINT AS hits, sum(n)::BIGINT AS n
+        FROM {rel} GROUP BY ALL ORDER BY run_id, position, variant, bin""")
+
+
+def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000) -> pd.DataFrame:
+    """Requests of one run with their block statistics."""
+    reqs = _source(con, schema.SUM_REQUESTS, [run_id])
+    return _df(con, f"""
+        WITH q AS (  -- the page of requests first, then their block statistics
+          SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s
+          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ?)
+        SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
+               b.sum_window / nullif(b.n_window, 0) AS mean_window,
+               b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
+        FROM q LEFT JOIN {reqs} b ON b.rid = q.rid
+        ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit)])
+
+
+def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> pd.DataFrame:
+    """One row per compact request key with w, a, x and (where audited) y (``audit_sampling.per_request``).
+
+    One join of both runs' request summaries with their keys and one group-by (half the work of
+    aggregating each arm and joining the two)."""
+    reqs = _source(con, schema.SUM_REQUESTS, [compact_run, audit_run])
+    # a key with a NULL part pairs with nothing (as a join on it would not)
+    c = "s.run_id = $c"
+    t = "s.run_id = $a AND s.n_ceil > 0 AND q.workload IS NOT NULL AND q.prompt_index IS NOT NULL AND q.seed IS NOT NULL"
+    return _df(con, f"""
+        SELECT q.workload, q.prompt_index, q.seed, sum(s.n) FILTER (WHERE {c})::BIGINT AS w,
+               sum(s.sum_acc_len) FILTER (WHERE {c}) / nullif(sum(s.n_acc_len) FILTER (WHERE {c}), 0) AS a,
+               sum(s.sum_x) FILTER (WHERE {c}) / nullif(sum(s.n_x) FILTER (WHERE {c}), 0) AS x,
+               sum(s.sum_ceil1) FILTER (WHERE {t}) / sum(s.n_ceil) FILTER (WHERE {t}) AS y,
+               sum(s.n_ceil) FILTER (WHERE {t})::BIGINT AS audit_blocks
+        FROM {reqs} s JOIN {REQ} q ON q.run_id = s.run_id AND q.rid = s.rid
+        WHERE q.run_id IN ($c, $a)
+        GROUP BY ALL HAVING count(*) FILTER (WHERE {c}) > 0
+        ORDER BY q.workload, q.prompt_index, q.seed""", {"c": compact_run, "a": audit_run})
+
+
+def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.DataFrame:
+    """Decode throughput per (workload, batch, arm) of ``audit_group``'s runs on the virtual clock
+    (``Reader.throughput_curve``); step totals come from the summaries."""
+    ids = [r[0] for r in con.execute(f"SELECT run_id FROM {RUNS} WHERE audit_group = ?", [audit_group]).fetchall()]
+    steps = _source(con, schema.SUM_STEPS, ids)
+    return _df(con, f"""
+        WITH t AS (SELECT run_id, sum_modeled_ms / 1e3 AS modeled_s, n AS steps,
+                          CASE WHEN n_executed > 0 THEN sum_executed END AS verify_tokens
+                   FROM {steps} s WHERE n_modeled > 0),
+             q AS (SELECT run_id, any_value(workload) AS workload, sum(completion_tokens - 1) AS tokens,
+                          count(*) AS requests
+                   FROM {REQ} WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id)
+        SELECT q.workload, CAST(json_extract_string(r.config_json, '$.max_running_requests') AS INTEGER) AS batch,
+               r.arm, r.run_id, q.requests, q.tokens, t.steps, t.modeled_s,
+               q.tokens / t.modeled_s AS tokens_per_s,
+               t.verify_tokens / t.steps AS verify_tokens_per_step
+        FROM {RUNS} r JOIN t USING (run_id) JOIN q USING (run_id)
+        WHERE r.audit_group = ?
+        ORDER BY q.workload, batch, r.arm""", [ids, audit_group])
+
+
+def runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """All runs with their size (requests, request-steps), newest first."""
+    ids = [r[0] for r in con.execute(f"SELECT run_id FROM {RUNS}").fetchall()]
+    cells = _source(con, schema.SUM_CELLS, ids)
+    return _df(con, f"""
+        SELECT r.*, coalesce(q.n_requests, 0) AS n_requests, coalesce(s.n_blocks, 0) AS n_blocks
+        FROM {RUNS} r
+        LEFT JOIN (SELECT run_id, count(*) AS n_requests FROM {REQ} GROUP BY run_id) q USING (run_id)
+        LEFT JOIN (SELECT run_id, sum(n)::BIGINT AS n_blocks FROM {cells} c GROUP BY run_id) s USING (run_id)
+        ORDER BY r.started_at DESC NULLS LAST, r.run_id""")
+
+
+def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_per_run: int | None = None
+               ) -> pd.DataFrame:
+    """Per-step cost telemetry; with ``max_rows_per_run``, every k-th ``forward_ct`` of a longer run
+    (k from the step summaries), so a plot of a 200k-step run reads about that many rows."""
+    ids = list(dict.fromkeys(run_ids))
+    where, params = "run_id IN (SELECT unnest(?))", [ids]
+    if max_rows_per_run and ids:
+        n = dict(con.execute(f"SELECT run_id, n FROM {_source(con, schema.SUM_STEPS, ids)} s").fetchall())
+        terms, params = [], []
+        for r in ids:
+            k = -(-int(n.get(r, 0)) // int(max_rows_per_run))
+            terms.append("(run_id = ?" + (f" AND forward_ct % {k} = 0)" if k > 1 else ")"))
+            params.append(r)
+        where = "(" + " OR ".join(terms) + ")"
+    sql = f"""
+        SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
+               predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
+        FROM {STEPS} WHERE {where} ORDER BY run_id, rank, epoch, forward_ct"""
+    try:
+        return _df(con, sql.format(modeled=", modeled_step_ms"), params)
+    except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
+        return _df(con, sql.format(modeled=""), params)

@@ -1,0 +1,219 @@
+"""Writer-maintained summaries: counted once per inserted row, equal to the raw aggregation, and
+stores without them (schema version 1, or rows appended past the store) still answer the same."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from acceptscope import audit_sampling, schema, summaries
+from acceptscope.store import Store
+from acceptscope.writer import TelemetryWriter
+from acceptscope.figures import tables as figures
+from acceptscope.reader import Reader
+from tests import _store_helpers as H
+
+RUNS = ["run-a", "run-b"]
+
+
+def _requests(rs: pa.Table) -> list[dict]:
+    df = rs.select(["run_id", "rid", "workload"]).to_pandas().drop_duplicates(["run_id", "rid"])
+    return [dict(run_id=r.run_id, rid=r.rid, workload=r.workload, prompt_index=i, seed=7)
+            for i, r in enumerate(df.itertuples(index=False))]
+
+
+def _fill(store: Store) -> None:
+    """Two runs written in overlapping pieces (every row offered two or three times), one through the writer."""
+    a = H.request_steps(3000, run_id="run-a", seed=1)
+    b = H.request_steps(2000, run_id="run-b", seed=2)
+    store.append({"runs": [H.run_row("run-a", "compact"), H.run_row("run-b", "cap-accept")],
+                  "steps": H.steps(400, run_id="run-a") + H.steps(250, run_id="run-b"),
+                  "requests": _requests(a) + _requests(b)})
+    store.append({"request_steps": a.slice(0, 2000)})
+    store.append({"request_steps": a.slice(1000, 2000), "steps": H.steps(400, run_id="run-a")})
+    with TelemetryWriter(store, flush_interval_s=60) as w:
+        w.append("request_steps", b)
+        w.append("request_steps", b.slice(500, 800))
+        w.append("request_steps", a)
+
+
+def _panels(r: Reader) -> dict[str, pd.DataFrame]:
+    return {
+        "run_summary": r.run_summary(RUNS),
+        "window_distribution": r.window_distribution(RUNS),
+        "position_acceptance": r.position_acceptance(RUNS),
+        "utilization_by_workload": r.utilization_by_workload(RUNS),
+        "regime_by_workload": r.regime_by_workload(RUNS),
+        "requests": r.requests("run-b"),
+        "reliability_bins": figures.reliability_bins(r, ["run-b"]),
+        "reliability_bins_8": figures.reliability_bins(r, ["run-b"], 8),
+        "per_request": audit_sampling.per_request(r, "run-a", "run-b"),
+    }
+
+
+def _same(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> None:
+    for name in a:
+        assert len(a[name]) > 0, name
+        pd.testing.assert_frame_equal(a[name].reset_index(drop=True), b[name].reset_index(drop=True),
+                                      check_dtype=False, rtol=1e-9, obj=name)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> dict[bool, Path]:
+    """One filled store per dedupe design, built once; tests work on copies."""
+    out = {}
+    for pk in (False, True):
+        s = Store(tmp_path_factory.mktemp("tpl") / "s.duckdb", primary_keys=pk)
+        _fill(s)
+        out[pk] = s.path
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Store:
+    shutil.copy(src, dst)
+    return Store(dst, read_only=True)
+
+
+@pytest.fixture
+def filled(template, tmp_path: Path) -> Store:
+    return _copy(template[False], tmp_path / "s.duckdb")
+
+
+@pytest.mark.parametrize("pk", [False, True], ids=["antijoin", "primary-key"])
+def test_summaries_count_each_inserted_row_once_and_match_pandas(template, tmp_path: Path, pk: bool) -> None:
+    filled = _copy(template[pk], tmp_path / "s.duckdb")
+    raw = filled.read_table("request_steps")
+    assert len(raw) == 5000  # every row was offered 2-3 times; the store kept one of each
+    with filled.snapshot() as con:
+        assert summaries.stale_runs(con) == set()
+        n = dict(con.execute("SELECT run_id, sum(n) FROM sum_cells GROUP BY run_id").fetchall())
+        n_req = con.execute("SELECT count(*) FROM sum_requests").fetchone()[0]
+        n_steps = dict(con.execute("SELECT run_id, n FROM sum_steps").fetchall())
+    assert n == {"run-a": 3000, "run-b": 2000}
+    assert n_req == raw.groupby(["run_id", "rid"]).ngroups
+    assert n_steps == {"run-a": 400, "run-b": 250}
+
+    r = Reader(filled.path)
+    win = r.window_distribution(RUNS)
+    want = raw.groupby(["run_id", "workload", "window"]).size().reset_index(name="blocks")
+    got = win[["run_id", "workload", "window", "blocks"]].sort_values(["run_id", "workload", "window"])
+    assert got.astype({"window": int, "blocks": int}).reset_index(drop=True).equals(
+        want.astype({"window": int, "blocks": int}).reset_index(drop=True))
+    s = r.run_summary(RUNS).set_index("run_id")
+    for run, g in raw.groupby("run_id"):
+        assert s.loc[run, "blocks"] == len(g)
+        assert s.loc[run, "requests_seen"] == g["rid"].nunique()
+        assert s.loc[run, "mean_acc_len"] == pytest.approx(g["acc_len"].mean())
+        assert s.loc[run, "utilization"] == pytest.approx(g["acc_len"].sum() / (g["ceiling"] + 1).sum())
+        assert s.loc[run, "steps"] == {"run-a": 400, "run-b": 250}[run]
+    pos = r.position_acceptance(["run-b"]).set_index("k")
+    surv = np.stack(raw.loc[raw["run_id"] == "run-b", "survival"].to_numpy())
+    ceil = raw.loc[raw["run_id"] == "run-b", "ceiling"].to_numpy()
+    for k in (1, 4, 7):
+        assert pos.loc[k, "mean_survival"] == pytest.approx(surv[:, k - 1].mean(), rel=1e-6)
+        assert pos.loc[k, "empirical_survival"] == pytest.approx((ceil >= k).mean())
+
+
+def test_store_without_summaries_answers_the_same_and_rebuilds_on_open(filled: Store, tmp_path: Path) -> None:
+    """A file from before schema version 2 (no summary tables): readers aggregate the raw tables;
+    the first read-write open builds the summaries."""
+    fresh = _panels(Reader(filled.path))
+    old = tmp_path / "v1.duckdb"
+    shutil.copy(filled.path, old)
+    con = duckdb.connect(str(old))
+    for t in (schema.STORE_META, *schema.SUMMARY_TABLES):
+        con.execute(f"DROP TABLE {t.name}")
+    con.close()
+    with Store(old, read_only=True).snapshot() as c:
+        assert summaries.schema_version(c) == 1
+        assert summaries.stale_runs(c) == set(RUNS)
+    _same(fresh, _panels(Reader(old)))
+    s = Store(old)
+    assert s.rebuilt_summaries == RUNS
+    with s.snapshot() as c:
+        assert summaries.schema_version(c) == schema.SCHEMA_VERSION
+        assert summaries.stale_runs(c) == set()
+    _same(fresh, _panels(Reader(old)))
+    assert Store(old).rebuilt_summaries == []  # once
+
+
+def test_rows_appended_past_the_store_make_the_run_stale(filled: Store) -> None:
+    fresh = _panels(Reader(filled.path))
+    con = duckdb.connect(str(filled.path))
+    con.execute("INSERT INTO request_steps SELECT * REPLACE (forward_ct + 100000 AS forward_ct) "
+                "FROM request_steps WHERE run_id = 'run-b' AND forward_ct < 10")
+    added = con.execute("SELECT count(*) FROM request_steps WHERE forward_ct >= 100000").fetchone()[0]
+    con.close()
+    assert added > 0
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c) == {"run-b"}
+    now = _panels(Reader(filled.path))
+    s = now["run_summary"].set_index("run_id")
+    assert s.loc["run-b", "blocks"] == 2000 + added
+    assert s.loc["run-a", "blocks"] == fresh["run_summary"].set_index("run_id").loc["run-a", "blocks"]
+    Store(filled.path)  # a read-write open repairs it
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c) == set()
+    _same(now, _panels(Reader(filled.path)))
+
+
+def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    s = Store(tmp_path / "n.duckdb")
+    with s.connect() as con:
+        con.execute("UPDATE store_meta SET value = '99' WHERE key = 'schema_version'")
+    for ro in (False, True):
+        with pytest.raises(ValueError, match="schema version 99"):
+            Store(s.path, read_only=ro)
+
+
+def test_writer_module_does_not_import_the_store() -> None:
+    code = "import sys, acceptscope.writer; print('acceptscope.store' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False"
+
+
+def test_sampling_inference_allocates_nothing_replicates_by_requests() -> None:
+    """Fully audited: no bootstrap at all; sampled: one index row per replicate, never n_boot x n."""
+    rng = np.random.default_rng(0)
+    n = 20_000
+    df = pd.DataFrame({"w": rng.integers(1, 50, n).astype(float), "a": rng.uniform(1, 4, n)})
+    df["x"] = df["a"] + rng.uniform(0, 1, n)
+    df["y"] = df["a"] + rng.uniform(0, 1, n)
+    dense_mb = 500 * n * 8 / 2**20  # what an n_boot x n int64 index matrix would take (76 MB)
+    audit_sampling.expanded_alpha(0.025, 10)  # import scipy.stats outside the measurement
+    for frame in (df, df.assign(y=np.where(np.arange(n) % 3 == 0, df["y"], np.nan))):
+        tracemalloc.start()
+        res = audit_sampling.infer(frame, n_boot=500)
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        assert res.n_audited == frame["y"].notna().sum()
+        assert peak < dense_mb / 20, f"peak {peak:.1f} MB"  # measured: under 1 MB
+
+
+def test_a_run_id_rewritten_in_place_is_not_read_from_stale_summaries(filled: Store) -> None:
+    """Totals still match after an UPDATE of run_id (the hostile-HTML fixture does this): the orphaned
+    summaries must not answer for the renamed run."""
+    want = filled.read_table("request_steps", "run-b")
+    con = duckdb.connect(str(filled.path))
+    for t in ("runs", "request_steps", "steps", "requests"):
+        con.execute(f"UPDATE {t} SET run_id = 'run-z' WHERE run_id = 'run-b'")
+    con.close()
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c, ["run-z"]) == {"run-z"}
+        assert summaries.stale_runs(c) == {"run-b", "run-z"}
+    s = Reader(filled.path).run_summary(["run-z"]).set_index("run_id")
+    assert s.loc["run-z", "blocks"] == len(want)
+    assert s.loc["run-z", "mean_acc_len"] == pytest.approx(want["acc_len"].mean())
+    assert sorted(Store(filled.path).rebuilt_summaries) == ["run-b", "run-z"]  # the orphan rows go too
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c) == set()
