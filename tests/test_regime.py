@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -146,13 +147,12 @@ def test_engine_virtual_clock_charges_the_profile_for_executed_tokens(tmp_path):
         steps = Reader(db).df("SELECT s.forward_ct, s.bs, s.executed_verify_tokens AS x, s.modeled_step_ms, s.budget, "
                               "sum(r.prefix_len) AS ctx FROM steps s JOIN request_steps r USING (run_id, forward_ct) "
                               "WHERE run_id = ? GROUP BY ALL ORDER BY s.forward_ct", [f"v-{arm}"])
-        # the table's time for the executed tokens + the K/V reads of the requests' own contexts (prefix_len)
-        # relative to the profiled context, at the manifest's measured bandwidth
-        man = json.loads((PROFILE_DIR / "h200-qwen3-8b.json.manifest.json").read_text())
-        kv = 2 * 2 * man["shape"]["kv_heads"] * man["shape"]["head_dim"] * (man["target_layers"] + man["draft_layers"])
-        kv_ms = kv / man["bound"]["bandwidth_bytes_per_s"] * 1e3
+        # the table's time for the executed tokens + the requests' own contexts (prefix_len) relative to the
+        # profiled one, at the manifest's measured per-batch context cost (interpolated in log2 bs)
+        ct = json.loads((PROFILE_DIR / "h200-qwen3-8b.json.manifest.json").read_text())["context_term"]
+        kv = lambda bs: float(np.interp(np.log2(bs), np.log2(ct["bs"]), ct["ms_per_context_token"]))  # noqa: E731
         exp = [table.step_seconds(int(r.bs), int(r.x) - int(r.bs)) * 1e3
-               + kv_ms * (int(r.ctx) - int(r.bs) * man["context_len"]) for r in steps.itertuples()]
+               + kv(int(r.bs)) * (int(r.ctx) - int(r.bs) * ct["ref_context"]) for r in steps.itertuples()]
         assert all(e < table.step_seconds(int(r.bs), int(r.x) - int(r.bs)) * 1e3
                    for e, r in zip(exp, steps.itertuples()))  # the tiny engine's contexts are short of 1024
         assert steps["modeled_step_ms"].tolist() == pytest.approx(exp)
@@ -162,7 +162,7 @@ def test_engine_virtual_clock_charges_the_profile_for_executed_tokens(tmp_path):
     assert (out["cap-accept"]["x"] == out["cap-accept"]["bs"] * 5).all()
     cfg = json.loads(Reader(db).df("SELECT config_json FROM runs WHERE run_id = 'v-compact'")["config_json"][0])
     assert cfg["clock"] == "modeled" and cfg["sps_path"].endswith("h200-qwen3-8b.json")
-    assert cfg["clock_ref_context"] == 1024 and cfg["clock_kv_ms_per_context_token"] == pytest.approx(kv_ms)
+    assert cfg["clock_ref_context"] == 1024 and cfg["clock_context_term"] == "context sweep"
 
 
 def test_varlen_layout_packs_each_request_behind_its_own_context():
@@ -206,7 +206,7 @@ def test_ragged_replay_times_recorded_contexts_and_the_reference_context_on_cpu(
 
 def test_vclock_check_separates_the_context_term():
     t = sps_mod.SpsTableAdditive(0.010, [1, 64], [0.0, 0.004], [1, 512], [0.0, 0.010])
-    clock = profiler.StepClock(t, ref_context=1024, kv_ms_per_token=1e-4)
+    clock = profiler.StepClock(t, ref_context=1024, kv_bs=(1, 256), kv_ms=(1e-4, 1e-4))
     base = t.step_seconds(64, 100) * 1e3
     meas = base - 1e-4 * 64 * (1024 - 50)  # exactly the clock's context-aware time
     r = profiler.vclock_check([{"bs": 64, "batch_tokens": 164, "context_sum": 64 * 50, "step_ms": meas,
@@ -214,6 +214,19 @@ def test_vclock_check_separates_the_context_term():
     assert r["clock"]["median_rel_err"] == pytest.approx(0, abs=1e-12)
     assert r["ref_ctx"]["median_rel_err"] == pytest.approx(0, abs=1e-12)
     assert r["mean_bias_rel"] > 0  # the table alone over-predicts short contexts
+
+
+def test_context_term_is_fitted_per_batch_from_the_sweep():
+    rows = [{"bs": bs, "context_sum": bs * c, "step_ms": 10.0 + k * bs * (c - 1024), "step_ms_ref_ctx": 10.0}
+            for bs, k in ((1, 1e-3), (64, 7e-5)) for c in (64, 256)]
+    ct = profiler.fit_context_term(rows, 1024)
+    assert ct["bs"] == [1, 64] and ct["ms_per_context_token"] == pytest.approx([1e-3, 7e-5])
+    clock = profiler.StepClock(sps_mod.SpsTableAdditive(0.010, [1, 64], [0.0, 0.004], [1, 512], [0.0, 0.010]),
+                               1024, tuple(ct["bs"]), tuple(ct["ms_per_context_token"]))
+    assert clock.kv_ms_per_token(8) == pytest.approx(1e-3 + (7e-5 - 1e-3) * 0.5)  # halfway in log2 bs
+    assert clock.kv_ms_per_token(512) == pytest.approx(7e-5)  # clamped
+    with pytest.raises(ValueError, match="no step"):
+        profiler.fit_context_term([{"bs": 1, "context_sum": 1024, "step_ms": 1, "step_ms_ref_ctx": 1}], 1024)
 
 
 def test_unknown_cost_profile_names_the_shipped_ones():
@@ -225,7 +238,7 @@ def test_audit_defaults_put_the_regime_in_force():
     from acceptscope.audit import AUDIT_DEFAULTS, effective_options
 
     o = effective_options({})
-    assert o == {"cost_profile": AUDIT_DEFAULTS["cost_profile"], "max_running_requests": 64, "sts": "calibrate"}
+    assert o == {"cost_profile": AUDIT_DEFAULTS["cost_profile"], "max_running_requests": 256, "sts": "calibrate"}
     assert "cost_profile" not in effective_options({"sps": "default"})
     assert "cost_profile" not in effective_options({"cost_profile": "none"})
     assert "sts" not in effective_options({"sts": "none"})

@@ -268,7 +268,7 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
         cfg.update(gamma=gamma, target=str(tpath), drafter=str(dpath), sps_path=sps_path,
                    torch_threads=torch.get_num_threads(), clock="modeled" if config.cost_profile else "wall",
                    clock_ref_context=clock.ref_context if clock else None,
-                   clock_kv_ms_per_context_token=clock.kv_ms_per_token if clock else None)
+                   clock_context_term=clock.source if clock else None)
         store.append({schema.RUNS.name: [{
             "run_id": run_id, "arm": config.arm, "engine": "reference", "gamma": gamma,
             "temperature": config.temperature, "target_model": str(tpath), "draft_model": str(dpath),

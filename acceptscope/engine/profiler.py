@@ -269,24 +269,54 @@ def kv_ms_per_context_token(manifest: dict) -> float:
     return 2 * 2 * int(sh["kv_heads"]) * int(sh["head_dim"]) * layers / float(bw) * 1e3
 
 
+def fit_context_term(rows: Sequence[dict], ref_context: int) -> dict:
+    """Per-batch cost of one context token, from a GPU context sweep (``gpu_profile`` varlen replays of
+    uniform layouts timed at their own contexts and at ``ref_context``): per ``bs`` the least-squares slope
+    of ``step_ms - step_ms_ref_ctx`` on ``context_sum - bs * ref_context`` (through the origin).
+
+    Small batches are latency-bound (one tile per request and KV head scans the context serially, so a
+    token costs about ``1/bs`` of a single request's), large ones bandwidth-bound; hence one slope per bs.
+    """
+    by: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        dx = int(r["context_sum"]) - int(r["bs"]) * int(ref_context)
+        if dx:
+            by.setdefault(int(r["bs"]), []).append((dx, float(r["step_ms"]) - float(r["step_ms_ref_ctx"])))
+    if not by:
+        raise ValueError("context sweep: no step timed at a context other than the reference")
+    bss = sorted(by)
+    k = [sum(x * y for x, y in by[b]) / sum(x * x for x, _ in by[b]) for b in bss]
+    return {"ref_context": int(ref_context), "bs": bss, "ms_per_context_token": k,
+            "cells": sum(len(v) for v in by.values())}
+
+
 @dataclass(frozen=True)
 class StepClock:
-    """The virtual clock: the profile's table for (bs, verify tokens), plus the K/V reads of the requests'
-    own contexts relative to the table's ``ref_context`` (``kv_ms_per_token = 0`` = the table alone)."""
+    """The virtual clock: the profile's table for (bs, verify tokens), plus the cost of the requests' own
+    contexts relative to the table's ``ref_context``: ``kv_ms[bs] * (sum of contexts - bs * ref_context)``,
+    ``kv_ms`` interpolated over ``kv_bs`` in log2(bs) (no term: the table alone)."""
 
     table: object
     ref_context: int = 0
-    kv_ms_per_token: float = 0.0
+    kv_bs: tuple = ()
+    kv_ms: tuple = ()
+    source: str = "table"
+
+    def kv_ms_per_token(self, bs: int) -> float:
+        if not self.kv_bs:
+            return 0.0
+        return float(np.interp(np.log2(max(int(bs), 1)), np.log2(np.asarray(self.kv_bs, float)), self.kv_ms))
 
     def step_ms(self, bs: int, batch_tokens: int, context_sum: Optional[int] = None) -> float:
         ms = self.table.step_seconds(int(bs), int(batch_tokens) - int(bs)) * 1e3
-        if context_sum is not None and self.kv_ms_per_token:
-            ms += self.kv_ms_per_token * (int(context_sum) - int(bs) * self.ref_context)
+        if context_sum is not None and self.kv_bs:
+            ms += self.kv_ms_per_token(bs) * (int(context_sum) - int(bs) * self.ref_context)
         return ms
 
     @classmethod
     def from_profile(cls, table, table_path) -> "StepClock":
-        """The table and, when its provenance manifest (``<table>.manifest.json``) is beside it, the context term."""
+        """The table plus, from its provenance manifest (``<table>.manifest.json``) when present, the context
+        term: the measured sweep (``context_term``) or else the analytic K/V-read bound."""
         import json
         from pathlib import Path
 
@@ -294,7 +324,11 @@ class StepClock:
         if not man.is_file():
             return cls(table)
         m = json.loads(man.read_text(encoding="utf-8"))
-        return cls(table, int(m["context_len"]), kv_ms_per_context_token(m))
+        ct = m.get("context_term")
+        if ct:
+            return cls(table, int(ct["ref_context"]), tuple(ct["bs"]), tuple(ct["ms_per_context_token"]),
+                       "context sweep")
+        return cls(table, int(m["context_len"]), (1,), (kv_ms_per_context_token(m),), "K/V bandwidth bound")
 
 
 def _errs(rows: list, key: str) -> dict:
