@@ -420,9 +420,10 @@ def build_report(
         virtual = "modeled_step_ms" in steps and steps["modeled_step_ms"].notna().any()
         if mape is not None and virtual:
             headline["cost_mape"] = mape
-            findings.append(Finding("info", "cost", f"virtual clock: the planner's predicted step time matches the "
-                                    f"cost profile's modeled step time ({mape:.1%} mean absolute, by construction on "
-                                    "compact steps); the profile itself is checked against the GPU in the curve "
+            findings.append(Finding("info", "cost", f"virtual clock: the planner's predicted step time (the "
+                                    f"profile's table, measured at its own context length) differs from the modeled "
+                                    f"step time (the table + the requests' own contexts) by {mape:.1%} mean absolute "
+                                    "on compact steps; the clock itself is checked against the GPU in the curve "
                                     "section's cost-profile table"))
         elif mape is not None:
             headline["cost_mape"] = mape
