@@ -549,8 +549,9 @@ def _regime_sections(page: "_Page", reader: Any, runs: pd.DataFrame, compact: st
             cw = reader.regime_by_workload([compact]).set_index("workload")["mean_window"]
             cmp.insert(4, "compact_mean_window", cmp["workload"].map(cw))
         page.add("regime", _table(cmp))
-        page.fig("regime", R.fig_regime(cmp), f"windows and utilization per workload ({html.escape(src)}); grey: "
-                 f"<a href='{R.BLOG_URL}'>SGLang DSpark blog</a> (gsm8k, arena-hard, poetry)")
+        # page.fig escapes its caption: plain text only (the run id and the URL are escaped there)
+        page.fig("regime", R.fig_regime(cmp), f"windows and utilization per workload ({src}); grey: "
+                 f"SGLang DSpark blog, {R.BLOG_URL} (gsm8k, arena-hard, poetry)")
         cfg = _run_config(reader, src)
         page.note("regime", f"served with cost profile {html.escape(str(cfg.get('cost_profile') or cfg.get('sps_path')))}"
                   f" on the {html.escape(str(cfg.get('clock', 'wall')))} clock, batch "
@@ -583,7 +584,8 @@ def _regime_sections(page: "_Page", reader: Any, runs: pd.DataFrame, compact: st
                            "--curve-batches '').")
         return
     page.fig("curve", R.fig_throughput_curve(curve), "decode tokens per modeled second (the cost profile's step "
-             "times for the tokens each step verified); each point is one engine run at that batch")
+             "times for the tokens each step verified and its requests' contexts); each point is one engine run "
+             "at that batch")
     ratios = R.curve_ratios(curve)
     page.add("curve", _table(ratios))
     headline["curve"] = ratios.to_dict("records")
