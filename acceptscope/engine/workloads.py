@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUILTIN = ("math", "code", "chat", "poetry")
-_CORPUS_NAME = {"math": "math", "code": "code", "chat": "chat", "poetry": "verse", "code-stdlib": "code-stdlib"}
+_CORPUS_NAME = {"math": "math", "code": "code", "chat": "chat", "poetry": "verse"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def load_prompts(spec: str, num_requests: int, offset: int = 0) -> list[Prompt]:
         if n == 0:
             pools.append((name, []))
             continue
-        if name in _CORPUS_NAME:
+        if name in BUILTIN:
             texts = builtin_prompts(name, n + offset)
             label = name
         elif name.endswith(".jsonl") or Path(name).exists():
