@@ -497,7 +497,7 @@ def replay_ragged(shape: Shape, window_sets: Sequence[dict], *, gamma: int = 7, 
     (``step_ms``) and with every context at ``ref_context`` (``step_ms_ref_ctx``, the profile's assumption),
     so the error of a table fitted at ``ref_context`` separates into kernel/layout and context parts.
     Draft = the drafter over ``bs * (gamma+1)`` block rows at each request's context; verify = the target
-    over the front-packed ``1 + window`` rows. Attention is FlashAttention-2 varlen on CUDA.
+    over the front-packed ``1 + window`` rows. Attention is FlashAttention-2 varlen on CUDA (grouped heads folded).
     """
     dev = torch.device(device)
     cuda = dev.type == "cuda"
