@@ -28,7 +28,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--audit-group", default=None)
-    ap.add_argument("--windows", default=None, help="write the compact arm's step windows (JSON) here")
+    ap.add_argument("--windows", default=None,
+                    help="write the compact arm's step windows and per-request contexts (JSON) here")
+    ap.add_argument("--with-curve", action="store_true", help="--windows: also the compact curve runs' steps")
     a = ap.parse_args()
     r = Reader(a.db)
     ids = select_runs(r, audit_group=a.audit_group)
@@ -48,12 +50,18 @@ def main() -> int:
     if len(curve):
         print(curve.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if a.windows:
-        df = r.df('SELECT forward_ct, "window" AS w FROM request_steps WHERE run_id = ? ORDER BY forward_ct, '
-                  "req_pool_index", [arm["compact"]])
-        sets = [{"run_id": arm["compact"], "forward_ct": int(fc), "bs": len(g), "windows": [int(x) for x in g.w]}
-                for fc, g in df.groupby("forward_ct", sort=True)]
+        rids = [arm["compact"]] + ([x for x in r.runs()["run_id"] if x.startswith(f"{group}-curve-")
+                                    and x.endswith("-compact")] if a.with_curve else [])
+        sets = []
+        for rid in rids:
+            # per step, in slot order (SGLang front-packs by slot): each request's window and its context
+            # (prefix_len = the tokens already in its K/V cache before this step)
+            df = r.df('SELECT forward_ct, "window" AS w, prefix_len AS c FROM request_steps WHERE run_id = ? '
+                      "ORDER BY forward_ct, req_pool_index", [rid])
+            sets += [{"run_id": rid, "forward_ct": int(fc), "bs": len(g), "windows": [int(x) for x in g.w],
+                      "contexts": [int(x) for x in g.c]} for fc, g in df.groupby("forward_ct", sort=True)]
         Path(a.windows).write_text(json.dumps(sets))
-        print(f"wrote {len(sets)} step window sets to {a.windows}")
+        print(f"wrote {len(sets)} step window sets (windows and contexts) of {len(rids)} runs to {a.windows}")
     return 0
 
 

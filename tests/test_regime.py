@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,9 +144,17 @@ def test_engine_virtual_clock_charges_the_profile_for_executed_tokens(tmp_path):
                                     max_new_tokens=12, max_running_requests=3, cost_profile="h200-qwen3-8b",
                                     db=str(db), run_id=f"v-{arm}", threads=1))
         assert s.clock == "modeled" and s.modeled_s > 0
-        steps = Reader(db).df("SELECT bs, executed_verify_tokens AS x, modeled_step_ms, budget FROM steps "
-                              "WHERE run_id = ?", [f"v-{arm}"])
-        exp = [table.step_seconds(int(r.bs), int(r.x) - int(r.bs)) * 1e3 for r in steps.itertuples()]
+        steps = Reader(db).df("SELECT s.forward_ct, s.bs, s.executed_verify_tokens AS x, s.modeled_step_ms, s.budget, "
+                              "sum(r.prefix_len) AS ctx FROM steps s JOIN request_steps r USING (run_id, forward_ct) "
+                              "WHERE run_id = ? GROUP BY ALL ORDER BY s.forward_ct", [f"v-{arm}"])
+        # the table's time for the executed tokens + the requests' own contexts (prefix_len) relative to the
+        # profiled one, at the manifest's measured per-batch context cost (interpolated in log2 bs)
+        ct = json.loads((PROFILE_DIR / "h200-qwen3-8b.json.manifest.json").read_text())["context_term"]
+        kv = lambda bs: float(np.interp(np.log2(bs), np.log2(ct["bs"]), ct["ms_per_context_token"]))  # noqa: E731
+        exp = [table.step_seconds(int(r.bs), int(r.x) - int(r.bs)) * 1e3
+               + kv(int(r.bs)) * (int(r.ctx) - int(r.bs) * ct["ref_context"]) for r in steps.itertuples()]
+        assert all(e < table.step_seconds(int(r.bs), int(r.x) - int(r.bs)) * 1e3
+                   for e, r in zip(exp, steps.itertuples()))  # the tiny engine's contexts are short of 1024
         assert steps["modeled_step_ms"].tolist() == pytest.approx(exp)
         assert s.modeled_s == pytest.approx(sum(exp) / 1e3)
         out[arm] = steps
@@ -153,6 +162,71 @@ def test_engine_virtual_clock_charges_the_profile_for_executed_tokens(tmp_path):
     assert (out["cap-accept"]["x"] == out["cap-accept"]["bs"] * 5).all()
     cfg = json.loads(Reader(db).df("SELECT config_json FROM runs WHERE run_id = 'v-compact'")["config_json"][0])
     assert cfg["clock"] == "modeled" and cfg["sps_path"].endswith("h200-qwen3-8b.json")
+    assert cfg["clock_ref_context"] == 1024 and cfg["clock_context_term"] == "context sweep"
+
+
+def test_varlen_layout_packs_each_request_behind_its_own_context():
+    lay = gp.varlen_layout([2, 1, 3], [4, 0, 2])
+    assert lay["cu_q"] == [0, 2, 3, 6] and lay["cu_k"] == [0, 6, 7, 12]
+    assert lay["pos"] == [4, 5, 0, 2, 3, 4] and lay["kidx"] == [4, 5, 6, 9, 10, 11]
+    with pytest.raises(ValueError, match="bad request layout"):
+        gp.varlen_layout([0], [3])
+
+
+def test_varlen_stack_reads_only_each_requests_own_segment():
+    """Changing another request's context rows leaves a request's attention output unchanged."""
+    torch.manual_seed(0)
+    s = gp.get_shape("tiny")
+    lay = gp.varlen_layout([2, 3], [4, 2])
+    st = gp.VarlenStack(gp.Decoder(s, 1, 1, 1, 3, torch.device("cpu"), torch.float32), 32, 8)
+    q = torch.randn(5, s.heads, s.head_dim)
+    a = gp._attn_varlen_ref(q, st.kc[0], st.vc[0], lay["cu_q"], lay["cu_k"], st.scale)
+    st.kc[0][6:9] += 5.0  # request 1's context
+    b = gp._attn_varlen_ref(q, st.kc[0], st.vc[0], lay["cu_q"], lay["cu_k"], st.scale)
+    torch.testing.assert_close(a[:2], b[:2])
+    assert not torch.allclose(a[2:], b[2:])
+    # request 0 against a hand-written softmax over its 6 keys (4 context + 2 block rows)
+    grp = s.heads // s.kv_heads
+    K, V = st.kc[0][0:6].repeat_interleave(grp, 1), st.vc[0][0:6].repeat_interleave(grp, 1)
+    ref = torch.softmax(torch.einsum("thd,khd->htk", q[:2], K) * st.scale, -1)
+    torch.testing.assert_close(a[:2], torch.einsum("htk,khd->thd", ref, V), rtol=1e-4, atol=1e-5)
+
+
+def test_ragged_replay_times_recorded_contexts_and_the_reference_context_on_cpu():
+    gp._VFNS["attn"] = "reference"
+    sets = [{"windows": [3, 0], "contexts": [5, 12], "run_id": "r"}, {"windows": [7], "contexts": [20]}]
+    out = gp.replay_ragged(gp.get_shape("tiny"), sets, gamma=7, draft_layers=1, ref_context=16, reps=1,
+                           device="cpu", log=lambda m: None)
+    r = out["replays"]
+    assert [x["batch_tokens"] for x in r] == [5, 8] and [x["context_sum"] for x in r] == [17, 20]
+    assert r[0]["run_id"] == "r" and all(x["step_ms"] > 0 and x["step_ms_ref_ctx"] > 0 for x in r)
+    with pytest.raises(ValueError, match="contexts"):
+        gp.replay_ragged(gp.get_shape("tiny"), [{"windows": [1], "contexts": []}], device="cpu")
+
+
+def test_vclock_check_separates_the_context_term():
+    t = sps_mod.SpsTableAdditive(0.010, [1, 64], [0.0, 0.004], [1, 512], [0.0, 0.010])
+    clock = profiler.StepClock(t, ref_context=1024, kv_bs=(1, 256), kv_ms=(1e-4, 1e-4))
+    base = t.step_seconds(64, 100) * 1e3
+    meas = base - 1e-4 * 64 * (1024 - 50)  # exactly the clock's context-aware time
+    r = profiler.vclock_check([{"bs": 64, "batch_tokens": 164, "context_sum": 64 * 50, "step_ms": meas,
+                                "step_ms_ref_ctx": base}], t, clock)
+    assert r["clock"]["median_rel_err"] == pytest.approx(0, abs=1e-12)
+    assert r["ref_ctx"]["median_rel_err"] == pytest.approx(0, abs=1e-12)
+    assert r["mean_bias_rel"] > 0  # the table alone over-predicts short contexts
+
+
+def test_context_term_is_fitted_per_batch_from_the_sweep():
+    rows = [{"bs": bs, "context_sum": bs * c, "step_ms": 10.0 + k * bs * (c - 1024), "step_ms_ref_ctx": 10.0}
+            for bs, k in ((1, 1e-3), (64, 7e-5)) for c in (64, 256)]
+    ct = profiler.fit_context_term(rows, 1024)
+    assert ct["bs"] == [1, 64] and ct["ms_per_context_token"] == pytest.approx([1e-3, 7e-5])
+    clock = profiler.StepClock(sps_mod.SpsTableAdditive(0.010, [1, 64], [0.0, 0.004], [1, 512], [0.0, 0.010]),
+                               1024, tuple(ct["bs"]), tuple(ct["ms_per_context_token"]))
+    assert clock.kv_ms_per_token(8) == pytest.approx(1e-3 + (7e-5 - 1e-3) * 0.5)  # halfway in log2 bs
+    assert clock.kv_ms_per_token(512) == pytest.approx(7e-5)  # clamped
+    with pytest.raises(ValueError, match="no step"):
+        profiler.fit_context_term([{"bs": 1, "context_sum": 1024, "step_ms": 1, "step_ms_ref_ctx": 1}], 1024)
 
 
 def test_unknown_cost_profile_names_the_shipped_ones():
@@ -164,7 +238,7 @@ def test_audit_defaults_put_the_regime_in_force():
     from acceptscope.audit import AUDIT_DEFAULTS, effective_options
 
     o = effective_options({})
-    assert o == {"cost_profile": AUDIT_DEFAULTS["cost_profile"], "max_running_requests": 64, "sts": "calibrate"}
+    assert o == {"cost_profile": AUDIT_DEFAULTS["cost_profile"], "max_running_requests": 256, "sts": "calibrate"}
     assert "cost_profile" not in effective_options({"sps": "default"})
     assert "cost_profile" not in effective_options({"cost_profile": "none"})
     assert "sts" not in effective_options({"sts": "none"})

@@ -229,8 +229,12 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
         sts_table.check_gamma(gamma, str(sp))
         sts_bytes = Path(sp).read_bytes()
         sts_hash = hashlib.sha256(sts_bytes).hexdigest()  # = sts_mod.file_sha256 = ingest's table_hash
+    clock = None
     if config.cost_profile:
+        from acceptscope.engine.profiler import StepClock
+
         sps_table, sps_path = _load_sps(str(resolve_cost_profile(config.cost_profile)))
+        clock = StepClock.from_profile(sps_table, sps_path)
     else:
         sps_table, sps_path = _load_sps(config.sps)
     sps_bytes = Path(sps_path).read_bytes() if sps_path else None
@@ -262,7 +266,9 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
         store = Store(config.db)
         cfg = asdict(config)
         cfg.update(gamma=gamma, target=str(tpath), drafter=str(dpath), sps_path=sps_path,
-                   torch_threads=torch.get_num_threads(), clock="modeled" if config.cost_profile else "wall")
+                   torch_threads=torch.get_num_threads(), clock="modeled" if config.cost_profile else "wall",
+                   clock_ref_context=clock.ref_context if clock else None,
+                   clock_context_term=clock.source if clock else None)
         store.append({schema.RUNS.name: [{
             "run_id": run_id, "arm": config.arm, "engine": "reference", "gamma": gamma,
             "temperature": config.temperature, "target_model": str(tpath), "draft_model": str(dpath),
@@ -284,7 +290,7 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
     engine = Engine(model, drafter, mode=config.arm, gamma=gamma, max_running_requests=config.max_running_requests,
                     max_seq_len=max_len, eos_token_id=eos, sts=sts_table, sps=sps_table, lag_steps=config.lag_steps,
                     seed=config.seed, per_position=config.per_position, sink=sink, run_id=run_id,
-                    window_replay=window_replay, clock_table=sps_table if config.cost_profile else None)
+                    window_replay=window_replay, clock_table=clock)
     t0 = time.perf_counter()
     results = engine.run(specs, progress=progress)
     wall = time.perf_counter() - t0

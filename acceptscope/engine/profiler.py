@@ -253,21 +253,116 @@ def write_measured_profile(doc: dict, out, *, shape: Optional[str] = None, mbin:
     return man
 
 
-def vclock_check(replays: Sequence[dict], table) -> dict:
+def kv_ms_per_context_token(manifest: dict) -> float:
+    """Milliseconds one more context token adds to a step: its K and V bytes, read once by every target and
+    draft layer (a request's rows share one flash tile), over the profile session's measured HBM bandwidth.
+
+    Analytic (shape + measured bandwidth), not fitted to any step time: the table is measured at one
+    ``context_len``, the engine's requests hold their own contexts.
+    """
+    sh = manifest["shape"]
+    layers = int(manifest["target_layers"]) + int(manifest.get("draft_layers") or 0)
+    bw = (manifest.get("bound") or {}).get("bandwidth_bytes_per_s") or \
+        (manifest.get("provenance") or {}).get("copy_bandwidth_bytes_per_s")
+    if not bw:
+        raise ValueError("cost profile manifest: no measured bandwidth (bound.bandwidth_bytes_per_s)")
+    return 2 * 2 * int(sh["kv_heads"]) * int(sh["head_dim"]) * layers / float(bw) * 1e3
+
+
+def fit_context_term(rows: Sequence[dict], ref_context: int) -> dict:
+    """Per-batch cost of one context token, from a GPU context sweep (``gpu_profile`` varlen replays of
+    uniform layouts timed at their own contexts and at ``ref_context``): per ``bs`` the least-squares slope
+    of ``step_ms - step_ms_ref_ctx`` on ``context_sum - bs * ref_context`` (through the origin).
+
+    Small batches are latency-bound (one tile per request and KV head scans the context serially, so a
+    token costs about ``1/bs`` of a single request's), large ones bandwidth-bound; hence one slope per bs.
+    """
+    by: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        dx = int(r["context_sum"]) - int(r["bs"]) * int(ref_context)
+        if dx:
+            by.setdefault(int(r["bs"]), []).append((dx, float(r["step_ms"]) - float(r["step_ms_ref_ctx"])))
+    if not by:
+        raise ValueError("context sweep: no step timed at a context other than the reference")
+    bss = sorted(by)
+    k = [sum(x * y for x, y in by[b]) / sum(x * x for x, _ in by[b]) for b in bss]
+    return {"ref_context": int(ref_context), "bs": bss, "ms_per_context_token": k,
+            "cells": sum(len(v) for v in by.values())}
+
+
+@dataclass(frozen=True)
+class StepClock:
+    """The virtual clock: the profile's table for (bs, verify tokens), plus the cost of the requests' own
+    contexts relative to the table's ``ref_context``: ``kv_ms[bs] * (sum of contexts - bs * ref_context)``,
+    ``kv_ms`` interpolated over ``kv_bs`` in log2(bs) (no term: the table alone)."""
+
+    table: object
+    ref_context: int = 0
+    kv_bs: tuple = ()
+    kv_ms: tuple = ()
+    source: str = "table"
+
+    def kv_ms_per_token(self, bs: int) -> float:
+        if not self.kv_bs:
+            return 0.0
+        return float(np.interp(np.log2(max(int(bs), 1)), np.log2(np.asarray(self.kv_bs, float)), self.kv_ms))
+
+    def step_ms(self, bs: int, batch_tokens: int, context_sum: Optional[int] = None) -> float:
+        ms = self.table.step_seconds(int(bs), int(batch_tokens) - int(bs)) * 1e3
+        if context_sum is not None and self.kv_bs:
+            ms += self.kv_ms_per_token(bs) * (int(context_sum) - int(bs) * self.ref_context)
+        return ms
+
+    @classmethod
+    def from_profile(cls, table, table_path) -> "StepClock":
+        """The table plus, from its provenance manifest (``<table>.manifest.json``) when present, the context
+        term: the measured sweep (``context_term``) or else the analytic K/V-read bound."""
+        import json
+        from pathlib import Path
+
+        man = Path(str(table_path) + ".manifest.json")
+        if not man.is_file():
+            return cls(table)
+        m = json.loads(man.read_text(encoding="utf-8"))
+        ct = m.get("context_term")
+        if ct:
+            return cls(table, int(ct["ref_context"]), tuple(ct["bs"]), tuple(ct["ms_per_context_token"]),
+                       "context sweep")
+        return cls(table, int(m["context_len"]), (1,), (kv_ms_per_context_token(m),), "K/V bandwidth bound")
+
+
+def _errs(rows: list, key: str) -> dict:
+    e = np.array([x[key] for x in rows])
+    a = np.abs(e)
+    return {"median_rel_err": float(np.median(a)), "p90_rel_err": float(np.quantile(a, 0.9)),
+            "max_rel_err": float(a.max()), "mean_bias_rel": float(e.mean())}
+
+
+def vclock_check(replays: Sequence[dict], table, clock: Optional[StepClock] = None) -> dict:
     """Virtual clock vs measured GPU step time on replayed window sets.
 
-    ``replays``: ``gpu_profile`` replay rows (``bs``, ``batch_tokens``, ``step_ms``); the prediction is the
-    table's step time for ``bs`` requests verifying ``batch_tokens`` tokens, exactly what the engine's
-    virtual clock charges a step.
+    ``replays``: ``gpu_profile`` replay rows (``bs``, ``batch_tokens``, ``step_ms``; from a varlen replay also
+    ``context_sum`` and ``step_ms_ref_ctx``, the same step with every context at the table's). The table's
+    prediction is its step time for ``bs`` requests verifying ``batch_tokens`` tokens; with ``clock`` (and
+    contexts) also the context-aware clock's prediction (``rel_err_clock``). Errors are (pred - meas) / meas.
     """
     rows = []
     for r in replays:
         pred = table.step_seconds(int(r["bs"]), int(r["batch_tokens"]) - int(r["bs"])) * 1e3
-        rows.append({**{k: r[k] for k in ("bs", "batch_tokens", "step_ms") if k in r},
-                     "predicted_ms": pred, "rel_err": (pred - r["step_ms"]) / r["step_ms"]})
+        row = {**{k: r[k] for k in ("bs", "batch_tokens", "context_sum", "step_ms", "step_ms_ref_ctx") if k in r},
+               "predicted_ms": pred, "rel_err": (pred - r["step_ms"]) / r["step_ms"]}
+        if "step_ms_ref_ctx" in r:
+            row["rel_err_ref_ctx"] = (pred - r["step_ms_ref_ctx"]) / r["step_ms_ref_ctx"]
+        if clock is not None and "context_sum" in r:
+            pc = clock.step_ms(r["bs"], r["batch_tokens"], r["context_sum"])
+            row["predicted_clock_ms"] = pc
+            row["rel_err_clock"] = (pc - r["step_ms"]) / r["step_ms"]
+        rows.append(row)
     if not rows:
         raise ValueError("no replayed steps")
-    e = np.array([x["rel_err"] for x in rows])
-    a = np.abs(e)
-    return {"steps": len(rows), "median_rel_err": float(np.median(a)), "p90_rel_err": float(np.quantile(a, 0.9)),
-            "max_rel_err": float(a.max()), "mean_bias_rel": float(e.mean()), "rows": rows}
+    out = {"steps": len(rows), **_errs(rows, "rel_err")}
+    for key in ("rel_err_ref_ctx", "rel_err_clock"):
+        if all(key in x for x in rows):
+            out[key.removeprefix("rel_err_")] = _errs(rows, key)
+    out["rows"] = rows
+    return out

@@ -27,7 +27,9 @@ Serving semantics follow SGLang 0.5.23's DSpark worker:
 
 Timings are host wall times (CPU), and with a ``clock_table`` (a cost profile) each step also
 gets a *modeled* time (``modeled_step_ms``): the profile's prediction for the verify tokens the
-step executed, so throughput on a CPU describes the profiled GPU regime. Wall times: ``draft_gpu_ms`` around ``propose``,
+step executed, plus (when the profile's manifest gives its context length and bandwidth) the K/V
+reads of the requests' own contexts relative to the profiled one (:class:`profiler.StepClock`),
+so throughput on a CPU describes the profiled GPU regime. Wall times: ``draft_gpu_ms`` around ``propose``,
 ``target_verify_gpu_ms`` around the target verify forward, ``step_gpu_ms`` from draft
 start to the end of commit, ``step_cpu_ms`` between consecutive decode-step ends (None
 right after a prefill pass or above 1 s, as SGLang records it).
@@ -48,6 +50,7 @@ import torch
 from acceptscope import schema
 from acceptscope.engine import sts as sts_mod
 from acceptscope.engine.kv import CachedTarget, pack
+from acceptscope.engine.profiler import StepClock
 from acceptscope.engine.sampling import sample_tokens
 from acceptscope.engine.scheduler import DEFAULT_LAG_STEPS, LaggedSurvival, schedule_step
 from acceptscope.engine.sps import SpsTable, uninitialized_table
@@ -136,7 +139,7 @@ class Engine:
         sink: Optional[TelemetrySink] = None,
         run_id: str = "run",
         window_replay: Optional[Mapping[str, Sequence[int]]] = None,
-        clock_table: Optional[SpsTable] = None,
+        clock_table: Optional[SpsTable | StepClock] = None,
     ):
         self.mode = check_mode(mode)
         self.drafter = drafter
@@ -172,7 +175,8 @@ class Engine:
         self.window_replay = window_replay
         # virtual clock: each decode step lasts what this cost profile predicts for the verify tokens
         # the step actually executed (compact: sum of verify_len; cap-accept / static: bs * (gamma+1))
-        self.clock_table = clock_table
+        self.clock_table = None if clock_table is None else (
+            clock_table if isinstance(clock_table, StepClock) else StepClock(clock_table))
         self.modeled_s = 0.0
         self.forward_ct = 0
         self.decode_steps = 0
@@ -364,7 +368,7 @@ class Engine:
         t4 = time.perf_counter()
         modeled_ms = None
         if self.clock_table is not None:
-            modeled_ms = self.clock_table.step_seconds(B, vr.executed_tokens - B) * 1e3
+            modeled_ms = self.clock_table.step_ms(B, vr.executed_tokens, sum(prefix_lens))
             self.modeled_s += modeled_ms / 1e3
         self.decode_steps += 1
         sched_tokens = int(B + windows.sum())
