@@ -16,6 +16,7 @@ from acceptscope.cli._common import (
     emit_json,
     open_store_read_only,
     unreadable_db,
+    require_extra,
 )
 
 HELP = """Run the estimators on one run (or every run) of a telemetry database.
@@ -149,13 +150,8 @@ def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, see
     if not lake.is_dir():
         console.print(f"[red]{lake}: no such lake directory[/red]")
         raise typer.Exit(EXIT_USAGE)
-    try:
-        import pyspark  # noqa: F401  (estimators.spark imports it lazily)
-
-        from estimators.spark import estimate_lake
-    except ImportError as e:
-        console.print(f"[red]--engine spark needs pyspark (pip install 'acceptscope[spark]'): {e}[/red]")
-        raise typer.Exit(EXIT_USAGE)
+    require_extra("estimate --lake", "spark")
+    from estimators.spark import estimate_lake  # here, not at the top: pyspark is the optional [spark] extra
     try:
         out = estimate_lake(lake, [run] if run else None, master=master, n_boot=n_boot, seed=seed)
     except (FileNotFoundError, KeyError) as e:

@@ -1,0 +1,109 @@
+"""Packaging: the core imports without the optional extras, a command missing one says what to
+install, and misspelled names fail before any model loads.
+
+Each check runs in a fresh interpreter (subprocess), so what this test process already
+imported cannot hide an import-time dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONAL = ("torch", "transformers", "safetensors", "tokenizers", "plotly", "streamlit", "jinja2", "requests",
+            "prometheus_client", "pyspark")
+# the figure library draws with plotly, the [app] extra
+NOT_CORE = {"estimators.figures", "estimators.spark"}
+
+
+def _py(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="80")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+
+
+def test_core_modules_import_no_optional_extra():
+    code = f"""
+import importlib, json, pkgutil, sys
+import estimators, acceptscope.ingest
+mods = ["acceptscope", "acceptscope.cli", "acceptscope.store", "acceptscope.writer", "acceptscope.schema",
+        "acceptscope.export", "acceptscope.engine.sps", "acceptscope.engine.scheduler", "acceptscope.engine.workloads"]
+mods += ["estimators." + m.name for m in pkgutil.iter_modules(estimators.__path__)]
+mods += ["acceptscope.ingest." + m.name for m in pkgutil.iter_modules(acceptscope.ingest.__path__)]
+mods = [m for m in mods if m not in {sorted(NOT_CORE)!r}]
+for m in mods:
+    importlib.import_module(m)
+print(json.dumps({{"n": len(mods), "loaded": [b for b in {OPTIONAL!r} if b in sys.modules]}}))
+"""
+    r = _py(code)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n"] > 25
+    assert out["loaded"] == [], f"core modules import optional extras at import time: {out['loaded']}"
+
+
+_INVOKE = """
+import sys
+for name in sys.argv[1].split(","):
+    if name:
+        sys.modules[name] = None  # this module is not installed (import raises, find_spec gives None)
+from typer.testing import CliRunner
+from acceptscope.cli import app
+r = CliRunner().invoke(app, sys.argv[2:])
+print(r.exit_code, "torch" in sys.modules and sys.modules["torch"] is not None)
+print(r.output)
+"""
+
+
+@pytest.mark.parametrize("argv, extra", [
+    (["run", "--workload", "math", "--requests", "1"], "engine"),
+    (["train", "eval"], "engine"),
+    (["report", "--db", "x.duckdb"], "app"),
+    (["dashboard", "--db", "x.duckdb"], "app"),
+    (["live", "drive", "--url", "http://127.0.0.1:9"], "live"),
+])
+def test_missing_extra_names_the_pip_command(argv, extra):
+    hide = {"engine": "torch", "app": "plotly", "live": "prometheus_client"}[extra]
+    r = _py(_INVOKE, hide, *argv)
+    assert r.returncode == 0, r.stderr
+    code, _ = r.stdout.split("\n", 1)[0].split()
+    assert code == "2", r.stdout
+    flat = " ".join(r.stdout.split())
+    assert f"pip install 'acceptscope[{extra}]'" in flat and "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--workload", "bogus"], "unknown workload 'bogus'"),
+    (["run", "--arm", "compactt"], "--arm 'compactt': expected one of compact, cap-accept, static"),
+    (["run", "--workload", "math,missing.jsonl"], "missing.jsonl: workload file not found"),
+    (["audit", "--workload", "bogus"], "unknown workload 'bogus'"),
+    (["audit", "--cost-profile", "h100-nope"], "cost profile 'h100-nope'"),
+])
+def test_bad_names_fail_before_any_model_loads(argv, message):
+    r = _py(_INVOKE, "", *argv)
+    assert r.returncode == 0, r.stderr
+    code, torch_loaded = r.stdout.split("\n", 1)[0].split()
+    assert code == "2" and torch_loaded == "False", r.stdout
+    assert message in " ".join(r.stdout.split())
+
+
+def test_pyproject_extras_and_typed_marker():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    core = " ".join(meta["project"]["dependencies"])
+    extras = meta["project"]["optional-dependencies"]
+    for heavy in ("torch", "transformers", "streamlit", "plotly", "prometheus-client", "requests"):
+        assert heavy not in core, f"{heavy} is a core dependency"
+    from acceptscope.cli._common import EXTRAS
+
+    for extra in ("engine", "app", "live", "spark"):
+        declared = " ".join(extras[extra]).replace("-", "_").lower()
+        assert all(m in declared for m in EXTRAS[extra]), (extra, EXTRAS[extra], extras[extra])
+    assert (ROOT / "acceptscope" / "py.typed").is_file()
+    assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["acceptscope"]
