@@ -107,3 +107,18 @@ def test_pyproject_extras_and_typed_marker():
         assert all(m in declared for m in EXTRAS[extra]), (extra, EXTRAS[extra], extras[extra])
     assert (ROOT / "acceptscope" / "py.typed").is_file()
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["acceptscope"]
+
+
+def test_fixture_models_resolve_from_acceptscope_home(tmp_path, monkeypatch):
+    """An installed wheel has no checkout beside it: $ACCEPTSCOPE_HOME comes before the checkout."""
+    from acceptscope.engine import REPO_ROOT, data_roots, resolve_model_path
+
+    home = tmp_path / "home"
+    (home / "fixtures" / "models" / "target").mkdir(parents=True)
+    (home / "fixtures" / "models" / "target" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCEPTSCOPE_HOME", str(home))
+    assert data_roots() == [tmp_path, home, REPO_ROOT]
+    assert resolve_model_path("fixtures/models/target") == home / "fixtures" / "models" / "target"
+    monkeypatch.delenv("ACCEPTSCOPE_HOME")
+    assert resolve_model_path("fixtures/models/target") == REPO_ROOT / "fixtures" / "models" / "target"
