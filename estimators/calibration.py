@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
@@ -222,7 +224,6 @@ class StsCalibrator:
 
 def check_sglang_sts(text: str, gamma: int | None = None) -> list[float]:
     """Decode with SGLang 0.5.23's rules (msgspec struct, unknown keys ignored, T > 0, length gamma)."""
-    import msgspec
 
     class _Sts(msgspec.Struct, frozen=True):
         temperatures: list[float]
@@ -265,7 +266,7 @@ class CalibrationResult:
                     metrics=self.metrics.to_dict("records"), notes=self.notes)
 
     def figure(self, positions=None):
-        from estimators.figures import reliability_figure
+        from estimators.figures import reliability_figure  # plotly: the optional [app] extra
 
         return reliability_figure(self.reliability, positions=positions, title=f"STS reliability (label: {self.label})")
 
@@ -273,8 +274,6 @@ class CalibrationResult:
 def compare(train: CalData, test: CalData, methods=METHODS, n_boot: int = 200, seed: int = 0,
             extra_fits: dict | None = None) -> CalibrationResult:
     """Fit each method on ``train``, score before/after on ``test`` (the same label)."""
-    import time
-
     temps, secs = {}, {}
     for m in methods:
         t0 = time.perf_counter()

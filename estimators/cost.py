@@ -85,7 +85,7 @@ class CostResult:
         return {k: v for k, v in self.__dict__.items() if k != "predictions"}
 
     def figure(self):
-        from estimators.figures import pred_vs_measured_figure
+        from estimators.figures import pred_vs_measured_figure  # plotly: the optional [app] extra
 
         return pred_vs_measured_figure(self.predictions, title="SPS additive cost model: predicted vs measured step time")
 

@@ -31,6 +31,7 @@ import pandas as pd
 
 from acceptscope.engine.scheduler import compute_budget
 from acceptscope.engine.sps import SpsTable
+from estimators.bootstrap import group_codes
 from estimators.frame import BlockFrame
 
 def budget_rule(S_lag: np.ndarray, table: SpsTable) -> dict:
@@ -91,7 +92,7 @@ class PlannerAudit:
         return dict(summary=self.summary, notes=self.notes)
 
     def figure(self):
-        from estimators.figures import budget_audit_figure
+        from estimators.figures import budget_audit_figure  # plotly: the optional [app] extra
 
         return budget_audit_figure(self.per_step)
 
@@ -106,8 +107,6 @@ def audit(request_steps, steps: pd.DataFrame, table: SpsTable, ceiling_estimate:
     S_lag, fresh = lagged_survival(frame, steps)
     df = frame.df
     key = ["run_id", "rank", "epoch", "forward_ct"]
-    from estimators.bootstrap import group_codes
-
     codes, uniq = group_codes(df, key)  # integer codes per decode step (no per-row string join)
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
