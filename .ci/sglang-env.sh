@@ -28,19 +28,20 @@ PY="${PYTHON:-python3}"
 # shellcheck source=../scripts/pip-quiet.sh
 source "$ROOT/scripts/pip-quiet.sh"
 
-# 1. torch: the 2.13.0 CPU build on this machine's disk (pip's configured find-links), as in
-#    .venv. sglang 0.5.23 pins 2.14.1, but the only 2.14.1 here is the CUDA build, which
-#    pulls 17 nvidia-* wheels (6.4 GB); the DSpark recorders run on the CPU build. No
-#    torchvision: nothing on the recorders' import chain imports it.
-pip_install "$VENV/bin/python" "torch==2.13.0"
+# 1. torch 2.14.1 + torchvision 0.29.1, as sglang 0.5.23 pins them (these releases lie on this
+#    machine's disk). They are the CUDA builds and pull 17 nvidia-* wheels (~6 GB): the CPU
+#    build here (2.13.0+cpu) runs the recorders, but sglang's import chain reaches
+#    torchvision (srt/multimodal/internvl_utils.py) and no CPU torchvision exists here (PyPI's
+#    0.28.0 beside 2.13.0+cpu fails: "operator torchvision::nms does not exist").
+pip_install "$VENV/bin/python" "torch==2.14.1" "torchvision==0.29.1"
 
 # 2. In one resolver run: the import chain of srt/speculative/dspark_components/
 #    {dspark_observability,dspark_block_accept_estimator,dspark_sts,dspark_sps}.py and
-#    benchmark/dspark_* (sglang/srt/utils/common.py imports triton at its top: 3.8.0 is the
-#    release torch 2.14.1 pairs with), and acceptscope's core + test deps.
+#    benchmark/dspark_* (found by trying the imports; see docs in the reference §10), and
+#    acceptscope's core + test deps.
 pip_install "$VENV/bin/python" \
-  "triton==3.8.0" msgspec orjson psutil pybase64 requests packaging pillow starlette \
-  pydantic pyzmq tqdm IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" \
+  msgspec orjson psutil pybase64 requests packaging pillow starlette \
+  pydantic pyzmq tqdm IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" triton \
   sentencepiece compressed-tensors gguf openai partial-json-parser einops \
   setproctitle uvicorn fastapi numpy \
   duckdb pyarrow pandas rich typer hypothesis pytest
@@ -50,13 +51,7 @@ pip_install "$VENV/bin/python" \
 #    we leave out on purpose after every later install.
 pip_install "$VENV/bin/python" --no-deps "sglang==0.5.23" -e "$ROOT"
 
-# 4. CPU only: drop what no CPU import touches (the tier would be 2.5 GB with them):
-#    triton's CUDA toolchain (ptxas, cupti: compiled kernels only; `import triton` loads
-#    its Python backends, not these), torch's C++ test binaries and extension headers.
-SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-rm -rf "$SITE/triton/backends/nvidia/bin" "$SITE/triton/backends/nvidia/lib" "$SITE/torch/test" "$SITE/torch/include"
-
-# 5. Verify the modules the tier drives import.
+# 4. Verify the modules the tier drives import.
 "$VENV/bin/python" - <<'EOF'
 import importlib
 for m in (
