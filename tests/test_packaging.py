@@ -49,49 +49,67 @@ print(json.dumps({{"n": len(mods), "loaded": [b for b in {OPTIONAL!r} if b in sy
     assert out["loaded"] == [], f"core modules import optional extras at import time: {out['loaded']}"
 
 
-_INVOKE = """
-import sys
-for name in sys.argv[1].split(","):
-    if name:
-        sys.modules[name] = None  # this module is not installed (import raises, find_spec gives None)
-from typer.testing import CliRunner
-from acceptscope.cli import app
-r = CliRunner().invoke(app, sys.argv[2:])
-print(r.exit_code, "torch" in sys.modules and sys.modules["torch"] is not None)
-print(r.output)
-"""
-
-
-@pytest.mark.parametrize("argv, extra", [
+_MISSING_EXTRA = [
     (["run", "--workload", "math", "--requests", "1"], "engine"),
     (["train", "eval"], "engine"),
     (["report", "--db", "x.duckdb"], "app"),
     (["dashboard", "--db", "x.duckdb"], "app"),
     (["live", "drive", "--url", "http://127.0.0.1:9"], "live"),
-])
-def test_missing_extra_names_the_pip_command(argv, extra):
-    hide = {"engine": "torch", "app": "plotly", "live": "prometheus_client"}[extra]
-    r = _py(_INVOKE, hide, *argv)
-    assert r.returncode == 0, r.stderr
-    code, _ = r.stdout.split("\n", 1)[0].split()
-    assert code == "2", r.stdout
-    flat = " ".join(r.stdout.split())
-    assert f"pip install 'acceptscope[{extra}]'" in flat and "Traceback" not in r.stdout + r.stderr
-
-
-@pytest.mark.parametrize("argv, message", [
+]
+_BAD_NAMES = [
     (["run", "--workload", "bogus"], "unknown workload 'bogus'"),
     (["run", "--arm", "compactt"], "--arm 'compactt': expected one of compact, cap-accept, static"),
     (["run", "--workload", "math,missing.jsonl"], "missing.jsonl: workload file not found"),
     (["audit", "--workload", "bogus"], "unknown workload 'bogus'"),
     (["audit", "--cost-profile", "h100-nope"], "cost profile 'h100-nope'"),
-])
-def test_bad_names_fail_before_any_model_loads(argv, message):
-    r = _py(_INVOKE, "", *argv)
+]
+_HIDE = {"engine": "torch", "app": "plotly", "live": "prometheus_client"}
+
+# One fresh interpreter runs every case (the names first, so "torch never loaded" covers all).
+_INVOKE = """
+import json, sys, time
+from typer.testing import CliRunner
+from acceptscope.cli import app
+out = []
+for hide, argv in json.loads(sys.argv[1]):
+    saved = {n: sys.modules.get(n) for n in hide}
+    for n in hide:
+        sys.modules[n] = None  # this module is not installed: import raises, find_spec gives None
+    t = time.perf_counter()
+    r = CliRunner().invoke(app, argv)
+    out.append({"code": r.exit_code, "output": r.output, "s": time.perf_counter() - t,
+                "torch": sys.modules.get("torch") is not None})
+    for n, m in saved.items():
+        if m is None:
+            del sys.modules[n]
+        else:
+            sys.modules[n] = m
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def cli_results():
+    cases = [([], argv) for argv, _ in _BAD_NAMES] + [([_HIDE[extra]], argv) for argv, extra in _MISSING_EXTRA]
+    r = _py(_INVOKE, json.dumps(cases))
     assert r.returncode == 0, r.stderr
-    code, torch_loaded = r.stdout.split("\n", 1)[0].split()
-    assert code == "2" and torch_loaded == "False", r.stdout
-    assert message in " ".join(r.stdout.split())
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return res[:len(_BAD_NAMES)], res[len(_BAD_NAMES):]
+
+
+@pytest.mark.parametrize("i", range(len(_MISSING_EXTRA)), ids=[" ".join(a[:2]) for a, _ in _MISSING_EXTRA])
+def test_missing_extra_names_the_pip_command(cli_results, i):
+    got, extra = cli_results[1][i], _MISSING_EXTRA[i][1]
+    flat = " ".join(got["output"].split())
+    assert got["code"] == 2, got
+    assert f"pip install 'acceptscope[{extra}]'" in flat and "Traceback" not in got["output"]
+
+
+@pytest.mark.parametrize("i", range(len(_BAD_NAMES)), ids=[" ".join(a) for a, _ in _BAD_NAMES])
+def test_bad_names_fail_before_any_model_loads(cli_results, i):
+    got, message = cli_results[0][i], _BAD_NAMES[i][1]
+    assert got["code"] == 2 and not got["torch"], got
+    assert message in " ".join(got["output"].split())
 
 
 def test_pyproject_extras_and_typed_marker():

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         arm: str = typer.Option("cap-accept", "--arm", help="Verify mode: compact | cap-accept | static."),
         workload: str = typer.Option(
             "mixed", "--workload",
-            help="Comma list of math, code, chat, poetry, 'mixed' (= the four) or {\"turns\":[...]} JSONL paths.",
+            help="Comma list of math, code, chat, poetry, 'mixed' (= the four), shared prompt sets (gsm8k, ...) or {\"turns\":[...]} JSONL paths.",
         ),
         db: Path = typer.Option(Path("acceptscope.duckdb"), "--db", help="DuckDB telemetry file."),
         requests: int = typer.Option(240, "--requests", min=1, help="Number of requests."),
