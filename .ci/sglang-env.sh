@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build /work/main/.venv-sglang: the environment of the `sglang` test tier.
 #
-# Why a second venv: sglang 0.5.23 wants torch 2.14.1 (the main .venv pins the
-# 2.13.0 CPU build) and a long import chain. We install the wheel with --no-deps
+# Why a second venv: sglang 0.5.23's long import chain (and its own pins) stay out
+# of the main .venv. We install the wheel with --no-deps
 # and then exactly the packages its DSpark recorders' import chain needs (found
 # by trying the imports; see docs in the reference §10), plus acceptscope itself.
 #
@@ -25,27 +25,33 @@ fi
 
 PY="${PYTHON:-python3}"
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --progress-bar off -q)
+# shellcheck source=../scripts/pip-quiet.sh
+source "$ROOT/scripts/pip-quiet.sh"
 
-# 1. torch: these releases are on this machine's disk (pip's configured find-links / local index).
-"${PIP[@]}" "torch==2.14.1" "torchvision==0.29.1"
+# 1. torch 2.14.1 + torchvision 0.29.1, as sglang 0.5.23 pins them (these releases lie on this
+#    machine's disk). They are the CUDA builds and pull 17 nvidia-* wheels (~6 GB): the CPU
+#    build here (2.13.0+cpu) runs the recorders, but sglang's import chain reaches
+#    torchvision (srt/multimodal/internvl_utils.py) and no CPU torchvision exists here (PyPI's
+#    0.28.0 beside 2.13.0+cpu fails: "operator torchvision::nms does not exist").
+pip_install "$VENV/bin/python" "torch==2.14.1" "torchvision==0.29.1"
 
-# 2. sglang itself, without its (GPU-server) dependency set.
-"${PIP[@]}" --no-deps "sglang==0.5.23"
-
-# 3. The import chain of srt/speculative/dspark_components/{dspark_observability,
-#    dspark_block_accept_estimator,dspark_sts,dspark_sps}.py and benchmark/dspark_*.
-"${PIP[@]}" \
-  msgspec orjson psutil pybase64 requests triton packaging pillow starlette \
-  pydantic pyzmq tqdm IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" \
+# 2. In one resolver run: the import chain of srt/speculative/dspark_components/
+#    {dspark_observability,dspark_block_accept_estimator,dspark_sts,dspark_sps}.py and
+#    benchmark/dspark_* (found by trying the imports; see docs in the reference §10), and
+#    acceptscope's core + test deps.
+pip_install "$VENV/bin/python" \
+  msgspec orjson psutil pybase64 requests packaging pillow starlette \
+  pydantic pyzmq tqdm IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" triton \
   sentencepiece compressed-tensors gguf openai partial-json-parser einops \
-  setproctitle uvicorn fastapi numpy
+  setproctitle uvicorn fastapi numpy \
+  duckdb pyarrow pandas rich typer hypothesis pytest
 
-# 4. acceptscope (editable, no deps: keep sglang's torch) + its light deps for the tests.
-"${PIP[@]}" duckdb pyarrow pandas rich typer hypothesis pytest msgspec
-"${PIP[@]}" --no-deps -e "$ROOT"
+# 3. sglang without its GPU-server dependency set, and acceptscope (editable) on top. --no-deps
+#    also skips pip's conflict report, which would list sglang's ~60 GPU-server requirements
+#    we leave out on purpose after every later install.
+pip_install "$VENV/bin/python" --no-deps "sglang==0.5.23" -e "$ROOT"
 
-# 5. Verify the modules the tier drives import.
+# 4. Verify the modules the tier drives import.
 "$VENV/bin/python" - <<'EOF'
 import importlib
 for m in (

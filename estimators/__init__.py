@@ -52,11 +52,11 @@ def load_run(store, run_id: str, skip: tuple = ()) -> dict[str, Any]:
     sps_hash = out["run"].get("sps_hash")
     out["sps_table"] = None
     if sps_hash:
-        from estimators.cost import SpsTable
+        from estimators.cost import table_from_long
 
         d = store.query_df("SELECT * FROM sps_tables WHERE table_hash = ?", [sps_hash])
         if len(d):
-            out["sps_table"] = SpsTable.from_long(d)
+            out["sps_table"] = table_from_long(d)
         else:
             # adapter: the reference engine records the hash and the path in config_json but not
             # the table rows; use the file when its sha256 matches the recorded hash
@@ -176,7 +176,7 @@ def _sps_from_config(config_json, sps_hash):
     import hashlib
     from pathlib import Path
 
-    from estimators.cost import SpsTable
+    from acceptscope.engine.sps import parse_sps
 
     try:
         path = Path(json.loads(config_json or "{}").get("sps_path") or "")
@@ -187,7 +187,7 @@ def _sps_from_config(config_json, sps_hash):
     raw = path.read_bytes()
     if hashlib.sha256(raw).hexdigest() != sps_hash:
         return None
-    return SpsTable.from_json(raw.decode("utf-8"))
+    return parse_sps(raw.decode("utf-8"), str(path))
 
 
 def _audit_truth_runs(store, gamma: int, exclude: str, audit_group) -> list[str]:

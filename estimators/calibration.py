@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
-from estimators.calibration_metrics import EPS, position_metrics, reliability_table
+from estimators.calibration_metrics import ece, ece_rows, position_metrics, reliability_table
 from estimators.frame import BlockFrame, padded
 
 METHODS = ("sequential-ece", "smooth-nll", "smooth-brier")
@@ -68,14 +70,8 @@ def survival(z: np.ndarray, temperatures) -> np.ndarray:
 
 
 def _grid_ece(prev: np.ndarray, zk: np.ndarray, yk: np.ndarray, grid: np.ndarray, nb: int) -> np.ndarray:
-    """SGLang's ECE for every grid temperature at once (same arithmetic order per bin)."""
-    P = np.clip(prev[None, :] * _sig(zk[None, :] / grid[:, None]), EPS, 1 - EPS)
-    b = np.clip((P * nb).astype(np.int64), 0, nb - 1) + nb * np.arange(len(grid))[:, None]
-    n = np.bincount(b.ravel(), minlength=nb * len(grid)).reshape(len(grid), nb).astype(float)
-    sp = np.bincount(b.ravel(), weights=P.ravel(), minlength=nb * len(grid)).reshape(len(grid), nb)
-    sy = np.bincount(b.ravel(), weights=np.broadcast_to(yk, P.shape).ravel(), minlength=nb * len(grid)).reshape(len(grid), nb)
-    den = np.maximum(n, 1.0)
-    return (np.abs(sp / den - sy / den) * n).sum(1) / zk.size
+    """SGLang's ECE for every grid temperature at once."""
+    return ece_rows(prev[None, :] * _sig(zk[None, :] / grid[:, None]), yk, nb)
 
 
 def fit_grid(z: np.ndarray, y: np.ndarray, grid: np.ndarray | None = None, num_bins: int = 15) -> dict:
@@ -89,23 +85,13 @@ def fit_grid(z: np.ndarray, y: np.ndarray, grid: np.ndarray | None = None, num_b
     T, before, after = [], [], []
     for k in range(G):
         prev_one = prev_one * _sig(z[:, k])
-        before.append(_ece1(prev_one, y[:, k], num_bins))
+        before.append(ece(prev_one, y[:, k], num_bins))
         e = _grid_ece(prev_fit, z[:, k], y[:, k], grid, num_bins)
         i = int(np.argmin(e))  # first minimum == strict '<' over an ascending grid
         T.append(float(grid[i]))
         after.append(float(e[i]))
         prev_fit = prev_fit * _sig(z[:, k] / grid[i])
     return dict(temperatures=T, ece_before=before, ece_after=after)
-
-
-def _ece1(p, y, nb):
-    p = np.clip(p, EPS, 1 - EPS)
-    b = np.clip((p * nb).astype(np.int64), 0, nb - 1)
-    n = np.bincount(b, minlength=nb).astype(float)
-    sp = np.bincount(b, weights=p, minlength=nb)
-    sy = np.bincount(b, weights=y, minlength=nb)
-    den = np.maximum(n, 1.0)
-    return float((np.abs(sp / den - sy / den) * n).sum() / p.size)
 
 
 def _loss(p, y, kind):
@@ -137,8 +123,8 @@ def fit_smooth(z: np.ndarray, y: np.ndarray, loss: str = "nll", sequential: bool
         T = [float(t) for t in np.exp(r.x)]
     S0 = np.cumprod(_sig(z), 1)
     S1 = survival(z, T)
-    return dict(temperatures=T, ece_before=[_ece1(S0[:, k], y[:, k], num_bins) for k in range(G)],
-                ece_after=[_ece1(S1[:, k], y[:, k], num_bins) for k in range(G)])
+    return dict(temperatures=T, ece_before=[ece(S0[:, k], y[:, k], num_bins) for k in range(G)],
+                ece_after=[ece(S1[:, k], y[:, k], num_bins) for k in range(G)])
 
 
 @dataclass
@@ -238,7 +224,6 @@ class StsCalibrator:
 
 def check_sglang_sts(text: str, gamma: int | None = None) -> list[float]:
     """Decode with SGLang 0.5.23's rules (msgspec struct, unknown keys ignored, T > 0, length gamma)."""
-    import msgspec
 
     class _Sts(msgspec.Struct, frozen=True):
         temperatures: list[float]
@@ -284,8 +269,6 @@ class CalibrationResult:
 def compare(train: CalData, test: CalData, methods=METHODS, n_boot: int = 200, seed: int = 0,
             extra_fits: dict | None = None) -> CalibrationResult:
     """Fit each method on ``train``, score before/after on ``test`` (the same label)."""
-    import time
-
     temps, secs = {}, {}
     for m in methods:
         t0 = time.perf_counter()

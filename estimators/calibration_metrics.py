@@ -49,9 +49,59 @@ def mass_bins(p, num_bins: int = 15) -> np.ndarray:
     return np.searchsorted(edges, p, side="right")
 
 
+def ece_from_sums(n, sp, sy):
+    """ECE from per-bin weight ``n``, prediction sum ``sp`` and label sum ``sy`` (bins on the last axis).
+
+    The one ECE formula: every variant below (and the dashboard's SQL bins) ends here, in
+    SGLang's arithmetic order ``sum_b n_b |sp_b/n_b - sy_b/n_b| / sum_b n_b``.
+    """
+    n, sp, sy = (np.asarray(a, np.float64) for a in (n, sp, sy))
+    den = np.where(n > 0, n, 1.0)
+    tot = n.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (np.abs(sp / den - sy / den) * n).sum(-1) / tot
+    out = np.where(tot > 0, out, np.nan)
+    return float(out) if out.ndim == 0 else out
+
+
 def ece(p, y, num_bins: int = 15, w=None) -> float:
     """Plug-in ECE with equal-width bins (SGLang ``expected_calibration_error``)."""
     return _ece_from_bins(_clamp(p), np.asarray(y, float), width_bins(p, num_bins), num_bins, w)
+
+
+def ece_rows(P, y, num_bins: int = 15) -> np.ndarray:
+    """Equal-width ECE of every row of ``P`` (m, n) against one label vector ``y`` (n,), at once.
+
+    Why: the STS grid fit scores 41 temperatures per position; one bincount beats 41 calls.
+    """
+    P = _clamp(np.atleast_2d(P))
+    m = P.shape[0]
+    b = (np.clip((P * num_bins).astype(np.int64), 0, num_bins - 1) + num_bins * np.arange(m)[:, None]).ravel()
+    size = num_bins * m
+    n = np.bincount(b, minlength=size).reshape(m, num_bins).astype(float)
+    sp = np.bincount(b, weights=P.ravel(), minlength=size).reshape(m, num_bins)
+    sy = np.bincount(b, weights=np.broadcast_to(np.asarray(y, float), P.shape).ravel(),
+                     minlength=size).reshape(m, num_bins)
+    return ece_from_sums(n, sp, sy)
+
+
+def ece_binned(bins: pd.DataFrame, keys, n: str = "n", mean_pred: str = "mean_pred",
+               rate: str = "rate") -> pd.DataFrame:
+    """ECE per group of already-binned rows (one row per bin: count, mean prediction, observed rate).
+
+    Returns ``keys + [ece, n, mean_pred, rate]`` with the pooled mean prediction and rate.
+    """
+    keys = list(keys)
+    if bins.empty:
+        return pd.DataFrame(columns=keys + ["ece", n, mean_pred, rate])
+    g = bins.assign(_sp=bins[mean_pred] * bins[n], _sy=bins[rate] * bins[n])
+    rows = []
+    for key, grp in g.groupby(keys, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        cnt, sp, sy = grp[n].to_numpy(float), grp["_sp"].to_numpy(float), grp["_sy"].to_numpy(float)
+        tot = cnt.sum()
+        rows.append((*key, ece_from_sums(cnt, sp, sy), tot, sp.sum() / tot, sy.sum() / tot))
+    return pd.DataFrame(rows, columns=keys + ["ece", n, mean_pred, rate])
 
 
 def _ece_from_bins(p, y, b, nb, w=None):
@@ -59,11 +109,7 @@ def _ece_from_bins(p, y, b, nb, w=None):
     n = np.bincount(b, weights=w, minlength=nb)
     sp = np.bincount(b, weights=w * p, minlength=nb)
     sy = np.bincount(b, weights=w * y, minlength=nb)
-    tot = n.sum()
-    if tot <= 0:
-        return float("nan")
-    d = np.abs(sp - sy) / np.maximum(n, 1e-300)
-    return float((d * n).sum() / tot)
+    return ece_from_sums(n, sp, sy)
 
 
 class _Prepared:

@@ -31,86 +31,27 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-
-@dataclass
-class SpsTable:
-    """An SGLang SPS table (``additive`` or 1-D ``diagonal``), evaluated exactly as SGLang does."""
-
-    kind: str
-    bias_seconds: float = 0.0
-    bs_probes: list = field(default_factory=list)
-    alpha_seconds: list = field(default_factory=list)
-    m_probes: list = field(default_factory=list)
-    theta_seconds: list = field(default_factory=list)
-    sample_batch_tokens: list = field(default_factory=list)
-    sample_steps_per_sec: list = field(default_factory=list)
-    max_batch_tokens: int = 0
-
-    @classmethod
-    def from_json(cls, text: str) -> "SpsTable":
-        d = json.loads(text)
-        if '"bias_seconds"' in text:  # SGLang's loader rule
-            return cls("additive", float(d["bias_seconds"]), list(d["bs_probes"]), list(d["alpha_seconds"]),
-                       list(d["m_probes"]), list(d["theta_seconds"]))
-        return cls("diagonal", sample_batch_tokens=list(d["sample_batch_tokens"]),
-                   sample_steps_per_sec=list(d["sample_steps_per_sec"]), max_batch_tokens=int(d["max_batch_tokens"]))
-
-    @classmethod
-    def from_long(cls, df: pd.DataFrame) -> "SpsTable":
-        """From ``sps_tables`` rows of one ``table_hash``."""
-        kind = df["kind"].iloc[0]
-        comp = {c: g.sort_values("probe") for c, g in df.groupby("component")}
-        if kind == "additive":
-            a, t = comp["alpha_seconds"], comp["theta_seconds"]
-            return cls("additive", float(comp["bias_seconds"]["value"].iloc[0]), a.probe.astype(int).tolist(),
-                       a.value.tolist(), t.probe.astype(int).tolist(), t.value.tolist())
-        s = comp["steps_per_sec"]
-        mx = comp.get("max_batch_tokens")
-        return cls("diagonal", sample_batch_tokens=s.probe.astype(int).tolist(), sample_steps_per_sec=s.value.tolist(),
-                   max_batch_tokens=int(mx.value.iloc[0]) if mx is not None else int(s.probe.max()))
-
-    def step_seconds(self, n, b) -> np.ndarray:
-        """Step time for ``n`` requests and ``b`` total verify tokens (vectorised)."""
-        n, b = np.asarray(n, float), np.asarray(b, float)
-        if self.kind == "additive":
-            return (self.bias_seconds + np.interp(n, self.bs_probes, self.alpha_seconds)
-                    + np.interp(b, self.m_probes, self.theta_seconds))
-        edges = np.asarray(self.sample_batch_tokens)
-        i = np.clip(np.searchsorted(edges, b, side="right") - 1, 0, len(edges) - 1)
-        return 1.0 / np.asarray(self.sample_steps_per_sec, float)[i]
-
-    def to_json(self) -> str:
-        if self.kind == "additive":
-            d = {"bias_seconds": float(self.bias_seconds), "bs_probes": [int(x) for x in self.bs_probes],
-                 "alpha_seconds": [float(x) for x in self.alpha_seconds], "m_probes": [int(x) for x in self.m_probes],
-                 "theta_seconds": [float(x) for x in self.theta_seconds]}
-        else:
-            d = {"sample_batch_tokens": [int(x) for x in self.sample_batch_tokens],
-                 "sample_steps_per_sec": [float(x) for x in self.sample_steps_per_sec],
-                 "max_batch_tokens": int(self.max_batch_tokens)}
-        return json.dumps(d, allow_nan=False)
+from acceptscope.engine.sps import SpsTable, SpsTable1D, SpsTableAdditive
 
 
-def check_sglang_additive(text: str) -> None:
-    """Decode with SGLang 0.5.23's rules: msgspec struct (strict int probes), strictly
-    increasing probes, equal lengths, ``bias_seconds > 0``."""
-    import msgspec
+def table_from_long(df: pd.DataFrame) -> SpsTable:
+    """The SPS table of ``sps_tables`` rows of one ``table_hash`` (validated like any other)."""
+    kind = df["kind"].iloc[0]
+    comp = {c: g.sort_values("probe") for c, g in df.groupby("component")}
+    if kind == "additive":
+        a, t = comp["alpha_seconds"], comp["theta_seconds"]
+        return SpsTableAdditive(float(comp["bias_seconds"]["value"].iloc[0]), a.probe.astype(int).tolist(),
+                                a.value.tolist(), t.probe.astype(int).tolist(), t.value.tolist())
+    s = comp["steps_per_sec"]
+    mx = comp.get("max_batch_tokens")
+    return SpsTable1D(s.probe.astype(int).tolist(), s.value.tolist(),
+                      int(mx.value.iloc[0]) if mx is not None else int(s.probe.max()))
 
-    class _Add(msgspec.Struct, frozen=True):
-        bias_seconds: float
-        bs_probes: list[int]
-        alpha_seconds: list[float]
-        m_probes: list[int]
-        theta_seconds: list[float]
 
-    t = msgspec.json.decode(text.encode(), type=_Add)
-    for name, pr, v in (("bs", t.bs_probes, t.alpha_seconds), ("m", t.m_probes, t.theta_seconds)):
-        if not pr or pr != sorted(set(pr)):
-            raise ValueError(f"{name}_probes must be strictly increasing")
-        if len(pr) != len(v):
-            raise ValueError(f"{name}_probes and values differ in length")
-    if not t.bias_seconds > 0:
-        raise ValueError("bias_seconds must be > 0")
+def step_seconds_at_tokens(table: SpsTable, n, b) -> np.ndarray:
+    """Step time for ``n`` requests and ``b`` *total* verify tokens (the steps table's columns)."""
+    n = np.asarray(n, float)
+    return np.asarray(table.step_seconds(n, np.asarray(b, float) - n))
 
 
 def _ramps(x: np.ndarray, probes: np.ndarray) -> np.ndarray:
@@ -183,11 +124,11 @@ class CostModel:
         beta = self._solve(n[tr], b[tr], y[tr] / 1e3)
         self.table_ = self._table(beta)
         # refit on everything for the exported table; held-out numbers come from the split fit
-        pred_te = self.table_.step_seconds(n[te], b[te]) * 1e3
+        pred_te = step_seconds_at_tokens(self.table_, n[te], b[te]) * 1e3
         held = _errors(pred_te, y[te])
         beta_all = self._solve(n[ok], b[ok], y[ok] / 1e3)
         self.table_ = self._table(beta_all)
-        pred = self.table_.step_seconds(n, b) * 1e3
+        pred = step_seconds_at_tokens(self.table_, n, b) * 1e3
         notes = []
         if np.ptp(n[ok]) == 0 or np.ptp(b[ok]) == 0:
             notes.append("bs or the verify tokens never vary here: the alpha/theta split is not identified")
@@ -198,9 +139,9 @@ class CostModel:
         preds.loc[te, "split"] = "held_out"
         base = None
         if baseline is not None:
-            bp = baseline.step_seconds(n[ok], b[ok]) * 1e3
+            bp = step_seconds_at_tokens(baseline, n[ok], b[ok]) * 1e3
             base = dict(kind=baseline.kind, **_errors(bp, y[ok]))
-            preds["baseline_ms"] = baseline.step_seconds(n, b) * 1e3
+            preds["baseline_ms"] = step_seconds_at_tokens(baseline, n, b) * 1e3
         self.result_ = CostResult(n_steps=int(len(steps)), n_used=int(ok.sum()), n_dropped_null=int((~ok).sum()),
                                   timing_column=self.timing, tokens_column=tok,
                                   in_sample=_errors(pred[ok], y[ok]), held_out=held,
@@ -217,9 +158,9 @@ class CostModel:
         bias = max(float(beta[0]), 1e-6)
         alpha = np.concatenate([[0.0], np.cumsum(beta[1:1 + J])])
         theta = np.concatenate([[0.0], np.cumsum(beta[1 + J:])])
-        return SpsTable("additive", bias, self.bs_probes_.tolist(), alpha.tolist(), self.m_probes_.tolist(), theta.tolist())
+        return SpsTableAdditive(bias, self.bs_probes_.tolist(), alpha.tolist(), self.m_probes_.tolist(), theta.tolist())
 
     def predict(self, steps: pd.DataFrame) -> np.ndarray:
         """Predicted step time (ms)."""
         n, b, _, _, _ = self._xy(steps)
-        return self.table_.step_seconds(n, b) * 1e3
+        return step_seconds_at_tokens(self.table_, n, b) * 1e3

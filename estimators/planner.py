@@ -15,9 +15,9 @@ Example (the budget rule on a hand case: one request, survivals 0.9 and 0.5, a t
 each extra token costs 10% of the base step)::
 
     >>> import numpy as np
-    >>> from estimators.cost import SpsTable
+    >>> from acceptscope.engine.sps import SpsTableAdditive
     >>> from estimators.planner import budget_rule
-    >>> t = SpsTable("additive", 1.0, [1, 2], [0.0, 0.0], [1, 3], [0.0, 0.2])
+    >>> t = SpsTableAdditive(1.0, [1, 2], [0.0, 0.0], [1, 3], [0.0, 0.2])
     >>> budget_rule(np.array([[0.9, 0.5]]), t)["budget"]   # theta: 1/1, 1.9/1.1, 2.4/1.2
     2
 """
@@ -29,26 +29,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from estimators.cost import SpsTable
+from acceptscope.engine.scheduler import compute_budget
+from acceptscope.engine.sps import SpsTable
+from estimators.bootstrap import group_codes
 from estimators.frame import BlockFrame
 
-SURVIVAL_EPS = 1e-6
-
-
 def budget_rule(S_lag: np.ndarray, table: SpsTable) -> dict:
-    """SGLang's ``compute_verify_token_budget`` on an ``(N, G)`` lagged-survival matrix."""
-    N = S_lag.shape[0]
-    cand = np.sort(S_lag[S_lag >= SURVIVAL_EPS])[::-1]
-    tau = N + np.concatenate([[0.0], np.cumsum(cand)])
-    M = np.arange(cand.size + 1)
-    if table.kind == "additive":
-        secs = table.step_seconds(np.full(M.size, N), N + M)
-        theta = tau / secs
-    else:
-        secs = table.step_seconds(np.full(M.size, N), N + M)
-        theta = tau / secs  # tau * SPS_floor(N+M)
-    j = int(np.argmax(theta))
-    return dict(budget=j, predicted_theta=float(theta[j]), predicted_step_ms=float(secs[j] * 1e3), n_candidates=int(cand.size))
+    """SGLang's ``compute_verify_token_budget`` on an ``(N, G)`` lagged-survival matrix (the engine's rule)."""
+    d = compute_budget(np.asarray(S_lag), table)
+    step_ms = d.predicted_step_seconds * 1e3 if d.predicted_step_seconds is not None else float("inf")
+    return dict(budget=d.budget, predicted_theta=d.predicted_theta, predicted_step_ms=step_ms,
+                n_candidates=d.n_candidates)
 
 
 def lagged_survival(frame: BlockFrame, steps: pd.DataFrame | None = None, default_lag: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -111,8 +102,6 @@ def audit(request_steps, steps: pd.DataFrame, table: SpsTable, ceiling_estimate:
     S_lag, fresh = lagged_survival(frame, steps)
     df = frame.df
     key = ["run_id", "rank", "epoch", "forward_ct"]
-    from estimators.bootstrap import group_codes
-
     codes, uniq = group_codes(df, key)  # integer codes per decode step (no per-row string join)
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Create .venv with everything acceptscope needs on a fresh CPU machine (idempotent).
+# Create .venv with everything acceptscope needs on a fresh CPU machine (idempotent): the core
+# and every extra ([dev] = engine + app + live + the test tools; [spark] for the lake tests).
 # torch is pinned to the 2.13.0 CPU build: an unpinned torch pulls a multi-GB CUDA build.
+# VENV=/path bash scripts/setup.sh builds it elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+VENV="${VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.13.0"
+# shellcheck source=pip-quiet.sh
+source scripts/pip-quiet.sh
+pip_install "$VENV/bin/python" --upgrade pip
+pip_install "$VENV/bin/python" "torch==2.13.0"
 # spark: tests/test_estimators_spark.py runs the lake estimators on local[2] (Java 17 on the machine)
-.venv/bin/python -m pip install -q -e ".[dev,spark]"
-.venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
-echo "acceptscope: .venv ready ($(.venv/bin/python -c 'import torch, duckdb; print("torch", torch.__version__, "duckdb", duckdb.__version__)'))"
+pip_install "$VENV/bin/python" -e ".[dev,spark]"
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+echo "acceptscope: $VENV ready ($("$VENV/bin/python" -c 'import torch, duckdb; print("torch", torch.__version__, "duckdb", duckdb.__version__)'))"

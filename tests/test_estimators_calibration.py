@@ -8,12 +8,13 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from acceptscope.figures import figure_of
 from estimators.calibration import (StsCalibrator, calibration_data, check_sglang_sts, compare, fit_grid, fit_smooth,
                                     sglang_grid, survival)
-from estimators.calibration_metrics import _Prepared, ece
+from estimators.calibration_metrics import _Prepared, ece, ece_binned, ece_rows
 from estimators.synthetic import simulate
 
 SGLANG_PY = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
@@ -31,6 +32,21 @@ def test_ece_hand_computation():
     pos, neg = [0.02, 0.5, 0.99, 1.0], [0.01, 0.52]
     auc = np.mean([[1.0 if a > b else 0.5 if a == b else 0.0 for b in neg] for a in pos])
     assert math.isclose(m["auroc"], auc)
+
+
+def test_ece_variants_agree():
+    """The row-batched and pre-binned ECEs are the same number as the per-sample ``ece``."""
+    rng = np.random.default_rng(3)
+    P = rng.random((4, 500))
+    y = (rng.random(500) < 0.6).astype(float)
+    assert np.allclose(ece_rows(P, y, 15), [ece(p, y, 15) for p in P], atol=1e-15)
+    b = np.clip((P[0] * 15).astype(int), 0, 14)
+    bins = pd.DataFrame({"g": "a", "bin": b, "p": P[0], "y": y}).groupby(["g", "bin"], as_index=False).agg(
+        mean_pred=("p", "mean"), rate=("y", "mean"), n=("p", "size"))
+    got = ece_binned(bins, ["g"])
+    assert math.isclose(got["ece"].iloc[0], ece(P[0], y, 15), rel_tol=1e-12)
+    assert got["n"].iloc[0] == 500 and math.isclose(got["rate"].iloc[0], y.mean(), rel_tol=1e-12)
+    assert math.isnan(ece(np.array([]), np.array([])))
 
 
 def test_debiased_ece_near_zero_when_calibrated():

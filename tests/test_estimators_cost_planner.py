@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive, parse_sps
 from acceptscope.figures import figure_of
-from estimators.cost import CostModel, SpsTable, check_sglang_additive
+from estimators.cost import CostModel, step_seconds_at_tokens
 from estimators.frame import BlockFrame
 from estimators.planner import audit, budget_rule, lagged_survival
 from estimators.synthetic import simulate
@@ -40,12 +41,11 @@ def test_cost_fit_recovers_known_components():
     # the noise-free step-time surface is recovered within 3% over the (N, B) the data cover
     N, B = steps.bs.to_numpy(), steps.num_verify_tokens.to_numpy()
     truth = 6.0 + alpha(N) + theta(B)
-    pred = t.step_seconds(N, B) * 1e3
+    pred = step_seconds_at_tokens(t, N, B) * 1e3
     assert np.max(np.abs(pred - truth) / truth) < 0.03
     assert r.held_out["median_rel_err"] < 0.02
-    check_sglang_additive(t.to_json())
-    back = SpsTable.from_json(t.to_json())
-    assert np.allclose(back.step_seconds(N, B), t.step_seconds(N, B))
+    back = parse_sps(t.to_json())  # SGLang's rules: strict int probes, increasing, bias > 0
+    assert back == t and np.allclose(step_seconds_at_tokens(back, N, B), step_seconds_at_tokens(t, N, B))
 
 
 def test_cost_fit_errors_and_sglang_rules():
@@ -54,21 +54,21 @@ def test_cost_fit_errors_and_sglang_rules():
         CostModel().fit(steps.assign(step_cpu_ms=np.nan))
     bad = json.dumps({"bias_seconds": 0.0, "bs_probes": [1, 2], "alpha_seconds": [0, 1], "m_probes": [1, 2], "theta_seconds": [0, 1]})
     with pytest.raises(ValueError, match="bias_seconds"):
-        check_sglang_additive(bad)
+        parse_sps(bad)
     bad2 = bad.replace('"bias_seconds": 0.0', '"bias_seconds": 0.1').replace('"m_probes": [1, 2]', '"m_probes": [2, 1]')
     with pytest.raises(ValueError, match="increasing"):
-        check_sglang_additive(bad2)
+        parse_sps(bad2)
 
 
 def test_budget_rule_hand_cases():
-    t = SpsTable("additive", 1.0, [1, 2], [0.0, 0.0], [1, 3], [0.0, 0.2])
+    t = SpsTableAdditive(1.0, [1, 2], [0.0, 0.0], [1, 3], [0.0, 0.2])
     # theta(M): (1)/1, (1.9)/1.1, (2.4)/1.2 -> argmax 2
     assert budget_rule(np.array([[0.9, 0.5]]), t)["budget"] == 2
     # a 0.1-survival second draft is not worth 10% more step time: (1.9)/1.1 > (2.0)/1.2
     b = budget_rule(np.array([[0.9, 0.1]]), t)
     assert b["budget"] == 1 and math.isclose(b["predicted_theta"], 1.9 / 1.1)
     # candidates below survival_eps are ignored; 1-D tables use the floor SPS lookup
-    d = SpsTable("diagonal", sample_batch_tokens=[1, 2, 3], sample_steps_per_sec=[10.0, 5.0, 4.0], max_batch_tokens=3)
+    d = SpsTable1D([1, 2, 3], [10.0, 5.0, 4.0], 3)
     assert budget_rule(np.array([[1e-7, 1e-7]]), d)["budget"] == 0
     # theta: 10, 1.99*5 = 9.95, 2.97*4 = 11.88: the global argmax (no early stop, as SGLang) takes 2
     assert budget_rule(np.array([[0.99, 0.98]]), d)["budget"] == 2
@@ -92,7 +92,7 @@ def test_lagged_survival_rebuild():
 
 def test_audit_reproduces_recorded_budgets():
     sim = simulate(n_requests=150, seed=51)
-    a = audit(sim.tables["request_steps"], sim.tables["steps"], SpsTable.from_json(json.dumps(sim.sps_table)))
+    a = audit(sim.tables["request_steps"], sim.tables["steps"], parse_sps(json.dumps(sim.sps_table)))
     s = a.summary
     assert s["budget_exact_match_rate"] > 0.97
     assert s["accepted_drafts_lost_source"] == "ceiling" and s["accepted_drafts_lost"] >= 0

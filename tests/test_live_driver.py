@@ -17,22 +17,22 @@ def server():
 
 
 def test_load_prompts_shared_and_paths(tmp_path):
-    ps = D.load_prompts("gsm8k,mbpp", limit=6)
+    ps = D.load_prompts("gsm8k,mbpp", 6)
     assert [p.workload for p in ps] == ["gsm8k", "mbpp"] * 3
     assert [p.prompt_index for p in ps] == [0, 0, 1, 1, 2, 2]
     assert "eggs" in ps[0].text  # read from /work/shared/data/workloads/gsm8k.jsonl at run time
     f = tmp_path / "mine.jsonl"
     f.write_text(json.dumps({"turns": ["a b c"]}) + "\n" + json.dumps({"turns": ["d e", "f"]}) + "\n")
-    ps = D.load_prompts(str(f), limit=2)
+    ps = D.load_prompts(str(f), 2)
     assert [(p.workload, p.text) for p in ps] == [("mine", "a b c"), ("mine", "d e")]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"turns": ["ok"]}) + "\n" + json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(D.WorkloadError, match=r"bad\.jsonl.*2.*turns"):
-        D.load_prompts(str(bad), limit=5)
+        D.load_prompts(str(bad), 5)
     with pytest.raises(D.WorkloadError, match="gsm8k"):
-        D.load_prompts("no-such-workload", limit=2)
+        D.load_prompts("no-such-workload", 2)
     # the reference engine's built-in names mean the same prompts as in a reference audit
-    builtin = D.load_prompts("poetry", limit=2)
+    builtin = D.load_prompts("poetry", 2)
     assert [p.workload for p in builtin] == ["poetry", "poetry"] and "thuggish" not in builtin[0].text
 
 
@@ -48,7 +48,7 @@ def test_loopback_guard():
 
 
 def test_generate_api_records_meta_info(server):
-    prompts = D.load_prompts("mbpp", limit=5)
+    prompts = D.load_prompts("mbpp", 5)
     got: list[dict] = []
     cfg = D.DriveConfig(base_url=server.url, run_id="run-a", concurrency=(1, 3), max_new_tokens=12,
                         temperature=0.7, seed=100, loopback_only=True)
@@ -69,7 +69,7 @@ def test_generate_api_records_meta_info(server):
 
 
 def test_openai_api_reads_sglext(server):
-    prompts = D.load_prompts("mt-bench", limit=3)
+    prompts = D.load_prompts("mt-bench", 3)
     cfg = D.DriveConfig(base_url=server.url, run_id="run-o", api="openai", max_new_tokens=8, temperature=1.0, loopback_only=True)
     res = D.Driver(cfg).run(prompts)
     assert len(res.rows) == 3 and not res.errors
@@ -92,7 +92,7 @@ def test_bad_response_becomes_a_reject(server):
     try:
         got = []
         cfg = D.DriveConfig(base_url=server.url, run_id="bad", max_new_tokens=4, loopback_only=True)
-        res = D.Driver(cfg, on_rejects=got.extend).run(D.load_prompts("mbpp", limit=2))
+        res = D.Driver(cfg, on_rejects=got.extend).run(D.load_prompts("mbpp", 2))
     finally:
         server.engine.meta_info = orig
     assert res.rows == [] and len(res.rejects) == 2 == len(got)
@@ -102,7 +102,7 @@ def test_bad_response_becomes_a_reject(server):
 
 
 def test_hard_caps(server):
-    prompts = D.load_prompts("gsm8k", limit=20)
+    prompts = D.load_prompts("gsm8k", 20)
     cfg = D.DriveConfig(base_url=server.url, run_id="cap", concurrency=(2, 4), max_new_tokens=4, max_requests=5, loopback_only=True)
     res = D.Driver(cfg).run(prompts)
     assert res.sent == 5 and res.stopped_by == "max_requests" and list(res.per_level) == [2]

@@ -21,7 +21,7 @@ def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("exp") / "e.duckdb"
     with FakeSGLangServer(FakeConfig(mode="compact", gamma=4, seed=5)) as c, \
          FakeSGLangServer(FakeConfig(mode="cap-accept", gamma=4, seed=6, components=("core", "reqs", "step_cpu_time", "step_gpu_time"))) as a:
-        run_sglang_audit(path, load_prompts("gsm8k", limit=10), urls={"compact": c.url, "cap-accept": a.url},
+        run_sglang_audit(path, load_prompts("gsm8k", 10), urls={"compact": c.url, "cap-accept": a.url},
                          drive=DriveConfig(base_url="http://127.0.0.1", run_id="", concurrency=(5,), max_new_tokens=40,
                                            temperature=0.7, loopback_only=True),
                          audit_group="x", capture_defaults={"poll_interval_s": 0.1, "scrape_metrics": False})

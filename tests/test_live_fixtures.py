@@ -58,7 +58,7 @@ def test_polling_sglang_payloads_equals_file_ingest():
 def test_driver_reads_sglang_generate_responses():
     responses = json.loads((FIX / "capacc.generate.json").read_text())
     with FakeSGLangServer(FakeConfig(replay_generate=responses)) as s:
-        res = Driver(DriveConfig(base_url=s.url, run_id="fxg", loopback_only=True)).run(load_prompts("mbpp", limit=3))
+        res = Driver(DriveConfig(base_url=s.url, run_id="fxg", loopback_only=True)).run(load_prompts("mbpp", 3))
     assert len(res.rows) == 3 and not res.rejects
     for row, resp in zip(sorted(res.rows, key=lambda r: r["prompt_index"]), responses):
         assert row["spec_verify_ct"] == resp["meta_info"]["spec_verify_ct"]
@@ -72,7 +72,7 @@ def _estimator_source(tmp_path: Path) -> bytes:
     est = tmp_path / "gen.jsonl"
     with FakeSGLangServer(FakeConfig(estimator_path=str(est), gamma=4, seed=4)) as s:
         Driver(DriveConfig(base_url=s.url, run_id="g", concurrency=(3,), max_new_tokens=60, temperature=0.9,
-                           loopback_only=True)).run(load_prompts("gsm8k", limit=6))
+                           loopback_only=True)).run(load_prompts("gsm8k", 6))
         with s.engine.lock:
             s.engine._flush_estimator()
     return est.read_bytes()

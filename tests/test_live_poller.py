@@ -38,7 +38,7 @@ def _manual_server(**kw):
 def test_capture_three_dp_ranks_shuffled(tmp_path):
     with FakeSGLangServer(FakeConfig(dp_ranks=3, shuffle_ranks=True, gamma=4, seed=11)) as s:
         store = Store(tmp_path / "a.duckdb")
-        prompts = load_prompts("gsm8k,humaneval", limit=12)
+        prompts = load_prompts("gsm8k,humaneval", 12)
         summary = capture(
             store,
             CaptureConfig(base_url=s.url, arm="cap-accept", poll_interval_s=0.1, loopback_only=True,

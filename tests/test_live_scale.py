@@ -61,7 +61,7 @@ class _Router:
 def test_many_servers_one_parquet_layout(tmp_path):
     group = "fleet-1"
     drive = dict(concurrency=(4,), max_new_tokens=16, temperature=0.7, loopback_only=True)
-    prompts = load_prompts("gsm8k,mt-bench", limit=8)
+    prompts = load_prompts("gsm8k,mt-bench", 8)
     root = tmp_path / "lake"
     per_db_counts = {}
     cfg_common = dict(audit_group=group, poll_interval_s=0.1, scrape_metrics=False, loopback_only=True)

@@ -36,7 +36,7 @@ def two_free_ports() -> int:
 def test_attach_two_arms_into_one_db(tmp_path):
     with FakeSGLangServer(FakeConfig(mode="compact", gamma=4, seed=1)) as c, \
          FakeSGLangServer(FakeConfig(mode="cap-accept", gamma=4, seed=2)) as a:
-        prompts = load_prompts("math500", limit=8)
+        prompts = load_prompts("math500", 8)
         res = run_sglang_audit(
             tmp_path / "audit.duckdb", prompts, urls={"compact": c.url, "cap-accept": a.url},
             drive=DriveConfig(base_url="http://127.0.0.1", run_id="", concurrency=(4,), max_new_tokens=16, temperature=0.6,

@@ -98,7 +98,7 @@ def test_capture_tails_estimator_and_sts_across_a_restart(tmp_path):
     est, stem = tmp_path / "est.jsonl", tmp_path / "sts" / "cap"
     cfg = FakeConfig(mode="cap-accept", gamma=4, estimator_path=str(est), sts_stem=str(stem), sts_flush_every=15, seed=9)
     store = Store(tmp_path / "t.duckdb")
-    prompts = load_prompts("humaneval", limit=6)
+    prompts = load_prompts("humaneval", 6)
     drive = dict(concurrency=(3,), max_new_tokens=40, temperature=0.9, loopback_only=True)
     with FakeSGLangServer(cfg) as s:
         cap = LiveCapture(store, CaptureConfig(base_url=s.url, arm="cap-accept", run_id="tail", poll_interval_s=0.1,

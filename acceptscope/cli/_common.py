@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,6 +12,49 @@ import typer
 
 from acceptscope.console import console  # noqa: F401 - re-exported for the command modules
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE  # noqa: F401
+
+# The optional extras of pyproject.toml and the modules that tell whether each is installed.
+EXTRAS = {
+    "engine": ("torch", "transformers", "safetensors", "tokenizers"),
+    "app": ("streamlit", "plotly", "jinja2"),
+    "report": ("plotly", "jinja2"),  # the HTML report: the part of [app] it needs
+    "live": ("requests", "prometheus_client"),
+    "spark": ("pyspark",),
+}
+
+
+def require_extra(command: str, extra: str) -> None:
+    """Exit 2 with the one ``pip install`` line when ``command`` needs an extra that is not installed.
+
+    Why here: the core (ingest, store, estimators) installs without torch, plotly or
+    streamlit, and a command reaching for one must say what to install, not print a traceback.
+    """
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+    if missing:
+        pkg = "app" if extra == "report" else extra
+        console.print(f"acceptscope {command} needs the [{pkg}] extra (missing: {', '.join(missing)}); "
+                      f"install it with:  pip install 'acceptscope[{pkg}]'",
+                      style="red", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+
+
+def check_names(arm: str | None = None, workload: str | None = None, cost_profile: str | None = None) -> None:
+    """Exit 2 on a misspelled arm, workload or cost profile *before* any model loads (< 1 s)."""
+    from acceptscope.engine import resolve_cost_profile  # stdlib-only module (no torch at import)
+    from acceptscope.engine.workloads import check_spec
+    from acceptscope.schema import ARMS
+
+    try:
+        if arm is not None and arm not in ARMS:
+            raise ValueError(f"--arm {arm!r}: expected one of {', '.join(ARMS)}")
+        if workload is not None:
+            check_spec(workload)
+        if cost_profile is not None and cost_profile.lower() != "none":
+            resolve_cost_profile(cost_profile)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(str(e), style="red", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE) from None
+
 
 DbOption = typer.Option(Path("acceptscope.duckdb"), "--db", help="DuckDB telemetry file.")
 JsonOption = typer.Option(False, "--json", help="Print a machine-readable JSON summary on stdout.")

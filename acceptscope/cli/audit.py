@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from acceptscope.cli._common import EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json
+from acceptscope.cli._common import (EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, check_names, console, emit_json,
+                                     require_extra)
 
 HELP = """Audit a DSpark deployment end to end.
 
@@ -92,13 +93,17 @@ def register(app: typer.Typer) -> None:
         no_estimators: bool = typer.Option(False, "--no-estimators", help="Report raw-table views only."),
         json_out: bool = JsonOption,
     ) -> None:
+        if engine not in ("reference", "sglang"):
+            console.print(f"[red]--engine must be reference or sglang, got {engine!r}[/red]")
+            raise typer.Exit(EXIT_USAGE)
+        check_names(workload=workload, cost_profile=cost_profile if engine == "reference" else None)
+        require_extra("audit", "engine" if engine == "reference" else "live")
+        require_extra("audit", "report")
+        # imported here, not at the top: the audit pulls torch (the optional [engine] extra)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from acceptscope.audit import AuditConfig, run_audit
 
-        if engine not in ("reference", "sglang"):
-            console.print(f"[red]--engine must be reference or sglang, got {engine!r}[/red]")
-            raise typer.Exit(EXIT_USAGE)
         if not 0 < audit_fraction <= 1:
             console.print(f"[red]--audit-fraction must be in (0, 1], got {audit_fraction}[/red]")
             raise typer.Exit(EXIT_USAGE)

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.progress import Progress
+from rich.table import Table
 
 from acceptscope.cli._common import (
     EXIT_NO_DATA,
@@ -16,6 +18,7 @@ from acceptscope.cli._common import (
     emit_json,
     open_store_read_only,
     unreadable_db,
+    require_extra,
 )
 
 HELP = """Run the estimators on one run (or every run) of a telemetry database.
@@ -58,9 +61,6 @@ def register(app: typer.Typer) -> None:
         engine: str = typer.Option("local", "--engine", help="local (the --db file, in process) or spark (--lake)."),
         master: str = typer.Option("local[2]", "--master", help="Spark master URL (--engine spark)."),
     ) -> None:
-        from rich.progress import Progress
-        from rich.table import Table
-
         if engine not in ("local", "spark") or (engine == "spark") != (lake is not None):
             console.print("[red]--engine must be local (with --db) or spark (with --lake LAKE)[/red]")
             raise typer.Exit(EXIT_USAGE)
@@ -122,24 +122,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             emit_json(out)
             return
-        t = Table(title=f"acceptscope estimate: {db}")
-        for c in ("run", "arm", "request-steps", "censored", "ceiling", "mean ceiling [95%]", "utilization [95%]",
-                  "in-window acc", "spec_accept_rate", "trim regret", "cost held-out MAE ms"):
-            t.add_column(c, overflow="fold")
-        for rid, r in out.items():
-            if "error" in r:
-                t.add_row(rid, "", r["error"], *[""] * 8)
-                continue
-            s = r["tail"]["summary"]
-            a = r["tail"]["aggregate"][0]
-            u = [x for x in r["utilization"]["by_group"] if x["by"] == "run"][0]
-            c = r.get("cost", {}).get("held_out", {}).get("mae_ms")
-            t.add_row(rid, r["run"]["arm"], str(s["n_request_steps"]), str(s["n_censored"]), s["ceiling"],
-                      f"{a['mean_ceiling']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]",
-                      f"{u['utilization']:.3f} [{u.get('util_lo', u['utilization']):.3f}, {u.get('util_hi', u['utilization']):.3f}]",
-                      f"{u['in_window_accept_rate']:.3f}", f"{u['spec_accept_rate']:.3f}",
-                      f"{r['bracket']['trim']['trim_regret_rate']:.3f}", "-" if c is None else f"{c:.3f}")
-        console.print(t)
+        _print_table(out, f"acceptscope estimate: {db}")
         for rid, r in out.items():
             if "error" not in r:
                 console.print(f"{rid}: {r['tail']['summary']['statement']}", markup=False, highlight=False,
@@ -150,13 +133,8 @@ def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, see
     if not lake.is_dir():
         console.print(f"[red]{lake}: no such lake directory[/red]")
         raise typer.Exit(EXIT_USAGE)
-    try:
-        import pyspark  # noqa: F401  (estimators.spark imports it lazily)
-
-        from estimators.spark import estimate_lake
-    except ImportError as e:
-        console.print(f"[red]--engine spark needs pyspark (pip install 'acceptscope[spark]'): {e}[/red]")
-        raise typer.Exit(EXIT_USAGE)
+    require_extra("estimate --lake", "spark")
+    from estimators.spark import estimate_lake  # here, not at the top: pyspark is the optional [spark] extra
     try:
         out = estimate_lake(lake, [run] if run else None, master=master, n_boot=n_boot, seed=seed)
     except (FileNotFoundError, KeyError) as e:
@@ -166,3 +144,48 @@ def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, see
         console.print(f"[yellow]{lake}: no runs[/yellow]")
         raise typer.Exit(EXIT_NO_DATA)
     return out
+
+
+_COLUMNS = ("arm", "request-steps", "censored", "ceiling", "mean ceiling [95%]", "utilization [95%]",
+            "in-window acc", "spec_accept_rate", "trim regret", "cost held-out MAE ms")
+
+
+def _row(r: dict) -> list[str]:
+    """The table cells of one run's estimates (``_COLUMNS`` order)."""
+    if "error" in r:
+        return ["", r["error"], *[""] * (len(_COLUMNS) - 2)]
+    s = r["tail"]["summary"]
+    a = r["tail"]["aggregate"][0]
+    u = [x for x in r["utilization"]["by_group"] if x["by"] == "run"][0]
+    c = r.get("cost", {}).get("held_out", {}).get("mae_ms")
+    return [r["run"]["arm"], str(s["n_request_steps"]), str(s["n_censored"]), s["ceiling"],
+            f"{a['mean_ceiling']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]",
+            f"{u['utilization']:.3f} [{u.get('util_lo', u['utilization']):.3f}, {u.get('util_hi', u['utilization']):.3f}]",
+            f"{u['in_window_accept_rate']:.3f}", f"{u['spec_accept_rate']:.3f}",
+            f"{r['bracket']['trim']['trim_regret_rate']:.3f}", "-" if c is None else f"{c:.3f}"]
+
+
+def _print_table(out: dict, title: str) -> None:
+    """One row per run when the terminal is wide enough, else one block per run (whole run ids, never cut)."""
+    rows = {rid: _row(r) for rid, r in out.items()}
+    id_w = max(len(rid) for rid in rows)
+    wide = id_w + sum(max(len(c), *(len(v[i]) for v in rows.values())) + 3 for i, c in enumerate(_COLUMNS)) + 4
+    if console.width >= wide:
+        t = Table(title=title)
+        t.add_column("run", no_wrap=True)
+        for c in _COLUMNS:
+            t.add_column(c, overflow="fold")
+        for rid, cells in rows.items():
+            t.add_row(rid, *cells)
+        console.print(t)
+        return
+    console.print(title, markup=False, highlight=False, soft_wrap=True)
+    for rid, cells in rows.items():
+        console.print(f"\n{rid}", style="bold", markup=False, highlight=False, soft_wrap=True)
+        t = Table(show_header=False, box=None, padding=(0, 2))
+        t.add_column("metric", no_wrap=True)
+        t.add_column("value", overflow="fold")
+        for c, v in zip(_COLUMNS, cells):
+            if v:
+                t.add_row(c, v)
+        console.print(t)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from acceptscope.cli._common import EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json
+from acceptscope.cli._common import EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json, require_extra
 
 HELP = """Real SGLang 0.5.23 DSpark servers: launch arms, attach, drive traffic, capture live.
 
@@ -47,6 +47,10 @@ def _split_floats(s: str | None) -> list[float] | None:
 def register(app: typer.Typer) -> None:
     live = typer.Typer(help=HELP, no_args_is_help=True)
     app.add_typer(live, name="live")
+
+    @live.callback()
+    def _needs_live_extra() -> None:
+        require_extra("live", "live")
 
     @live.command("launch", help="""Start one DSpark arm (python -m sglang.launch_server) and wait until ready.
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json
+from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json, require_extra
 
 
 def _ints(s: str) -> list[int]:
@@ -58,6 +58,7 @@ def register(app: typer.Typer) -> None:
         draft_layers: int = typer.Option(5, "--draft-layers", min=0, help="--device cuda: drafter layers."),
         json_out: bool = JsonOption,
     ) -> None:
+        require_extra("profile", "engine")
         from rich.progress import Progress
 
         if device != "cpu" or from_measurements is not None or shape is not None:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from acceptscope.cli._common import (EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, DbOption, JsonOption, console,
-                                     emit_json)
+                                     emit_json, require_extra)
 
 HELP = """Write ONE self-contained HTML report (plotly inlined; no server, no CDN).
 
@@ -40,6 +40,8 @@ def register(app: typer.Typer) -> None:
         no_estimators: bool = typer.Option(False, "--no-estimators", help="Raw-table views only (faster)."),
         json_out: bool = JsonOption,
     ) -> None:
+        require_extra("report", "report")
+        # imported here, not at the top: plotly and jinja2 are the optional [app] extra
         import duckdb
 
         from acceptscope.cli._common import unreadable_db

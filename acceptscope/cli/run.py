@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json
+from acceptscope.cli._common import EXIT_USAGE, JsonOption, check_names, console, emit_json, require_extra
 
 ENGINE_HELP = "Serving engine: 'reference' (embedded PyTorch DSpark engine). Use `acceptscope live`/`ingest` for SGLang."
 
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         arm: str = typer.Option("cap-accept", "--arm", help="Verify mode: compact | cap-accept | static."),
         workload: str = typer.Option(
             "mixed", "--workload",
-            help="Comma list of math, code, chat, poetry, 'mixed' (= the four) or {\"turns\":[...]} JSONL paths.",
+            help="Comma list of math, code, chat, poetry, 'mixed' (= the four), shared prompt sets (gsm8k, ...) or {\"turns\":[...]} JSONL paths.",
         ),
         db: Path = typer.Option(Path("acceptscope.duckdb"), "--db", help="DuckDB telemetry file."),
         requests: int = typer.Option(240, "--requests", min=1, help="Number of requests."),
@@ -53,15 +53,18 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default 1: tiny models on shared cores lose to oversubscription)."),
         json_out: bool = JsonOption,
     ) -> None:
+        if engine != "reference":
+            console.print(f"[red]--engine {engine!r}: only 'reference' runs in-process; "
+                          "use `acceptscope live` or `acceptscope ingest` for SGLang[/red]")
+            raise typer.Exit(EXIT_USAGE)
+        check_names(arm=arm, workload=workload, cost_profile=cost_profile)  # before any model loads
+        require_extra("run", "engine")
+        # imported here, not at the top: torch is the optional [engine] extra (and ~2 s to import)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
         from acceptscope.engine import EngineConfig, run_engine
 
-        if engine != "reference":
-            console.print(f"[red]--engine {engine!r}: only 'reference' runs in-process; "
-                          "use `acceptscope live` or `acceptscope ingest` for SGLang[/red]")
-            raise typer.Exit(EXIT_USAGE)
         cfg = EngineConfig(
             arm=arm, target=target, drafter=drafter, workload=workload, num_requests=requests,
             max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, temperature=temperature, seed=seed,

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json
+from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json, require_extra
 
 train_app = typer.Typer(
     name="train",
@@ -19,6 +19,11 @@ train_app = typer.Typer(
     ),
     no_args_is_help=True,
 )
+
+
+@train_app.callback()
+def _needs_engine_extra() -> None:
+    require_extra("train", "engine")
 
 
 def _progress(desc: str):

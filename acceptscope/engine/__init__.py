@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -17,11 +18,28 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def data_roots() -> list[Path]:
+    """Where relative model and profile paths (``fixtures/...``) resolve, in order.
+
+    1. the current directory; 2. ``$ACCEPTSCOPE_HOME`` (a checkout, or any folder holding
+    ``fixtures/``: how an installed wheel finds the fixture models); 3. the checkout this
+    package runs from (an editable install).
+    """
+    roots = [Path.cwd()]
+    if os.environ.get("ACCEPTSCOPE_HOME"):
+        roots.append(Path(os.environ["ACCEPTSCOPE_HOME"]).expanduser())
+    roots.append(REPO_ROOT)
+    return roots
+
+
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_TARGET = "fixtures/models/target"
 DEFAULT_DRAFTER = "fixtures/models/drafter"
 DEFAULT_SPS = PACKAGE_DATA / "sps_reference.json"
-PROFILE_DIR = REPO_ROOT / "fixtures" / "profiles"
+PROFILE_DIR = next((r / "fixtures" / "profiles" for r in data_roots()[1:] if (r / "fixtures" / "profiles").is_dir()),
+                   REPO_ROOT / "fixtures" / "profiles")
 # the GPU cost profile the audit serves on by default (measured on an H200; fixtures/profiles/README.md)
 DEFAULT_COST_PROFILE = "h200-qwen3-8b"
 
@@ -30,12 +48,14 @@ __all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_m
 
 
 def resolve_model_path(p: str | Path) -> Path:
-    """Absolute paths as given; relative ones against the cwd first, then the repository root."""
+    """Absolute paths as given; relative ones against :func:`data_roots` in order (cwd, $ACCEPTSCOPE_HOME, checkout)."""
     path = Path(p).expanduser()
     if path.is_absolute() or path.exists():
         return path.resolve()
-    cand = REPO_ROOT / path
-    return cand if cand.exists() else path
+    for root in data_roots()[1:]:
+        if (root / path).exists():
+            return root / path
+    return path
 
 
 def resolve_cost_profile(spec: str | Path) -> Path:
@@ -140,7 +160,9 @@ def load_models(target: str | Path, drafter: str | Path):
     dpath = resolve_model_path(drafter)
     for label, p in (("target", tpath), ("drafter", dpath)):
         if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"{label} model directory {p}: no config.json")
+            raise FileNotFoundError(f"{label} model directory {p}: no config.json (relative paths resolve against the "
+                                    "cwd, then $ACCEPTSCOPE_HOME, then the checkout: set ACCEPTSCOPE_HOME to a checkout "
+                                    "holding fixtures/models, or pass --target/--drafter)")
     model = load_target(tpath)
     return tpath, dpath, model, DSparkDrafter.from_pretrained(dpath, target=model)
 

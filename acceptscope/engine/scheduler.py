@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from acceptscope.engine.sps import SpsTable, SpsTable1D, SpsTableAdditive
+from acceptscope.engine.sps import SpsTable, SpsTableAdditive
 
 SURVIVAL_EPS = 1e-6
 DEFAULT_LAG_STEPS = 2
@@ -31,45 +31,31 @@ class BudgetDecision:
     budget: int
     predicted_step_seconds: Optional[float]
     predicted_theta: float
-
-
-def step_seconds_curve(table: SpsTable, num_reqs: int, num_budgets: int) -> np.ndarray:
-    """Predicted step time for budgets M = 0..num_budgets-1 (vectorised)."""
-    m = num_reqs + np.arange(num_budgets, dtype=np.float64)
-    if isinstance(table, SpsTableAdditive):
-        floor = table.bias_seconds + float(
-            np.interp(float(num_reqs), np.asarray(table.bs_probes, np.float64), np.asarray(table.alpha_seconds))
-        )
-        return floor + np.interp(m, np.asarray(table.m_probes, np.float64), np.asarray(table.theta_seconds))
-    sps = sps_curve(table, num_reqs, num_budgets)
-    with np.errstate(divide="ignore"):
-        return np.where(sps > 0, 1.0 / sps, np.inf)
-
-
-def sps_curve(table: SpsTable1D, num_reqs: int, num_budgets: int) -> np.ndarray:
-    probes = np.asarray(table.sample_batch_tokens, dtype=np.int64)
-    vals = np.asarray(table.sample_steps_per_sec, dtype=np.float64)
-    bt = num_reqs + np.arange(num_budgets, dtype=np.int64)
-    idx = np.clip(np.searchsorted(probes, bt, side="right") - 1, 0, len(probes) - 1)
-    return vals[idx]
+    n_candidates: int = 0
 
 
 def compute_budget(history_survival: np.ndarray, table: SpsTable) -> BudgetDecision:
-    """SGLang's ``compute_verify_token_budget`` on a [N, gamma] lagged-survival matrix."""
+    """SGLang's ``compute_verify_token_budget`` on a [N, gamma] lagged-survival matrix.
+
+    The one budget rule: the engine schedules with it and ``estimators.planner`` audits
+    recorded budgets with it. 1-D tables score ``tau * SPS`` (not ``tau / (1 / SPS)``) so
+    that argmax ties break as in SGLang.
+    """
     n = int(history_survival.shape[0])
     cands = history_survival.reshape(-1)
     cands = cands[cands >= SURVIVAL_EPS].astype(np.float64)
     cands = -np.sort(-cands)
     tau = n + np.concatenate([[0.0], np.cumsum(cands)])
+    m = np.arange(tau.size, dtype=np.float64)
     if isinstance(table, SpsTableAdditive):
-        st = step_seconds_curve(table, n, tau.size)
+        st = table.step_seconds(n, m)
         theta = tau / st
         i = int(np.argmax(theta))
-        return BudgetDecision(i, float(st[i]), float(theta[i]))
-    sps = sps_curve(table, n, tau.size)
+        return BudgetDecision(i, float(st[i]), float(theta[i]), int(cands.size))
+    sps = table.lookup(n + m)
     theta = tau * sps
     i = int(np.argmax(theta))
-    return BudgetDecision(i, (1.0 / float(sps[i])) if sps[i] > 0 else None, float(theta[i]))
+    return BudgetDecision(i, (1.0 / float(sps[i])) if sps[i] > 0 else None, float(theta[i]), int(cands.size))
 
 
 def allocate(current_survival: np.ndarray, budget: int) -> np.ndarray:

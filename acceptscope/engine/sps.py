@@ -6,6 +6,10 @@
   "m_probes":[int...],"theta_seconds":[...]}``; ``step_time(N, M) = bias + interp(alpha, N)
   + interp(theta, N + M)`` with linear interpolation clamped at both ends.
 
+This is the one SPS table model (the engine's scheduler and clock, the estimators' planner
+and cost fit, the ingest of ``sps_tables``) and :func:`sps_problem` the one validator of
+SGLang's invariants (numpy and msgspec only, no torch).
+
 Byte conventions follow SGLang's msgspec encoder: compact JSON, fields in declaration order,
 probes written as JSON ints (msgspec is strict about int fields). SGLang's loader picks the
 additive decoder iff the raw text contains ``"bias_seconds"``; :func:`write_sps` refuses to
@@ -14,20 +18,118 @@ write a 1-D table whose text would contain that substring.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Union
+from typing import Any, Optional, Union
 
 import msgspec
+import numpy as np
 
 ADDITIVE_MARKER = '"bias_seconds"'
 
 
-def _strictly_increasing(xs: list[int]) -> bool:
-    return all(a < b for a, b in zip(xs, xs[1:]))
+def sps_kind(text: str | bytes) -> str:
+    """'additive' or 'diagonal', decided as SGLang 0.5.23's loader decides it (a substring test)."""
+    marker = ADDITIVE_MARKER.encode() if isinstance(text, bytes) else ADDITIVE_MARKER
+    return "additive" if marker in text else "diagonal"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _describe(v: Any) -> str:
+    """'NaN', 'inf', '-inf' or the repr (the wording of ingest's reject reasons)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return repr(v)
+
+
+def _probe_problem(obj: dict, name: str, minimum: int) -> Optional[tuple[str, str]]:
+    p = obj.get(name)
+    if not isinstance(p, list) or not p:
+        return name, "required: a non-empty list of ints"
+    for k, v in enumerate(p):
+        if not _is_int(v):
+            return f"{name}[{k}]", f"expected a JSON int, got {v!r} (SGLang's msgspec decoder is strict)"
+        if v < minimum:
+            return f"{name}[{k}]", f"{v} < {minimum}"
+        if k and v <= p[k - 1]:
+            return f"{name}[{k}]", f"{v} <= {p[k - 1]}: probes must be strictly increasing"
+    return None
+
+
+def _value_problem(obj: dict, name: str, n: int, positive: bool) -> Optional[tuple[str, str]]:
+    v = obj.get(name)
+    if not isinstance(v, list):
+        return name, "required: a list of numbers"
+    if len(v) != n:
+        return name, f"length {len(v)} != number of probes {n}"
+    for k, x in enumerate(v):
+        if not _is_num(x) or not math.isfinite(x):
+            return f"{name}[{k}]", _describe(x) if _is_num(x) else f"expected a number, got {x!r}"
+        if positive and x <= 0:
+            return f"{name}[{k}]", f"{x!r} must be > 0"
+    return None
+
+
+def sps_problem(obj: Any, kind: str) -> Optional[tuple[str, str]]:
+    """The first ``(field, reason)`` SGLang 0.5.23 would refuse this table for, else None.
+
+    The one validator: :func:`parse_sps`, the table constructors and the ``sps_tables``
+    ingest all call it, so a table is accepted by one of them iff by all of them.
+    """
+    if not isinstance(obj, dict):
+        return "$", f"expected an object, got {type(obj).__name__}"
+    if kind == "diagonal":
+        err = _probe_problem(obj, "sample_batch_tokens", 1)
+        if err:
+            return err
+        probes = obj["sample_batch_tokens"]
+        err = _value_problem(obj, "sample_steps_per_sec", len(probes), True)
+        if err:
+            return err
+        mbt = obj.get("max_batch_tokens")
+        if not _is_int(mbt):
+            return "max_batch_tokens", f"expected a JSON int, got {mbt!r}"
+        if mbt < probes[-1]:
+            return "max_batch_tokens", f"{mbt} < largest probe {probes[-1]}"
+        return None
+    bias = obj.get("bias_seconds")
+    if not _is_num(bias) or not math.isfinite(bias) or bias <= 0:
+        return "bias_seconds", f"{_describe(bias)}: bias_seconds must be > 0"
+    for probes_name, values_name in (("bs_probes", "alpha_seconds"), ("m_probes", "theta_seconds")):
+        err = _probe_problem(obj, probes_name, -(2**62))
+        if err:
+            return err
+        err = _value_problem(obj, values_name, len(obj[probes_name]), False)
+        if err:
+            return err
+    return None
+
+
+def _plain(v: Any) -> Any:
+    """numpy scalars (a fit's probes) as the Python numbers JSON would give."""
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _check(table) -> None:
+    err = sps_problem({k: _plain(v) for k, v in asdict(table).items()}, table.kind)
+    if err:
+        raise ValueError(f"{table.kind} SPS table: field {err[0]}: {err[1]}")
+
+
+def _scalar_or_array(x: np.ndarray):
+    return float(x) if x.ndim == 0 else x
 
 
 @dataclass(frozen=True)
@@ -41,28 +143,24 @@ class SpsTable1D:
     kind = "diagonal"
 
     def __post_init__(self) -> None:
-        if not self.sample_batch_tokens:
-            raise ValueError("1-D SPS table needs at least one probe")
-        if not _strictly_increasing(self.sample_batch_tokens):
-            raise ValueError(f"sample_batch_tokens must be strictly increasing, got {self.sample_batch_tokens}")
-        if len(self.sample_batch_tokens) != len(self.sample_steps_per_sec):
-            raise ValueError("sample_batch_tokens and sample_steps_per_sec differ in length")
-        if self.max_batch_tokens < self.sample_batch_tokens[-1]:
-            raise ValueError("max_batch_tokens must be >= the largest probe")
+        _check(self)
 
     @property
     def uninitialized(self) -> bool:
         """SGLang treats a table with <= 1 probe as 'no table' (verify-all)."""
         return len(self.sample_batch_tokens) <= 1
 
-    def lookup(self, batch_tokens: int) -> float:
-        i = bisect.bisect_right(self.sample_batch_tokens, batch_tokens) - 1
-        i = max(0, min(i, len(self.sample_batch_tokens) - 1))
-        return self.sample_steps_per_sec[i]
+    def lookup(self, batch_tokens):
+        """Steps/sec at ``batch_tokens`` (floor step function, clamped; vectorised)."""
+        probes = np.asarray(self.sample_batch_tokens, np.float64)
+        i = np.clip(np.searchsorted(probes, np.asarray(batch_tokens, np.float64), side="right") - 1, 0, probes.size - 1)
+        return _scalar_or_array(np.asarray(self.sample_steps_per_sec, np.float64)[i])
 
-    def step_seconds(self, num_reqs: int, budget: int) -> float:
-        sps = self.lookup(num_reqs + budget)
-        return 1.0 / sps if sps > 0 else float("inf")
+    def step_seconds(self, num_reqs, budget):
+        """Step time for ``num_reqs`` requests and ``budget`` extra verify tokens (vectorised)."""
+        sps = np.asarray(self.lookup(np.asarray(num_reqs, np.float64) + np.asarray(budget, np.float64)))
+        with np.errstate(divide="ignore"):
+            return _scalar_or_array(np.where(sps > 0, 1.0 / np.where(sps > 0, sps, 1.0), np.inf))
 
     def to_json(self) -> str:
         return msgspec.json.encode(
@@ -72,16 +170,6 @@ class SpsTable1D:
                 "max_batch_tokens": int(self.max_batch_tokens),
             }
         ).decode("utf-8")
-
-
-def interp_clamped(xs: list[int], ys: list[float], x: float) -> float:
-    if x <= xs[0]:
-        return ys[0]
-    if x >= xs[-1]:
-        return ys[-1]
-    hi = bisect.bisect_right(xs, x)
-    lo = hi - 1
-    return ys[lo] + (x - xs[lo]) / (xs[hi] - xs[lo]) * (ys[hi] - ys[lo])
 
 
 @dataclass(frozen=True)
@@ -98,22 +186,14 @@ class SpsTableAdditive:
     uninitialized = False
 
     def __post_init__(self) -> None:
-        for name, probes, vals in (("bs", self.bs_probes, self.alpha_seconds), ("m", self.m_probes, self.theta_seconds)):
-            if not probes:
-                raise ValueError(f"additive SPS table needs {name}_probes")
-            if not _strictly_increasing(probes):
-                raise ValueError(f"{name}_probes must be strictly increasing, got {probes}")
-            if len(probes) != len(vals):
-                raise ValueError(f"{name}_probes and its values differ in length")
-        if not self.bias_seconds > 0:
-            raise ValueError(f"bias_seconds must be > 0, got {self.bias_seconds}")
+        _check(self)
 
-    def step_seconds(self, num_reqs: int, budget: int) -> float:
-        return (
-            self.bias_seconds
-            + interp_clamped(self.bs_probes, self.alpha_seconds, float(num_reqs))
-            + interp_clamped(self.m_probes, self.theta_seconds, float(num_reqs + budget))
-        )
+    def step_seconds(self, num_reqs, budget):
+        """``bias + interp(alpha, N) + interp(theta, N + M)``, clamped-linear (vectorised)."""
+        n = np.asarray(num_reqs, np.float64)
+        b = n + np.asarray(budget, np.float64)
+        return _scalar_or_array(self.bias_seconds + np.interp(n, self.bs_probes, self.alpha_seconds)
+                                + np.interp(b, self.m_probes, self.theta_seconds))
 
     def to_json(self) -> str:
         return msgspec.json.encode(
@@ -135,22 +215,14 @@ def uninitialized_table(max_batch_tokens: int) -> SpsTable1D:
     return SpsTable1D([1], [1.0], int(max_batch_tokens))
 
 
-def _field_error(source: str, field: str, msg: str) -> ValueError:
-    return ValueError(f"{source}: line 1: field {field}: {msg}")
-
-
-def _int_list(obj: dict, key: str, source: str) -> list[int]:
-    v = obj.get(key)
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise _field_error(source, key, f"expected a list of JSON integers, got {v!r}")
-    return v
-
-
-def _float_list(obj: dict, key: str, source: str) -> list[float]:
-    v = obj.get(key)
-    if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-        raise _field_error(source, key, f"expected a list of numbers, got {v!r}")
-    return [float(x) for x in v]
+def table_from_obj(obj: dict, kind: str) -> SpsTable:
+    """A validated table from a decoded JSON object of the given kind."""
+    if kind == "additive":
+        return SpsTableAdditive(float(obj["bias_seconds"]), list(obj["bs_probes"]),
+                                [float(x) for x in obj["alpha_seconds"]], list(obj["m_probes"]),
+                                [float(x) for x in obj["theta_seconds"]])
+    return SpsTable1D(list(obj["sample_batch_tokens"]), [float(x) for x in obj["sample_steps_per_sec"]],
+                      int(obj["max_batch_tokens"]))
 
 
 def parse_sps(text: str, source: str = "<string>") -> SpsTable:
@@ -159,30 +231,11 @@ def parse_sps(text: str, source: str = "<string>") -> SpsTable:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{source}: line {e.lineno}: invalid JSON: {e.msg}") from None
-    if not isinstance(obj, dict):
-        raise _field_error(source, "<root>", "expected a JSON object")
-    try:
-        if ADDITIVE_MARKER in text:
-            bias = obj.get("bias_seconds")
-            if not isinstance(bias, (int, float)) or isinstance(bias, bool):
-                raise _field_error(source, "bias_seconds", f"expected a number, got {bias!r}")
-            return SpsTableAdditive(
-                float(bias),
-                _int_list(obj, "bs_probes", source),
-                _float_list(obj, "alpha_seconds", source),
-                _int_list(obj, "m_probes", source),
-                _float_list(obj, "theta_seconds", source),
-            )
-        mbt = obj.get("max_batch_tokens")
-        if not isinstance(mbt, int) or isinstance(mbt, bool):
-            raise _field_error(source, "max_batch_tokens", f"expected a JSON integer, got {mbt!r}")
-        return SpsTable1D(
-            _int_list(obj, "sample_batch_tokens", source), _float_list(obj, "sample_steps_per_sec", source), mbt
-        )
-    except ValueError as e:
-        if str(e).startswith(source):
-            raise
-        raise ValueError(f"{source}: line 1: {e}") from None
+    kind = sps_kind(text)
+    err = sps_problem(obj, kind)
+    if err:
+        raise ValueError(f"{source}: line 1: field {err[0]}: {kind} SPS table: {err[1]}")
+    return table_from_obj(obj, kind)
 
 
 def load_sps(path: str | Path) -> SpsTable:

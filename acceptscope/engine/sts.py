@@ -101,10 +101,10 @@ def file_sha256(path: str | Path) -> str:
 
 
 def calibrate(confidence_logits: torch.Tensor, temperatures: torch.Tensor | Sequence[float]) -> torch.Tensor:
-    """c_k = sigmoid(z_k / T_k), computed in float32 like SGLang's confidence head."""
+    """c_k = sigmoid(z_k / T_k), computed in float32 like SGLang's confidence head.
+
+    Survival is the cumprod of these: ``estimators.calibration.survival`` is the one survival
+    function (numpy); the runner takes ``torch.cumprod`` of this tensor on the device.
+    """
     t = torch.as_tensor(temperatures, dtype=torch.float32, device=confidence_logits.device)
     return torch.sigmoid(confidence_logits.float() / t)
-
-
-def survival(confidence: torch.Tensor) -> torch.Tensor:
-    return torch.cumprod(confidence, dim=-1)

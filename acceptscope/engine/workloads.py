@@ -5,6 +5,12 @@
   training where it matters); ``mixed`` = the four built-ins.
 * Any ``{"turns": [...]}`` JSONL file given by path (e.g. the shared real prompt sets) is read
   at run time, never copied; its label is the file stem. The first turn is the prompt.
+* A shared prompt set's bare name (``gsm8k``) means ``WORKLOAD_DIR/gsm8k.jsonl``
+  (``$ACCEPTSCOPE_WORKLOADS`` overrides the folder); a built-in name wins over a shared one.
+
+:func:`check_spec` validates a spec without reading any prompt, so commands fail on a
+misspelled name before they load a model. This is the one prompt loader: the reference
+engine, ``audit`` and the live driver all call :func:`load_prompts`.
 
 A spec is a comma-separated list, e.g. ``mixed``, ``math,code`` or
 ``mixed,/data/gsm8k.jsonl``. Requests are interleaved round-robin across workloads so a
@@ -14,10 +20,16 @@ prefix of the request list is still a balanced mix.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 BUILTIN = ("math", "code", "chat", "poetry")
+WORKLOAD_DIR = Path(os.environ.get("ACCEPTSCOPE_WORKLOADS", "/work/shared/data/workloads"))
+
+
+class WorkloadError(ValueError):
+    """An unknown workload name or an unreadable prompt file."""
 _CORPUS_NAME = {"math": "math", "code": "code", "chat": "chat", "poetry": "verse"}
 
 
@@ -32,7 +44,7 @@ def read_turns_jsonl(path: str | Path, limit: int | None = None) -> list[str]:
     """First turns of a ``{"turns": [...]}`` JSONL file; errors name the file, line and field."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"{p}: workload file not found")
+        raise WorkloadError(f"{p}: workload file not found")
     out: list[str] = []
     with p.open(encoding="utf-8") as f:
         for ln, line in enumerate(f, 1):
@@ -41,15 +53,15 @@ def read_turns_jsonl(path: str | Path, limit: int | None = None) -> list[str]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{p}: line {ln}: invalid JSON ({e.msg})") from None
+                raise WorkloadError(f"{p}: line {ln}: invalid JSON ({e.msg})") from None
             turns = obj.get("turns") if isinstance(obj, dict) else None
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-                raise ValueError(f"{p}: line {ln}: field turns: expected a non-empty list of strings")
+                raise WorkloadError(f"{p}: line {ln}: field turns: expected a non-empty list of strings")
             out.append(turns[0])
             if limit is not None and len(out) >= limit:
                 break
     if not out:
-        raise ValueError(f"{p}: line 0: field turns: file holds no prompts")
+        raise WorkloadError(f"{p}: line 0: field turns: file holds no prompts")
     return out
 
 
@@ -57,6 +69,19 @@ def builtin_prompts(name: str, n: int) -> list[str]:
     from acceptscope.engine.corpus import eval_prompts
 
     return eval_prompts(_CORPUS_NAME[name], n)
+
+
+def shared_workloads() -> list[str]:
+    """Names of the shared real prompt sets (``WORKLOAD_DIR/*.jsonl``)."""
+    return sorted(p.stem for p in WORKLOAD_DIR.glob("*.jsonl")) if WORKLOAD_DIR.is_dir() else []
+
+
+def _resolve(item: str) -> str:
+    """A built-in name or a JSONL path stays; a shared set's name becomes its path."""
+    if item in BUILTIN or item.endswith(".jsonl") or Path(item).exists():
+        return item
+    candidate = WORKLOAD_DIR / f"{item}.jsonl"
+    return str(candidate) if candidate.exists() else item
 
 
 def parse_spec(spec: str) -> list[str]:
@@ -67,10 +92,24 @@ def parse_spec(spec: str) -> list[str]:
         if item == "mixed":
             parts.extend(BUILTIN)
         else:
-            parts.append(item)
+            parts.append(_resolve(item))
     if not parts:
-        raise ValueError(f"workload spec {spec!r} names no workload")
+        raise WorkloadError(f"workload spec {spec!r} names no workload")
     return list(dict.fromkeys(parts))
+
+
+def check_spec(spec: str) -> list[str]:
+    """The resolved workloads of ``spec``; a clear error for a name that is none (reads no prompt)."""
+    names = parse_spec(spec)
+    for name in names:
+        if name in BUILTIN:
+            continue
+        if not (name.endswith(".jsonl") or Path(name).exists()):
+            raise WorkloadError(f"unknown workload {name!r}: expected one of {BUILTIN}, 'mixed', a shared prompt "
+                                f"set {shared_workloads()} or a .jsonl path")
+        if not Path(name).is_file():
+            raise WorkloadError(f"{name}: workload file not found")
+    return names
 
 
 def load_prompts(spec: str, num_requests: int, offset: int = 0) -> list[Prompt]:
@@ -81,7 +120,7 @@ def load_prompts(spec: str, num_requests: int, offset: int = 0) -> list[Prompt]:
     """
     if offset < 0:
         raise ValueError(f"prompt offset must be >= 0, got {offset}")
-    names = parse_spec(spec)
+    names = check_spec(spec)
     k = len(names)
     per = [num_requests // k + (1 if i < num_requests % k else 0) for i in range(k)]
     pools: list[tuple[str, list[str]]] = []
@@ -92,7 +131,7 @@ def load_prompts(spec: str, num_requests: int, offset: int = 0) -> list[Prompt]:
         if name in BUILTIN:
             texts = builtin_prompts(name, n + offset)
             label = name
-        elif name.endswith(".jsonl") or Path(name).exists():
+        else:
             texts = read_turns_jsonl(name)
             label = Path(name).stem
             used = {lab for lab, _ in pools} | set(BUILTIN)
@@ -100,8 +139,6 @@ def load_prompts(spec: str, num_requests: int, offset: int = 0) -> list[Prompt]:
             while label in used:  # keep labels (and request ids) unique
                 label = f"{base}-{k}"
                 k += 1
-        else:
-            raise ValueError(f"unknown workload {name!r}: expected one of {BUILTIN}, 'mixed', or a .jsonl path")
         # cycle a short file so every workload gets its share; prompt_index = ordinal within the workload
         pools.append((label, [texts[i % len(texts)] for i in range(offset, offset + n)]))
     out: list[Prompt] = []

@@ -21,84 +21,18 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
 import requests
 
-WORKLOAD_DIR = Path("/work/shared/data/workloads")
-
-
-class WorkloadError(ValueError):
-    """A workload file or name that cannot be read (message names file, line, field)."""
+# the one prompt loader and its Prompt / WorkloadError (re-exported for the live CLI and tests)
+from acceptscope.engine.workloads import WORKLOAD_DIR, Prompt, WorkloadError, load_prompts  # noqa: F401
+from acceptscope.ingest.meta_info import parse_responses
 
 
 class TargetRefused(ValueError):
     """The base URL is not allowed (non-loopback under loopback_only, or not http)."""
-
-
-@dataclass(frozen=True)
-class Prompt:
-    workload: str
-    prompt_index: int
-    text: str
-
-
-def read_turns_jsonl(path: str | Path, workload: str | None = None, limit: int | None = None) -> list[Prompt]:
-    """Prompts from a ``{"turns": [...]}`` JSONL (first turn of each line), labelled ``workload``."""
-    from acceptscope.engine.workloads import read_turns_jsonl as read_first_turns
-
-    label = workload or Path(path).stem
-    try:
-        texts = read_first_turns(path, limit=limit)
-    except (FileNotFoundError, ValueError) as e:
-        raise WorkloadError(str(e)) from None
-    return [Prompt(label, i, text) for i, text in enumerate(texts)]
-
-
-_ENGINE_NAMES = ("math", "code", "chat", "poetry", "mixed")  # the reference engine's built-in sets
-
-
-def _resolve_name(item: str) -> str:
-    """A shared workload name (``gsm8k``) becomes its JSONL path; anything else is kept.
-
-    The reference engine's built-in names win (``poetry`` is the built-in set, as in
-    ``acceptscope audit --engine reference``); give a path for the shared file of that name.
-    """
-    if item in _ENGINE_NAMES or item.endswith(".jsonl") or Path(item).exists():
-        return item
-    candidate = WORKLOAD_DIR / f"{item}.jsonl"
-    return str(candidate) if candidate.exists() else item
-
-
-def load_prompts(spec: str, limit: int = 32) -> list[Prompt]:
-    """``limit`` prompts for ``spec``, round-robin over its comma-separated workloads.
-
-    Items are workload names of the reference engine (``math``, ``code``, ``chat``,
-    ``poetry``, ``mixed``: acceptscope.engine.workloads), names of the shared real
-    prompt sets (``gsm8k`` -> WORKLOAD_DIR/gsm8k.jsonl) or ``{"turns": [...]}`` JSONL paths.
-    """
-    parts = [_resolve_name(x.strip()) for x in spec.split(",") if x.strip()]
-    if not parts:
-        raise WorkloadError(f"workload spec {spec!r} names no workload")
-    try:
-        from acceptscope.engine.workloads import load_prompts as engine_load
-    except ImportError:
-        engine_load = None
-    if engine_load is not None:
-        try:
-            got = engine_load(",".join(parts), int(limit))
-        except (ValueError, FileNotFoundError, KeyError) as e:
-            known = sorted(p.stem for p in WORKLOAD_DIR.glob("*.jsonl")) if WORKLOAD_DIR.exists() else []
-            raise WorkloadError(f"{e} (shared prompt sets: {known})") from None
-        return [Prompt(p.workload, p.prompt_index, p.text) for p in got]
-    # fallback without the engine package: JSONL files only
-    pools = [read_turns_jsonl(p, limit=limit) for p in parts]
-    out: list[Prompt] = []
-    for i in range(max(len(p) for p in pools)):
-        out.extend(p[i] for p in pools if i < len(p))
-    return out[:limit]
 
 
 def check_target(base_url: str, loopback_only: bool) -> str:
@@ -205,8 +139,6 @@ class Driver:
 
     def send_one(self, level: int, p: Prompt) -> tuple[list[dict], list[dict]]:
         """One request; returns (requests rows, rejects rows) as translated by the ingest package."""
-        from acceptscope.ingest.meta_info import parse_responses
-
         cfg = self.cfg
         rid = self._rid(level, p)
         seed = cfg.seed + p.prompt_index

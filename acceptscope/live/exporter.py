@@ -53,19 +53,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from acceptscope.store import Store
+from estimators.calibration_metrics import ece
+from estimators.tail import TailEstimator
 
 ECE_BINS = 15
-
-
-def _ece(p: np.ndarray, y: np.ndarray, bins: int = ECE_BINS) -> float:
-    p = np.clip(p, 1e-8, 1 - 1e-8)
-    idx = np.minimum((p * bins).astype(int), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        m = idx == b
-        if m.any():
-            total += m.sum() * abs(p[m].mean() - y[m].mean())
-    return float(total / len(p)) if len(p) else float("nan")
 
 
 def _mean_ci(x: np.ndarray) -> tuple[float, float, float]:
@@ -99,8 +90,6 @@ def _util(r: float, point: float, lo: float, hi: float) -> dict[str, float]:
 
 def hazard_ceiling(truth_rows: pd.DataFrame, rows: pd.DataFrame, gamma: int) -> dict[str, float]:
     """Mean ceiling (accept-length units) of ``rows`` by the estimators package's TailEstimator."""
-    from estimators.tail import TailEstimator
-
     res = TailEstimator().fit(truth_rows, gamma=gamma).estimate(rows, gamma=gamma)
     agg = res.aggregate(level=0.95, n_boot=200).iloc[0]
     return {"point": float(agg["mean_ceiling"]) + 1.0, "lo": float(agg["lo"]) + 1.0, "hi": float(agg["hi"]) + 1.0}
@@ -134,8 +123,8 @@ def run_metrics(rs: pd.DataFrame, arm: str, gamma: int) -> dict[str, Any]:
         surv = np.stack([np.asarray(s, dtype=float)[:gamma] for s in sub["survival"]])
         ceil = sub["ceiling"].to_numpy(dtype=int)
         lab = (np.arange(gamma)[None, :] < ceil[:, None]).astype(float)
-        out["ece"] = {k: _ece(surv[:, k], lab[:, k]) for k in range(gamma)}
-        out["ece_all"] = _ece(surv.ravel(), lab.ravel())
+        out["ece"] = {k: ece(surv[:, k], lab[:, k], ECE_BINS) for k in range(gamma)}
+        out["ece_all"] = ece(surv.ravel(), lab.ravel(), ECE_BINS)
     return out
 
 

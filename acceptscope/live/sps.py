@@ -34,6 +34,10 @@ from typing import Any, Callable, Sequence
 
 import requests
 
+from acceptscope.engine.sps import SpsTable1D, table_from_obj, write_sps
+from acceptscope.ingest.batch import IngestBatch
+from acceptscope.ingest.server_info import ServerInfoIngestor
+from acceptscope.ingest.sps_profile import ingest_profile_file
 from acceptscope.live.http import fetch
 
 WARMUP_STEPS = 8
@@ -172,14 +176,14 @@ def diagonal_table(rounds: Sequence[dict]) -> dict | None:
     if not by:
         return None
     probes = sorted(by)
-    return {"sample_batch_tokens": probes, "sample_steps_per_sec": [statistics.median(by[p]) for p in probes],
-            "max_batch_tokens": probes[-1]}
+    # through the one SPS model: a table SGLang would refuse raises here, not at server start
+    table = SpsTable1D(probes, [statistics.median(by[p]) for p in probes], probes[-1])
+    return json.loads(table.to_json())
 
 
 def sps_sweep(cfg: SweepConfig, sink: Callable[[dict[str, Any]], None],
               progress: Callable[[str], None] | None = None) -> SweepResult:
     """Profile step time per (bs, frac) cell over HTTP; rows go to ``sink`` (sps_profile_* tables)."""
-    from acceptscope.ingest.server_info import ServerInfoIngestor
 
     base = cfg.base_url.rstrip("/")
     say = progress or (lambda m: None)
@@ -262,7 +266,10 @@ def sps_sweep(cfg: SweepConfig, sink: Callable[[dict[str, Any]], None],
                     _set_frac(s, base, None, cfg.http_timeout_s)
                 except (requests.RequestException, RuntimeError):
                     res.failures.append("could not reset dspark_force_budget_frac to null")
-    res.table = diagonal_table(res.rounds)
+    try:
+        res.table = diagonal_table(res.rounds)
+    except ValueError as e:
+        res.failures.append(f"1-D SPS table: {e}")
     res.manifest = {
         "base_url": base, "dp_ranks": ranks, "tp_size": info.get("tp_size"), "dp_size": info.get("dp_size"),
         "verify_num_draft_tokens": vndt, "simulate_acc_len": dumps[0].get("simulate_acc_len"),
@@ -351,8 +358,6 @@ def _round_row(run_id: str, rnd: dict) -> dict:
 
 def ingest_profiler_outputs(out: str | Path, run_id: str):
     """Parse the files SGLang's profiler (or our sweep) wrote next to ``out`` (ingest package parsers)."""
-    from acceptscope.ingest.batch import IngestBatch
-    from acceptscope.ingest.sps_profile import ingest_profile_file
 
     paths = SglangProfilerCommand(out=str(out)).outputs()
     batch = IngestBatch()
@@ -377,4 +382,4 @@ def _write_sglang_files(out: str, res: SweepResult) -> None:
             f.write(json.dumps(r) + "\n")
     paths["manifest"].write_text(json.dumps(res.manifest, indent=2, default=str) + "\n")
     if res.table is not None:
-        paths["table"].write_text(json.dumps(res.table) + "\n")
+        write_sps(table_from_obj(res.table, "diagonal"), paths["table"])  # SGLang's byte convention

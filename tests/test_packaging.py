@@ -1,0 +1,142 @@
+"""Packaging: the core imports without the optional extras, a command missing one says what to
+install, and misspelled names fail before any model loads.
+
+Each check runs in a fresh interpreter (subprocess), so what this test process already
+imported cannot hide an import-time dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONAL = ("torch", "transformers", "safetensors", "tokenizers", "plotly", "streamlit", "jinja2", "requests",
+            "prometheus_client", "pyspark")
+# the figure library draws with plotly, the [app] extra
+NOT_CORE = {"estimators.figures", "estimators.spark"}
+
+
+def _py(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="80")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+
+
+def test_core_modules_import_no_optional_extra():
+    code = f"""
+import importlib, json, pkgutil, sys
+import estimators, acceptscope.ingest
+mods = ["acceptscope", "acceptscope.cli", "acceptscope.store", "acceptscope.writer", "acceptscope.schema",
+        "acceptscope.export", "acceptscope.engine.sps", "acceptscope.engine.scheduler", "acceptscope.engine.workloads"]
+mods += ["estimators." + m.name for m in pkgutil.iter_modules(estimators.__path__)]
+mods += ["acceptscope.ingest." + m.name for m in pkgutil.iter_modules(acceptscope.ingest.__path__)]
+mods = [m for m in mods if m not in {sorted(NOT_CORE)!r}]
+for m in mods:
+    importlib.import_module(m)
+print(json.dumps({{"n": len(mods), "loaded": [b for b in {OPTIONAL!r} if b in sys.modules]}}))
+"""
+    r = _py(code)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n"] > 25
+    assert out["loaded"] == [], f"core modules import optional extras at import time: {out['loaded']}"
+
+
+_MISSING_EXTRA = [
+    (["run", "--workload", "math", "--requests", "1"], "engine"),
+    (["train", "eval"], "engine"),
+    (["report", "--db", "x.duckdb"], "app"),
+    (["dashboard", "--db", "x.duckdb"], "app"),
+    (["live", "drive", "--url", "http://127.0.0.1:9"], "live"),
+]
+_BAD_NAMES = [
+    (["run", "--workload", "bogus"], "unknown workload 'bogus'"),
+    (["run", "--arm", "compactt"], "--arm 'compactt': expected one of compact, cap-accept, static"),
+    (["run", "--workload", "math,missing.jsonl"], "missing.jsonl: workload file not found"),
+    (["audit", "--workload", "bogus"], "unknown workload 'bogus'"),
+    (["audit", "--cost-profile", "h100-nope"], "cost profile 'h100-nope'"),
+]
+_HIDE = {"engine": "torch", "app": "plotly", "live": "prometheus_client"}
+
+# One fresh interpreter runs every case (the names first, so "torch never loaded" covers all).
+_INVOKE = """
+import json, sys, time
+from typer.testing import CliRunner
+from acceptscope.cli import app
+out = []
+for hide, argv in json.loads(sys.argv[1]):
+    saved = {n: sys.modules.get(n) for n in hide}
+    for n in hide:
+        sys.modules[n] = None  # this module is not installed: import raises, find_spec gives None
+    t = time.perf_counter()
+    r = CliRunner().invoke(app, argv)
+    out.append({"code": r.exit_code, "output": r.output, "s": time.perf_counter() - t,
+                "torch": sys.modules.get("torch") is not None})
+    for n, m in saved.items():
+        if m is None:
+            del sys.modules[n]
+        else:
+            sys.modules[n] = m
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def cli_results():
+    cases = [([], argv) for argv, _ in _BAD_NAMES] + [([_HIDE[extra]], argv) for argv, extra in _MISSING_EXTRA]
+    r = _py(_INVOKE, json.dumps(cases))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return res[:len(_BAD_NAMES)], res[len(_BAD_NAMES):]
+
+
+@pytest.mark.parametrize("i", range(len(_MISSING_EXTRA)), ids=[" ".join(a[:2]) for a, _ in _MISSING_EXTRA])
+def test_missing_extra_names_the_pip_command(cli_results, i):
+    got, extra = cli_results[1][i], _MISSING_EXTRA[i][1]
+    flat = " ".join(got["output"].split())
+    assert got["code"] == 2, got
+    assert f"pip install 'acceptscope[{extra}]'" in flat and "Traceback" not in got["output"]
+
+
+@pytest.mark.parametrize("i", range(len(_BAD_NAMES)), ids=[" ".join(a) for a, _ in _BAD_NAMES])
+def test_bad_names_fail_before_any_model_loads(cli_results, i):
+    got, message = cli_results[0][i], _BAD_NAMES[i][1]
+    assert got["code"] == 2 and not got["torch"], got
+    assert message in " ".join(got["output"].split())
+
+
+def test_pyproject_extras_and_typed_marker():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    core = " ".join(meta["project"]["dependencies"])
+    extras = meta["project"]["optional-dependencies"]
+    for heavy in ("torch", "transformers", "streamlit", "plotly", "prometheus-client", "requests"):
+        assert heavy not in core, f"{heavy} is a core dependency"
+    from acceptscope.cli._common import EXTRAS
+
+    for extra in ("engine", "app", "live", "spark"):
+        declared = " ".join(extras[extra]).replace("-", "_").lower()
+        assert all(m in declared for m in EXTRAS[extra]), (extra, EXTRAS[extra], extras[extra])
+    assert (ROOT / "acceptscope" / "py.typed").is_file()
+    assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["acceptscope"]
+
+
+def test_fixture_models_resolve_from_acceptscope_home(tmp_path, monkeypatch):
+    """An installed wheel has no checkout beside it: $ACCEPTSCOPE_HOME comes before the checkout."""
+    from acceptscope.engine import REPO_ROOT, data_roots, resolve_model_path
+
+    home = tmp_path / "home"
+    (home / "fixtures" / "models" / "target").mkdir(parents=True)
+    (home / "fixtures" / "models" / "target" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCEPTSCOPE_HOME", str(home))
+    assert data_roots() == [tmp_path, home, REPO_ROOT]
+    assert resolve_model_path("fixtures/models/target") == home / "fixtures" / "models" / "target"
+    monkeypatch.delenv("ACCEPTSCOPE_HOME")
+    assert resolve_model_path("fixtures/models/target") == REPO_ROOT / "fixtures" / "models" / "target"
