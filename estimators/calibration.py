@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
+from acceptscope.engine.sts import sts_problem
 from estimators.calibration_metrics import ece, ece_rows, position_metrics, reliability_table
 from estimators.frame import BlockFrame, padded
 
@@ -233,10 +234,9 @@ def check_sglang_sts(text: str, gamma: int | None = None) -> list[float]:
         ece_after: list[float] = []
 
     obj = msgspec.json.decode(text.encode(), type=_Sts)
-    if not obj.temperatures or any(not (t > 0) for t in obj.temperatures):
-        raise ValueError("temperatures must be non-empty and > 0")
-    if gamma is not None and len(obj.temperatures) != gamma:
-        raise ValueError(f"refit the table for gamma={gamma}")
+    problem = sts_problem(list(obj.temperatures), gamma)
+    if problem:
+        raise ValueError(f"field {problem[0]}: {problem[1]}")
     return obj.temperatures
 
 

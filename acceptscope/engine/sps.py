@@ -45,8 +45,8 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _describe(v: Any) -> str:
-    """'NaN', 'inf', '-inf' or the repr (the wording of ingest's reject reasons)."""
+def describe_number(v: Any) -> str:
+    """A short reason for a bad number: 'NaN', 'inf', '-inf' or its repr (every reject reason uses it)."""
     if isinstance(v, float) and not math.isfinite(v):
         return "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     return repr(v)
@@ -74,7 +74,7 @@ def _value_problem(obj: dict, name: str, n: int, positive: bool) -> Optional[tup
         return name, f"length {len(v)} != number of probes {n}"
     for k, x in enumerate(v):
         if not _is_num(x) or not math.isfinite(x):
-            return f"{name}[{k}]", _describe(x) if _is_num(x) else f"expected a number, got {x!r}"
+            return f"{name}[{k}]", describe_number(x) if _is_num(x) else f"expected a number, got {x!r}"
         if positive and x <= 0:
             return f"{name}[{k}]", f"{x!r} must be > 0"
     return None
@@ -104,7 +104,7 @@ def sps_problem(obj: Any, kind: str) -> Optional[tuple[str, str]]:
         return None
     bias = obj.get("bias_seconds")
     if not _is_num(bias) or not math.isfinite(bias) or bias <= 0:
-        return "bias_seconds", f"{_describe(bias)}: bias_seconds must be > 0"
+        return "bias_seconds", f"{describe_number(bias)}: bias_seconds must be > 0"
     for probes_name, values_name in (("bs_probes", "alpha_seconds"), ("m_probes", "theta_seconds")):
         err = _probe_problem(obj, probes_name, -(2**62))
         if err:

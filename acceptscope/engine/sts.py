@@ -4,18 +4,41 @@ The JSON file format is SGLang's ``DSparkStsCalibration`` (msgspec, ``omit_defau
 ``{"temperatures":[...],"dataset":"...","num_samples":N,"ece_before":[...],"ece_after":[...]}``.
 Unknown keys are ignored on load (as SGLang does), defaults are omitted on write, and a
 table whose length differs from gamma is refused with SGLang's "refit" hint.
+
+:func:`sts_problem` is the one statement of what SGLang refuses in a table; the engine, ingest
+(``acceptscope.ingest.sts_table``) and ``calibrate``'s output check all call it. The table model is
+torch-free (ingest and the estimators use it without the ``[engine]`` extra); only
+:meth:`StsTable.tensor` and :func:`calibrate` need torch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import msgspec
-import torch
+
+from acceptscope.engine.sps import describe_number
+
+
+def sts_problem(temperatures: Any, gamma: int | None = None) -> tuple[str, str] | None:
+    """(field, reason) of the first thing SGLang 0.5.23 refuses in a table's temperatures, else None.
+
+    SGLang requires a non-empty list of finite T > 0, one per draft position (its length is gamma).
+    """
+    if not isinstance(temperatures, list) or not temperatures:
+        return "temperatures", "required: a non-empty list of positive floats"
+    for k, t in enumerate(temperatures):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            return f"temperatures[{k}]", f"{describe_number(t)} (must be a finite T > 0)"
+    if gamma is not None and len(temperatures) != gamma:
+        return "temperatures", (f"gamma mismatch: {len(temperatures)} temperatures != run gamma {gamma}; "
+                                f"refit the table for gamma={gamma}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -27,11 +50,9 @@ class StsTable:
     ece_after: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.temperatures:
-            raise ValueError("STS table requires at least one temperature")
-        bad = [t for t in self.temperatures if not (t > 0)]
-        if bad:
-            raise ValueError(f"STS temperatures must all be > 0, got {self.temperatures}")
+        problem = sts_problem(list(self.temperatures))
+        if problem:
+            raise ValueError(f"STS table: field {problem[0]}: {problem[1]}")
 
     def to_json(self) -> str:
         """SGLang byte convention: compact separators, fields equal to their default omitted."""
@@ -47,13 +68,13 @@ class StsTable:
         return msgspec.json.encode(out).decode("utf-8")
 
     def check_gamma(self, gamma: int, source: str = "STS table") -> None:
-        if len(self.temperatures) != gamma:
-            raise ValueError(
-                f"{source}: has {len(self.temperatures)} temperatures but gamma={gamma}; "
-                f"refit the table for gamma={gamma}"
-            )
+        problem = sts_problem(list(self.temperatures), gamma)
+        if problem:
+            raise ValueError(f"{source}: field {problem[0]}: {problem[1]}")
 
-    def tensor(self) -> torch.Tensor:
+    def tensor(self) -> "torch.Tensor":  # noqa: F821 - torch is the [engine] extra
+        import torch
+
         return torch.tensor(self.temperatures, dtype=torch.float32)
 
 
@@ -70,8 +91,9 @@ def parse_sts(text: str, source: str = "<string>") -> StsTable:
     if not isinstance(obj, dict):
         raise ValueError(f"{source}: line 1: field <root>: expected a JSON object")
     temps = obj.get("temperatures")
-    if not isinstance(temps, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in temps):
-        raise ValueError(f"{source}: line 1: field temperatures: expected a list of numbers, got {temps!r}")
+    problem = sts_problem(temps)
+    if problem:
+        raise ValueError(f"{source}: line 1: field {problem[0]}: {problem[1]}")
     try:
         return StsTable(
             temperatures=[float(t) for t in temps],
@@ -100,11 +122,13 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def calibrate(confidence_logits: torch.Tensor, temperatures: torch.Tensor | Sequence[float]) -> torch.Tensor:
+def calibrate(confidence_logits: "torch.Tensor", temperatures: "torch.Tensor | Sequence[float]") -> "torch.Tensor":  # noqa: F821
     """c_k = sigmoid(z_k / T_k), computed in float32 like SGLang's confidence head.
 
     Survival is the cumprod of these: ``estimators.calibration.survival`` is the one survival
     function (numpy); the runner takes ``torch.cumprod`` of this tensor on the device.
     """
+    import torch  # the [engine] extra: this module's table model is torch-free
+
     t = torch.as_tensor(temperatures, dtype=torch.float32, device=confidence_logits.device)
     return torch.sigmoid(confidence_logits.float() / t)

@@ -10,11 +10,12 @@ Valid siblings are always kept. ``format_reject`` renders the human message
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
+
+from acceptscope.engine.sps import describe_number  # noqa: F401 - the one wording, re-exported
 
 RAW_LIMIT = 2000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -137,16 +138,6 @@ def make_reject(
 def format_reject(r: dict) -> str:
     """``file:line: field: reason`` (the message printed for a reject)."""
     return f"{r['source']}:{r['line']}: {r['field']}: {r['reason']}"
-
-
-def describe_number(v: Any) -> str:
-    """A short reason for a bad number: 'NaN', 'inf', or its repr."""
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "NaN"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-    return repr(v)
 
 
 def join_path(prefix: str, sub: str) -> str:

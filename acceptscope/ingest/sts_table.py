@@ -12,10 +12,10 @@ while the temperatures are kept.
 from __future__ import annotations
 
 import hashlib
-import math
 from pathlib import Path
 from typing import Any, Optional
 
+from acceptscope.engine.sts import sts_problem
 from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.jsontext import decode_document
 from acceptscope.ingest.rejects import describe_number, make_reject
@@ -38,15 +38,9 @@ def parse_sts_table(text: bytes, *, source: str, gamma: Optional[int] = None,
         rej("$", f"expected an object, got {type(obj).__name__}")
         return batch
     temps = obj.get("temperatures")
-    if not isinstance(temps, list) or not temps:
-        rej("temperatures", "required: a non-empty list of positive floats")
-        return batch
-    for k, t in enumerate(temps):
-        if not _num(t) or not math.isfinite(t) or t <= 0:
-            rej(f"temperatures[{k}]", (describe_number(t) if _num(t) else repr(t)) + " (must be a finite T > 0)")
-            return batch
-    if gamma is not None and len(temps) != gamma:
-        rej("temperatures", f"gamma mismatch: {len(temps)} temperatures != run gamma {gamma}")
+    problem = sts_problem(temps, gamma)  # what SGLang itself refuses: the whole table goes
+    if problem:
+        rej(*problem)
         return batch
     dataset = obj.get("dataset", "")
     if not isinstance(dataset, str):
