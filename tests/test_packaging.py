@@ -136,7 +136,32 @@ def test_fixture_models_resolve_from_acceptscope_home(tmp_path, monkeypatch):
     (home / "fixtures" / "models" / "target" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ACCEPTSCOPE_HOME", str(home))
-    assert data_roots() == [tmp_path, home, REPO_ROOT]
+    share = Path(sys.prefix) / "share" / "acceptscope"
+    assert data_roots() == [tmp_path, home, REPO_ROOT, share]
     assert resolve_model_path("fixtures/models/target") == home / "fixtures" / "models" / "target"
     monkeypatch.delenv("ACCEPTSCOPE_HOME")
     assert resolve_model_path("fixtures/models/target") == REPO_ROOT / "fixtures" / "models" / "target"
+
+
+def test_the_wheel_carries_every_fixture_model_and_profile(tmp_path, monkeypatch):
+    """pyproject's data-files put every fixture model file and profile under <prefix>/share/acceptscope,
+    the last root :func:`data_roots` searches, so an installed wheel runs the main job without a checkout."""
+    import glob
+
+    from acceptscope.engine import resolve_model_path
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    data_files = meta["tool"]["setuptools"]["data-files"]
+    shipped = {str(Path(dest) / Path(f).name) for dest, pats in data_files.items()
+               for pat in pats for f in glob.glob(str(ROOT / pat))}
+    needed = {str(Path("share/acceptscope") / f.relative_to(ROOT)) for sub in ("models/target", "models/drafter",
+              "profiles") for f in (ROOT / "fixtures" / sub).iterdir() if f.is_file()}
+    assert needed and needed <= shipped, sorted(needed - shipped)
+    # installed layout: found under sys.prefix when neither cwd, $ACCEPTSCOPE_HOME nor a checkout has it
+    prefix = tmp_path / "prefix"
+    (prefix / "share" / "acceptscope" / "fixtures" / "models" / "only-in-wheel").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ACCEPTSCOPE_HOME", raising=False)
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    assert resolve_model_path("fixtures/models/only-in-wheel") == \
+        prefix / "share" / "acceptscope" / "fixtures" / "models" / "only-in-wheel"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -24,13 +25,15 @@ def data_roots() -> list[Path]:
     """Where relative model and profile paths (``fixtures/...``) resolve, in order.
 
     1. the current directory; 2. ``$ACCEPTSCOPE_HOME`` (a checkout, or any folder holding
-    ``fixtures/``: how an installed wheel finds the fixture models); 3. the checkout this
-    package runs from (an editable install).
+    ``fixtures/``); 3. the checkout this package runs from (an editable install);
+    4. ``<prefix>/share/acceptscope``, where the wheel installs the fixture models and profiles
+    (pyproject's ``data-files``).
     """
     roots = [Path.cwd()]
     if os.environ.get("ACCEPTSCOPE_HOME"):
         roots.append(Path(os.environ["ACCEPTSCOPE_HOME"]).expanduser())
     roots.append(REPO_ROOT)
+    roots.append(Path(sys.prefix) / "share" / "acceptscope")
     return roots
 
 
