@@ -137,47 +137,58 @@ def not_regular(path: Path) -> Optional[str]:
 
 
 _WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+_FIRST_LINE_PROBE = 64 << 20  # a first line longer than this is tested by the stream scan, not decoded whole
 
 
-def _split_jsonl_payloads(data: bytes) -> Optional[list[bytes]]:
-    """JSON lines of payloads, or None when ``data`` is one (possibly pretty-printed) document."""
+def _is_json_lines(path: Path) -> bool:
+    """Whether the file is JSON lines of payloads (its first non-blank line is a JSON document on its own),
+    not one (possibly pretty-printed) document. Reads only up to the end of that line."""
     import msgspec
 
-    # the first line of the stripped text, without copying the (possibly huge) whole
-    start, end = 0, len(data)
-    while start < end and data[start] in _WHITESPACE:
-        start += 1
-    while end > start and data[end - 1] in _WHITESPACE:
-        end -= 1
-    nl = data.find(b"\n", start, end)
-    if nl < 0:
-        return None
-    try:
-        msgspec.json.decode(data[start:nl])
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return None
-    return data.split(b"\n")
+    from acceptscope.ingest import stream
+
+    size = path.stat().st_size
+    lines = stream.iter_lines(path)
+    for _, a, b in lines:
+        head = stream.FileSource(path, a, b)
+        if b - a < (1 << 20) and not head.read_all().strip(_WHITESPACE):
+            continue  # (leading blank lines)
+        if size - b < (1 << 20) and not stream.FileSource(path, b, size).read_all().strip(_WHITESPACE):
+            return False  # nothing after the first line: one document
+        if b - a > _FIRST_LINE_PROBE:
+            return stream.scan(head) is not None
+        try:
+            msgspec.json.decode(head.read_all())
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return False
+        return True
+    return False
 
 
 def ingest_server_info_file(path: Path, ingestor, source: Optional[str] = None) -> IngestBatch:
-    """One saved /server_info response (JSON) or successive polls (JSON lines) into ``ingestor``."""
-    data = Path(path).read_bytes()
+    """One saved /server_info response (JSON) or successive polls (JSON lines) into ``ingestor``,
+    read a chunk of records at a time (:mod:`acceptscope.ingest.stream`)."""
+    from acceptscope.ingest import stream
+
+    path = Path(path)
     src = source or str(path)
-    lines = _split_jsonl_payloads(data)
-    if lines is None:
-        return ingestor.feed_bytes(data, source=src, line=1)
+    if not _is_json_lines(path):
+        return ingestor.feed_source(stream.FileSource(path), source=src, line=1)
     batch = IngestBatch()
-    for i, raw in enumerate(lines, start=1):
-        if raw.strip():
-            batch.merge(ingestor.feed_bytes(raw, source=src, line=i))
+    for i, a, b in stream.iter_lines(path):
+        doc = stream.FileSource(path, a, b)
+        if b - a < (1 << 20) and not doc.read_all().strip(_WHITESPACE):
+            continue
+        batch.merge(ingestor.feed_source(doc, source=src, line=i))
     return batch
 
 
 class _Context:
     """Per-ingest state: one ServerInfoIngestor per run, the gamma/arm of every run."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, sink: Optional[Callable[[IngestBatch], None]] = None):
         self.store = store
+        self.sink = sink  # where server dumps hand their rows a chunk at a time (None: kept in the file's batch)
         self.ingestors: dict[str, Any] = {}
         self.gamma: dict[str, int] = {}
         self.arm: dict[str, str] = {}
@@ -215,7 +226,12 @@ def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = No
     path = Path(path)
     gamma = ctx.gamma.get(run_id)
     if kind == "server_info":
-        b = ingest_server_info_file(path, ctx.server_info_ingestor(run_id))
+        ing = ctx.server_info_ingestor(run_id)
+        ing.sink = ctx.sink
+        try:
+            b = ingest_server_info_file(path, ing)
+        finally:
+            ing.sink = None
         ctx.learn(run_id)
         return b
     if kind == "estimator_jsonl":
@@ -291,7 +307,7 @@ def ingest_paths(
     todo = sorted(kinds,
                   key=lambda fk: (_ORDER.get(fk[1], 9), plan.run_of[fk[0]] if fk[1] == "server_info" else "",
                                   plan.startup.get(fk[0], 0.0), str(fk[0])))
-    ctx = _Context(store)
+    ctx = _Context(store, sink=lambda part: account(part, final=False))
     for rid, g in plan.gamma.items():
         ctx.gamma.setdefault(rid, g)  # what the server's documents establish, before any one of them is read
     # written rows: the writer counts what its flushes inserted; a store without one is counted around
@@ -315,9 +331,35 @@ def ingest_paths(
                        TextColumn("{task.description}"), console=console, transient=True)
         bar.start()
         task = bar.add_task("", total=len(todo))
+    cur: dict = {}  # the file being read: its path, run, row counts so far
+
+    def account(batch: IngestBatch, final: bool) -> None:
+        """Count and write rows as they come (a server dump hands them over a chunk at a time)."""
+        nonlocal rejects_found, rejects_not_stored
+        f, rid = cur["path"], cur["run_id"]
+        tables_out = batch.storable(str(f), rid) if store is not None and batch else {}
+        for name, n in batch.counts().items():
+            offered[name] += n
+            cur["rows"][name] = cur["rows"].get(name, 0) + n
+        if final:
+            rejects_found += batch.rejects_total()
+            rejects_not_stored += batch.rejects_dropped
+            for name, n in batch.duplicates.items():
+                dups[name] += n
+            for r in batch.rejects:
+                reasons[reason_family(r["reason"])] += 1
+                if len(reject_lines) < 1000:
+                    reject_lines.append(format_reject(r))
+        if tables_out:
+            if writer is not None:
+                writer.append_many(tables_out)  # a chunk's tables land in one transaction
+            else:
+                store.append(tables_out)
+
     try:
         for f, kind in todo:
             rid = plan.run_of[f]
+            cur.update(path=f, run_id=rid, rows={})
             if bar is not None:
                 bar.update(task, description=f.name)
             if kind == "refused":
@@ -332,23 +374,8 @@ def ingest_paths(
                 except Exception as e:  # noqa: BLE001 - a parser bug must cost this file, never the later ones
                     batch = IngestBatch()
                     batch.reject(make_reject(str(f), 0, "$", f"parser failed: {type(e).__name__}: {e}", None, rid))
-            tables_out = batch.storable(str(f), rid) if store is not None and batch else {}
-            counts = batch.counts()
-            rejects_found += batch.rejects_total()
-            rejects_not_stored += batch.rejects_dropped
-            for name, n in counts.items():
-                offered[name] += n
-            for name, n in batch.duplicates.items():
-                dups[name] += n
-            for r in batch.rejects:
-                reasons[reason_family(r["reason"])] += 1
-                if len(reject_lines) < 1000:
-                    reject_lines.append(format_reject(r))
-            if tables_out:
-                if writer is not None:
-                    writer.append_many(tables_out)  # one file's tables land in one transaction
-                else:
-                    store.append(tables_out)
+            account(batch, final=True)
+            counts = {k: v for k, v in cur["rows"].items() if v}
             per_file.append({"path": str(f), "kind": kind, "run_id": rid, "rows": counts,
                              "rejects": batch.rejects_total(), "duplicates": dict(batch.duplicates)})
             if on_file is not None:

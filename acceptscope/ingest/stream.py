@@ -1,0 +1,346 @@
+"""Bounded-memory reading of /server_info dumps: the document's skeleton, and its records in chunks.
+
+Why: one /server_info response holds every DP rank's whole ring (200k records each, ~330 bytes per
+request-step), and a file of polls holds many; reading a dump whole costs memory in proportion to
+it (0.69 GiB per million request-steps before this module). Here a dump is read in two passes:
+
+1. :func:`scan` walks the document once. Outside the ``records`` arrays it tokenizes (small: the
+   server args and the payload headers) and copies the bytes into a *skeleton*, the same document
+   with every records array emptied, which the caller decodes with its ordinary decoders. Inside a
+   records array it cuts the bytes at record boundaries into chunks of about ``chunk_bytes``: a
+   candidate cut is the compact separator ``},{"forward_ct":`` (msgspec writes ``forward_ct``
+   first), and a chunk counts only once ``[`` + its bytes + ``]`` decodes as a JSON array (as
+   ``msgspec.Raw`` items, cheap). A chunk that decodes parses exactly as the original text does,
+   so a cut can never fall inside a record; where the array ends, msgspec reports trailing
+   characters at its closing bracket.
+2. The caller decodes one chunk at a time (:class:`ChunkedRecords`), translates it and drops it.
+
+Anything the scan does not expect (a repeated key on the path to a records array, a record that is
+not valid JSON, a pretty-printed array without the compact separator that outgrows
+``max_record_bytes``, a truncated file) makes :func:`scan` return None: the caller then reads the
+document whole and takes its exact path, which names every problem by file, line and field.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Union
+
+import msgspec
+
+__all__ = ["BytesSource", "FileSource", "Scan", "ChunkedRecords", "scan", "iter_lines", "CHUNK_BYTES"]
+
+CHUNK_BYTES = 16 << 20  # ~50k request-steps of records per chunk
+_MAX_TOKEN = 64 << 20  # a skeleton token (a server-arg string, a number) larger than this: take the whole path
+_SEP = b'},{"forward_ct":'
+_dec_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+_WS = b" \t\n\r"
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_SCALAR = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null")
+
+
+class BytesSource:
+    """A document held in memory (a poll body, a line of a small file)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.size = len(data)
+
+    def read(self, start: int, end: int) -> bytes:
+        return self.data[start:min(end, self.size)]
+
+    def read_all(self) -> bytes:
+        return self.data
+
+
+class FileSource:
+    """A document that is the byte range [start, end) of a file, read with ``pread`` (no mapping held)."""
+
+    def __init__(self, path: Union[str, os.PathLike], start: int = 0, end: Optional[int] = None):
+        self.path = os.fspath(path)
+        self.start = start
+        self.size = (os.path.getsize(self.path) if end is None else end) - start
+
+    def read(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if end <= start:
+            return b""
+        with open(self.path, "rb") as f:
+            return os.pread(f.fileno(), end - start, self.start + start)
+
+    def read_all(self) -> bytes:
+        return self.read(0, self.size)
+
+
+Source = Union[BytesSource, FileSource]
+
+
+@dataclass
+class Scan:
+    """What :func:`scan` found: the skeleton and, per records array, its chunks ``(start, end, count)``.
+
+    ``arrays`` keys: ``None`` for a bare payload's top-level ``records``, ``"top"`` for a top-level
+    ``dspark_info_record``, an int ``i`` for ``internal_states[i].dspark_info_record``.
+    """
+
+    skeleton: bytes
+    arrays: dict = field(default_factory=dict)
+
+
+class _Unexpected(Exception):
+    pass
+
+
+class _Scanner:
+    def __init__(self, src: Source, chunk_bytes: int, max_record_bytes: int):
+        self.src = src
+        self.chunk_bytes = chunk_bytes
+        self.max_record_bytes = max_record_bytes
+        self.buf = b""
+        self.base = 0  # absolute offset of buf[0]
+        self.out: list[bytes] = []
+        self.copied = 0  # absolute offset up to which the skeleton has been copied
+        self.arrays: dict = {}
+
+    # -- buffered access ------------------------------------------------------
+    def _window(self, pos: int, need: int = 1) -> tuple[bytes, int]:
+        """(buffer, index of ``pos`` in it) holding at least ``need`` bytes from pos (fewer at EOF)."""
+        i = pos - self.base
+        if i < 0 or i + need > len(self.buf):
+            size = max(need, 1 << 20)
+            self.buf, self.base = self.src.read(pos, pos + size), pos
+            i = 0
+        return self.buf, i
+
+    def _skip_ws(self, pos: int) -> int:
+        while True:
+            buf, i = self._window(pos)
+            n = len(buf)
+            while i < n and buf[i] in _WS:
+                i += 1
+            if i < n:
+                return self.base + i
+            if n == 0 or pos >= self.src.size:
+                raise _Unexpected("end of document")
+            pos = self.base + i
+
+    def _byte(self, pos: int) -> int:
+        buf, i = self._window(pos)
+        if i >= len(buf):
+            raise _Unexpected("end of document")
+        return buf[i]
+
+    def _token(self, rx: re.Pattern, pos: int) -> tuple[bytes, int]:
+        need = 4096
+        while True:
+            buf, i = self._window(pos, need)
+            m = rx.match(buf, i)
+            complete = m is not None and (m.end() < len(buf) or self.base + len(buf) >= self.src.size)
+            if complete:
+                return m.group(0), self.base + m.end()
+            if need >= _MAX_TOKEN or self.base + len(buf) >= self.src.size:
+                raise _Unexpected("token")
+            need *= 4
+
+    # -- the document ---------------------------------------------------------
+    def value(self, pos: int, path: tuple, depth: int = 0) -> int:
+        """Skip (copying) the value at ``pos``; returns the position after it."""
+        if depth > 64:
+            raise _Unexpected("deep")
+        pos = self._skip_ws(pos)
+        c = self._byte(pos)
+        if c == 0x7B:  # {
+            return self._object(pos + 1, path, depth)
+        if c == 0x5B:  # [
+            return self._array(pos + 1, path, depth)
+        if c == 0x22:  # "
+            return self._token(_STRING, pos)[1]
+        return self._token(_SCALAR, pos)[1]
+
+    def _object(self, pos: int, path: tuple, depth: int) -> int:
+        seen: set[bytes] = set()
+        pos = self._skip_ws(pos)
+        if self._byte(pos) == 0x7D:
+            return pos + 1
+        while True:
+            pos = self._skip_ws(pos)
+            if self._byte(pos) != 0x22:
+                raise _Unexpected("key")
+            key, pos = self._token(_STRING, pos)
+            if key in seen:
+                raise _Unexpected("repeated key")  # (decoders keep the last one; the whole path sorts it out)
+            seen.add(key)
+            pos = self._skip_ws(pos)
+            if self._byte(pos) != 0x3A:
+                raise _Unexpected(":")
+            sub = path + (key[1:-1],)
+            where = _records_key(sub)
+            vpos = self._skip_ws(pos + 1)
+            if where is not _NO and self._byte(vpos) == 0x5B:
+                pos = self._records(vpos + 1, where)
+            else:
+                pos = self.value(vpos, sub if len(sub) < 4 else ("",) * 4, depth + 1)
+            pos = self._skip_ws(pos)
+            c = self._byte(pos)
+            if c == 0x7D:
+                return pos + 1
+            if c != 0x2C:
+                raise _Unexpected(",")
+            pos += 1
+
+    def _array(self, pos: int, path: tuple, depth: int) -> int:
+        pos = self._skip_ws(pos)
+        if self._byte(pos) == 0x5D:
+            return pos + 1
+        k = 0
+        while True:
+            pos = self.value(pos, path + (k,) if len(path) < 4 else ("",) * 4, depth + 1)
+            pos = self._skip_ws(pos)
+            c = self._byte(pos)
+            if c == 0x5D:
+                return pos + 1
+            if c != 0x2C:
+                raise _Unexpected(",")
+            pos += 1
+            k += 1
+
+    def _records(self, pos: int, where) -> int:
+        """Chunk the records array whose '[' ends just before ``pos``; returns the position after its ']'."""
+        self.out.append(self.src.read(self.copied, pos))  # the skeleton keeps '[' ...
+        chunks: list[tuple[int, int, int]] = []
+        size = self.chunk_bytes
+        while True:
+            first = self._skip_ws(pos)
+            if self._byte(first) == 0x5D and not chunks:
+                end = first
+                break
+            data = self.src.read(pos, pos + size)
+            cut = data.rfind(_SEP)
+            piece = data[: cut + 1] if cut >= 0 else data
+            try:
+                n = len(_dec_raw_list.decode(b"[" + piece + (b"]" if cut >= 0 else b"")))
+                if cut < 0:
+                    raise _Unexpected("unterminated")
+                chunks.append((pos, pos + cut + 1, n))
+                pos += cut + 2  # past the separating ','
+                size = self.chunk_bytes
+                continue
+            except msgspec.DecodeError as e:
+                m = _TRAILING.search(str(e))
+                if m is None:
+                    if pos + len(data) < self.src.size and size < self.max_record_bytes:
+                        size *= 4  # one record longer than a chunk, or no compact separator: read more
+                        continue
+                    raise _Unexpected(str(e)) from None
+            # msgspec names the byte after the first trailing character; the array's ']' is the last
+            # non-blank byte before that character (index k in "[" + piece, i.e. piece[k - 1])
+            k = int(m.group(1)) - 2
+            while k > 0 and piece[k - 1] in _WS:
+                k -= 1
+            if k < 1 or piece[k - 1] != 0x5D:
+                raise _Unexpected("array end") from None
+            n = len(_dec_raw_list.decode(b"[" + piece[: k]))
+            end = pos + k - 1  # the array's ']'
+            if n:
+                chunks.append((pos, end, n))
+            break
+        self.arrays[where] = chunks
+        self.copied = end  # ... and its ']'
+        return end + 1
+
+    def run(self) -> Scan:
+        pos = self._skip_ws(0)
+        if self._byte(pos) != 0x7B:
+            raise _Unexpected("not an object")
+        end = self.value(pos, ())
+        if end < self.src.size and self.src.read(end, self.src.size).strip(_WS + b"\x0b\x0c"):
+            raise _Unexpected("trailing data")
+        self.out.append(self.src.read(self.copied, self.src.size))
+        return Scan(b"".join(self.out), self.arrays)
+
+
+_NO = object()
+
+
+def _records_key(path: tuple):
+    """The ``Scan.arrays`` key when ``path`` (keys and indices from the top) is a records array, else _NO."""
+    if path == (b"records",):
+        return None
+    if path == (b"dspark_info_record", b"records"):
+        return "top"
+    if len(path) == 4 and path[0] == b"internal_states" and isinstance(path[1], int) \
+            and path[2:] == (b"dspark_info_record", b"records"):
+        return path[1]
+    return _NO
+
+
+def scan(src: Source, chunk_bytes: int = CHUNK_BYTES, max_record_bytes: int = 256 << 20) -> Optional[Scan]:
+    """The skeleton and records chunks of the document in ``src``, or None when it is irregular."""
+    try:
+        return _Scanner(src, chunk_bytes, max_record_bytes).run()
+    except (_Unexpected, msgspec.DecodeError, RecursionError):
+        return None
+
+
+class ChunkedRecords:
+    """The records of one state as a sequence of raw items, decoded one chunk at a time (one kept)."""
+
+    def __init__(self, src: Source, chunks: list[tuple[int, int, int]]):
+        self.src = src
+        self.chunks = chunks
+        self.starts = [0]
+        for _, _, n in chunks:
+            self.starts.append(self.starts[-1] + n)
+        self._cached: tuple[int, list] = (-1, [])
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def chunk_bytes(self, c: int) -> bytes:
+        a, b, _ = self.chunks[c]
+        return self.src.read(a, b)
+
+    def chunk_items(self, c: int) -> list:
+        if self._cached[0] != c:
+            self._cached = (c, _dec_raw_list.decode(b"[" + self.chunk_bytes(c) + b"]"))
+        return self._cached[1]
+
+    def chunk_of(self, j: int) -> int:
+        return bisect.bisect_right(self.starts, j) - 1
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError(j)
+        c = self.chunk_of(j)
+        return self.chunk_items(c)[j - self.starts[c]]
+
+    def release(self) -> None:
+        self._cached = (-1, [])
+
+
+def iter_lines(path: Union[str, os.PathLike], block: int = 8 << 20) -> Iterator[tuple[int, int, int]]:
+    """(line number from 1, start, end) of each line of a file (end excludes the newline), read in blocks."""
+    size = os.path.getsize(path)
+    start, lineno, pos = 0, 1, 0
+    with open(path, "rb") as f:
+        while pos < size:
+            data = os.pread(f.fileno(), min(block, size - pos), pos)
+            k = 0
+            while True:
+                nl = data.find(b"\n", k)
+                if nl < 0:
+                    break
+                yield lineno, start, pos + nl
+                lineno += 1
+                start = pos + nl + 1
+                k = nl + 1
+            pos += len(data)
+    yield lineno, start, size
