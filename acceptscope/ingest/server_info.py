@@ -54,8 +54,8 @@ from pyarrow.compute import is_null as pc_is_null
 
 from acceptscope import schema
 from acceptscope.arrow_columns import one_array
-from acceptscope.ingest import fast_decode, stream
-from acceptscope.ingest import server_info_arrow as fast
+from acceptscope.ingest import server_info_fast as fast
+from acceptscope.ingest import stream
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
 from acceptscope.ingest.rejects import (
     INT32_MAX,
@@ -165,9 +165,9 @@ class _StepRecordObj(StepRecord):
 class _StepRecordTyped(StepRecord, gc=False):
     """A record of the fast path: header exactly as ``StepRecord`` (so a record the exact path would
     refuse fails the chunk's decode), ReqDetails with their per-position lists kept raw for
-    :func:`acceptscope.ingest.fast_decode.records_table`."""
+    :func:`acceptscope.ingest.fast.records_table`."""
 
-    reqs: Optional[list[fast_decode.ReqRawLists]] = None
+    reqs: Optional[list[fast.ReqRawLists]] = None
 
 
 _ArgFields = [(k, Any, None) for k in _ARG_KEYS]
@@ -1228,7 +1228,7 @@ class ServerInfoIngestor:
             recs = _dec_chunk.decode(s.range_json(a, b))
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError, msgspec.EncodeError):
             return False  # (ValueError: a lone surrogate in a decoded record that JSON cannot carry)
-        tbl = fast_decode.records_table(recs)
+        tbl = fast.records_table(recs)
         del recs
         if tbl is None:
             return False
