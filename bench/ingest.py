@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -179,22 +180,34 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Pa
         st["dspark_info_record"] = make_payload(gamma=gamma, mode="cap-accept", records=[])
     head, _, _ = enc.encode(shell).partition(b'"internal_states":')
     n = 0
-    per = 2000  # steps per generated batch
+    per = 2000  # steps per batch; a 10M request-step dump repeats 2 generated batches per rank with fresh
+    # forward_cts and rids (generating every record takes ~100x longer than ingesting it)
+    fct_key = re.compile(rb'"forward_ct":(\d+)')
     with open(dump, "wb") as d, open(jsonl, "wb") as f:
         d.write(head + b'"internal_states":[')
         for rank, st in enumerate(shell["internal_states"]):
             pre, _, post = enc.encode(st).partition(b'"records":[]')
             d.write((b"," if rank else b"") + pre + b'"records":[')
+            templates: dict[int, tuple[bytes, bytes, int, int]] = {}
             fct = 1
             for i, lo in enumerate(range(0, steps, per)):
-                recs = make_records(n_steps=min(per, steps - lo), gamma=gamma, bs=bs, mode="cap-accept",
-                                    seed=1 * 100 + rank + 7919 * i, first_fct=fct, rid_prefix=f"d{rank}-{i}-")
-                fct = recs[-1]["forward_ct"] + 1
-                d.write((b"," if i else b"") + enc.encode(recs)[1:-1])
-                for rec in recs:
-                    for q in rec.get("reqs") or []:
-                        f.write(enc.encode({"rank": rank, "forward_ct": rec["forward_ct"], **q}) + b"\n")
-                        n += 1
+                k = min(per, steps - lo)
+                t = i % 2 if k == per else -1
+                if t not in templates:
+                    recs = make_records(n_steps=k, gamma=gamma, bs=bs, mode="cap-accept",
+                                        seed=100 + rank + 7919 * (t + 1), first_fct=1, rid_prefix=f"d{rank}-T{t}-")
+                    lines = b"".join(enc.encode({"rank": rank, "forward_ct": rec["forward_ct"], **q}) + b"\n"
+                                     for rec in recs for q in rec.get("reqs") or [])
+                    templates[t] = (enc.encode(recs)[1:-1], lines, recs[-1]["forward_ct"],
+                                    sum(len(rec.get("reqs") or []) for rec in recs))
+                body, lines, span, m = templates[t]
+                shift = fct - 1
+                fresh = (lambda x: x.replace(b'"rid":"d%d-T%d-' % (rank, t), b'"rid":"d%d-%d-' % (rank, i)))
+                renum = (lambda x: fct_key.sub(lambda g: b'"forward_ct":%d' % (int(g.group(1)) + shift), x))
+                d.write((b"," if i else b"") + fresh(renum(body)))
+                f.write(fresh(renum(lines)))
+                n += m
+                fct += span
             d.write(b"]" + post)
         d.write(b"]," + enc.encode({"version": shell["version"]})[1:])
     count.write_text(str(n))

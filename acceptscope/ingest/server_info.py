@@ -29,6 +29,11 @@ Translation decisions (documented here because readers depend on them):
   (``ring_capacity`` records), else ``clear-loss`` (cleared between polls).
   ``forward_ct`` jumps inside a snapshot are normal (prefill/idle passes) and
   are not gaps.
+* Reading: a document is scanned once for its skeleton (everything but the records arrays)
+  and its records' chunk boundaries (:mod:`acceptscope.ingest.stream`), then translated a chunk
+  at a time: one typed msgspec pass + vectorised checks (:mod:`acceptscope.ingest.server_info_fast`),
+  or, for a chunk that pass declines, the exact per-record path below. A document the scan
+  cannot cut (repeated keys, malformed JSON, NaN tokens) is read whole and takes the exact path.
 * Bad input never aborts: the smallest invalid unit (one ReqDetail, one step
   header, one component name, one state) goes to ``rejects`` with its field
   path, and every valid sibling is kept.
@@ -574,9 +579,13 @@ def _run_row(run_id, *, mode, gamma, vndt, components, simulate_acc_len, args, s
 class ServerInfoIngestor:
     """Stateful translator of successive /server_info payloads of one run.
 
-    ``feed(payload_dict)`` (live poller) and ``feed_bytes(json_bytes)`` (files:
-    decoded straight into typed structs) return an :class:`IngestBatch` holding
-    only what is new since the previous call.
+    ``feed(payload_dict)``, ``feed_bytes(json_bytes)`` (the live poller) and
+    ``feed_source(stream.FileSource(path))`` (files) return an :class:`IngestBatch` holding only
+    what is new since the previous call. Documents are read a chunk of records at a time
+    (:mod:`acceptscope.ingest.stream`); each chunk takes the one fast path
+    (:mod:`acceptscope.ingest.server_info_fast`) or, when that declines, the exact per-record
+    path, which names every problem by field. With :attr:`sink` set, each chunk's rows are handed
+    to it as soon as they are made, so memory is bounded by a chunk, not by the document.
     """
 
     def __init__(self, run_id: str, source: str = "live", *, ring_capacity: int = RING_CAPACITY,
