@@ -137,34 +137,6 @@ def not_regular(path: Path) -> Optional[str]:
 
 
 _WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
-_FIRST_LINE_PROBE = 64 << 20  # a first line longer than this is tested by the stream scan, not decoded whole
-
-
-def _is_json_lines(path: Path) -> bool:
-    """Whether the file is JSON lines of payloads (its first non-blank line is a JSON document on its own),
-    not one (possibly pretty-printed) document. Reads only up to the end of that line."""
-    import msgspec
-
-    from acceptscope.ingest import stream
-
-    size = path.stat().st_size
-    lines = stream.iter_lines(path)
-    for _, a, b in lines:
-        head = stream.FileSource(path, a, b)
-        if b - a < (1 << 20) and not head.read_all().strip(_WHITESPACE):
-            continue  # (leading blank lines)
-        if size - b < (1 << 20) and not stream.FileSource(path, b, size).read_all().strip(_WHITESPACE):
-            return False  # nothing after the first line: one document
-        if b - a > _FIRST_LINE_PROBE:
-            return stream.scan(head) is not None
-        try:
-            msgspec.json.decode(head.read_all())
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            return False
-        return True
-    return False
-
-
 def ingest_server_info_file(path: Path, ingestor, source: Optional[str] = None) -> IngestBatch:
     """One saved /server_info response (JSON) or successive polls (JSON lines) into ``ingestor``,
     read a chunk of records at a time (:mod:`acceptscope.ingest.stream`)."""
@@ -172,8 +144,9 @@ def ingest_server_info_file(path: Path, ingestor, source: Optional[str] = None) 
 
     path = Path(path)
     src = source or str(path)
-    if not _is_json_lines(path):
-        return ingestor.feed_source(stream.FileSource(path), source=src, line=1)
+    lines, first = stream.first_document(path)
+    if not lines:
+        return ingestor.feed_source(first, source=src, line=1)  # (the scan run identity made is reused)
     batch = IngestBatch()
     for i, a, b in stream.iter_lines(path):
         doc = stream.FileSource(path, a, b)

@@ -277,13 +277,13 @@ class _State:
             return [(lo, hi)] if lo < hi else []
         return [(max(lo, a), min(hi, b)) for a, b in zip(r.starts, r.starts[1:]) if max(lo, a) < min(hi, b)]
 
-    def range_json(self, a: int, b: int) -> bytes:
+    def range_json(self, a: int, b: int) -> bytes | bytearray:
         """records[a:b] as one JSON array (a whole chunk is read as it lies in the file)."""
         r = self.records
         if isinstance(r, stream.ChunkedRecords):
             c = r.chunk_of(a)
             if a == r.starts[c] and b == r.starts[c + 1]:
-                return b"[" + r.chunk_bytes(c) + b"]"
+                return r.chunk_json(c)
         if self.is_raw:
             return b"[" + b",".join(r[a:b]) + b"]"
         return msgspec.json.encode(list(r[a:b]))

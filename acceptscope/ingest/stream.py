@@ -31,7 +31,8 @@ from typing import Iterator, Optional, Union
 
 import msgspec
 
-__all__ = ["BytesSource", "FileSource", "Scan", "ChunkedRecords", "scan", "iter_lines", "CHUNK_BYTES"]
+__all__ = ["BytesSource", "FileSource", "Scan", "ChunkedRecords", "scan", "iter_lines", "first_document",
+           "CHUNK_BYTES"]
 
 CHUNK_BYTES = 16 << 20  # ~50k request-steps of records per chunk
 _MAX_TOKEN = 64 << 20  # a skeleton token (a server-arg string, a number) larger than this: take the whole path
@@ -53,6 +54,9 @@ class BytesSource:
     def read(self, start: int, end: int) -> bytes:
         return self.data[start:min(end, self.size)]
 
+    def read_array(self, start: int, end: int) -> bytearray:
+        return bytearray(self.data[start:min(end, self.size)])
+
     def read_all(self) -> bytes:
         return self.data
 
@@ -71,6 +75,16 @@ class FileSource:
             return b""
         with open(self.path, "rb") as f:
             return os.pread(f.fileno(), end - start, self.start + start)
+
+    def read_array(self, start: int, end: int) -> bytearray:
+        """A mutable copy of [start, end), read straight into it (the caller brackets it in place)."""
+        end = min(end, self.size)
+        buf = bytearray(max(end - start, 0))
+        if buf:
+            with open(self.path, "rb") as f:
+                got = os.preadv(f.fileno(), [buf], self.start + start)
+            del buf[got:]
+        return buf
 
     def read_all(self) -> bytes:
         return self.read(0, self.size)
@@ -209,7 +223,11 @@ class _Scanner:
             k += 1
 
     def _records(self, pos: int, where) -> int:
-        """Chunk the records array whose '[' ends just before ``pos``; returns the position after its ']'."""
+        """Chunk the records array whose '[' ends just before ``pos``; returns the position after its ']'.
+
+        Each read starts one byte early (the '[' or the ',' before the chunk), which becomes the
+        wrapping '[', and the separator's ',' becomes the closing ']': no copy besides the read.
+        """
         self.out.append(self.src.read(self.copied, pos))  # the skeleton keeps '[' ...
         chunks: list[tuple[int, int, int]] = []
         size = self.chunk_bytes
@@ -218,33 +236,38 @@ class _Scanner:
             if self._byte(first) == 0x5D and not chunks:
                 end = first
                 break
-            data = self.src.read(pos, pos + size)
-            cut = data.rfind(_SEP)
-            piece = data[: cut + 1] if cut >= 0 else data
+            buf = self.src.read_array(pos - 1, pos + size)  # buf[i] is the document's byte pos - 1 + i
+            buf[0] = 0x5B
+            cut = buf.rfind(_SEP, 1)  # '}' at cut, ',' at cut + 1
+            if cut >= 0:
+                buf[cut + 1] = 0x5D
+            view = memoryview(buf)[: cut + 2] if cut >= 0 else memoryview(buf)
             try:
-                n = len(_dec_raw_list.decode(b"[" + piece + (b"]" if cut >= 0 else b"")))
+                n = len(_dec_raw_list.decode(view))
                 if cut < 0:
                     raise _Unexpected("unterminated")
-                chunks.append((pos, pos + cut + 1, n))
-                pos += cut + 2  # past the separating ','
+                chunks.append((pos, pos + cut, n))
+                pos += cut + 1  # past the separating ','
                 size = self.chunk_bytes
                 continue
             except msgspec.DecodeError as e:
                 m = _TRAILING.search(str(e))
                 if m is None:
-                    if pos + len(data) < self.src.size and size < self.max_record_bytes:
+                    if pos - 1 + len(buf) < self.src.size and size < self.max_record_bytes:
                         size *= 4  # one record longer than a chunk, or no compact separator: read more
                         continue
                     raise _Unexpected(str(e)) from None
+            finally:
+                view.release()
             # msgspec names the byte after the first trailing character; the array's ']' is the last
-            # non-blank byte before that character (index k in "[" + piece, i.e. piece[k - 1])
+            # non-blank byte before that character
             k = int(m.group(1)) - 2
-            while k > 0 and piece[k - 1] in _WS:
+            while k > 0 and buf[k] in _WS:
                 k -= 1
-            if k < 1 or piece[k - 1] != 0x5D:
+            if k < 1 or buf[k] != 0x5D:
                 raise _Unexpected("array end") from None
-            n = len(_dec_raw_list.decode(b"[" + piece[: k]))
-            end = pos + k - 1  # the array's ']'
+            n = len(_dec_raw_list.decode(memoryview(buf)[: k + 1]))
+            end = pos - 1 + k  # the array's ']'
             if n:
                 chunks.append((pos, end, n))
             break
@@ -278,12 +301,63 @@ def _records_key(path: tuple):
     return _NO
 
 
+_SCANS: dict = {}  # the last few file scans: run identity scans a dump, then the ingest reads it
+
+
 def scan(src: Source, chunk_bytes: int = CHUNK_BYTES, max_record_bytes: int = 256 << 20) -> Optional[Scan]:
-    """The skeleton and records chunks of the document in ``src``, or None when it is irregular."""
+    """The skeleton and records chunks of the document in ``src``, or None when it is irregular.
+
+    A file's scan is kept (keyed by path, range, size and change times) for the next call on the
+    same range: the identity pass over a dump and its ingest then cost one scan.
+    """
+    key = None
+    if isinstance(src, FileSource):
+        try:
+            st = os.stat(src.path)
+        except OSError:
+            return None
+        key = (src.path, src.start, src.size, chunk_bytes, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        if key in _SCANS:
+            return _SCANS[key]
     try:
-        return _Scanner(src, chunk_bytes, max_record_bytes).run()
+        got: Optional[Scan] = _Scanner(src, chunk_bytes, max_record_bytes).run()
     except (_Unexpected, msgspec.DecodeError, RecursionError):
-        return None
+        got = None
+    if key is not None:
+        while len(_SCANS) >= 8:
+            _SCANS.pop(next(iter(_SCANS)))
+        _SCANS[key] = got
+    return got
+
+
+_BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+_SMALL = 1 << 20
+
+
+def first_document(path: Union[str, os.PathLike], probe: int = 64 << 20) -> tuple[bool, FileSource]:
+    """(whether the file is JSON lines of documents, its first document).
+
+    JSON lines when the first non-blank line is a JSON document on its own and more follows it;
+    else the file is one (possibly pretty-printed) document. Reads up to the end of that line only
+    (a first line longer than ``probe`` is tested by :func:`scan`, whose result is kept).
+    """
+    size = os.path.getsize(path)
+    for _, a, b in iter_lines(path):
+        head = FileSource(path, a, b)
+        if b - a < _SMALL and not head.read_all().strip(_BLANK):
+            continue  # (leading blank lines)
+        if size - b < _SMALL and not FileSource(path, b, size).read_all().strip(_BLANK):
+            return False, FileSource(path, a, size)  # nothing after the first line: one document
+        if b - a > probe:
+            ok = scan(head) is not None
+        else:
+            try:
+                msgspec.json.decode(head.read_all())
+                ok = True
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                ok = False
+        return (True, head) if ok else (False, FileSource(path, a, size))
+    return False, FileSource(path, 0, size)
 
 
 class ChunkedRecords:
@@ -300,13 +374,17 @@ class ChunkedRecords:
     def __len__(self) -> int:
         return self.starts[-1]
 
-    def chunk_bytes(self, c: int) -> bytes:
+    def chunk_json(self, c: int) -> bytearray:
+        """Chunk ``c`` as one JSON array: read with the byte before it ('[' or ',') and after it (',' or ']'),
+        which become its brackets."""
         a, b, _ = self.chunks[c]
-        return self.src.read(a, b)
+        buf = self.src.read_array(a - 1, b + 1)
+        buf[0], buf[-1] = 0x5B, 0x5D
+        return buf
 
     def chunk_items(self, c: int) -> list:
         if self._cached[0] != c:
-            self._cached = (c, _dec_raw_list.decode(b"[" + self.chunk_bytes(c) + b"]"))
+            self._cached = (c, _dec_raw_list.decode(self.chunk_json(c)))
         return self._cached[1]
 
     def chunk_of(self, j: int) -> int:
