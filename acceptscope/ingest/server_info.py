@@ -214,7 +214,7 @@ _dec_payload = msgspec.json.Decoder(_PayloadRaw)
 _dec_chunk = msgspec.json.Decoder(list[_StepRecordTyped])
 _dec_record = msgspec.json.Decoder(_StepRecordRaw)
 _dec_reqs = msgspec.json.Decoder(list[ReqDetail])
-_dec_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+_dec_raw_list = stream.RAW_LIST
 _dec_req = msgspec.json.Decoder(ReqDetail)
 
 
@@ -357,7 +357,7 @@ class _Rank:
 
 
 # ---------------------------------------------------------------------------
-# validation of one ReqDetail (scalar; the vectorised filter mirrors it)
+# validation of one ReqDetail (the exact path; server_info_fast.translate mirrors it on columns)
 # ---------------------------------------------------------------------------
 def _surv_tol(k: int) -> float:
     # confidence and survival are each rounded to 4 dp after SGLang's float32 cumprod
@@ -424,64 +424,6 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
                 return f"survival[{k}]", f"{s!r} inconsistent with cumprod(confidence) {prod:.6f}"
             prev = s
     return None
-
-
-def _vector_bad_mask(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
-    """Fast filter: True where ``check_req`` would find a problem (may over-flag; never under-flag)."""
-    try:
-        return _vector_bad_mask_(reqs, gamma, mode)
-    except (OverflowError, ValueError, TypeError):  # an int beyond int64 somewhere: check every one exactly
-        return np.ones(len(reqs), dtype=bool)
-
-
-def _vector_bad_mask_(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
-    n = len(reqs)
-    ints = np.array(
-        [
-            (r.req_pool_index, r.prefix_len, r.bonus_token, r.verify_len, r.correct_drafts, r.acc_len,
-             r.cap_trim, len(r.draft_tokens))
-            for r in reqs
-        ],
-        dtype=np.int64,
-    ).reshape(n, 8)
-    pool, prefix, bonus, vlen, cd, acc, ct, dlen = ints.T
-    bad = (pool < 0) | (prefix < 0) | (bonus < 0) | (vlen < 1) | (vlen > gamma + 1)
-    bad |= (cd < 0) | (cd > vlen - 1) | (acc != cd + 1) | (ct < 0) | (cd + ct > gamma) | (dlen != gamma)
-    if mode == "static":
-        bad |= (vlen != gamma + 1) | (ct != 0)
-    ok = ~bad
-    if ok.any():
-        idx = np.flatnonzero(ok)
-        flat = np.fromiter(chain.from_iterable(reqs[i].draft_tokens for i in idx), dtype=np.int64,
-                           count=len(idx) * gamma)
-        tok_bad = (flat.reshape(len(idx), gamma) < 0).any(axis=1)
-        bad[idx[tok_bad]] = True
-    has_conf = np.fromiter((r.confidence is not None for r in reqs), dtype=bool, count=n)
-    has_surv = np.fromiter((r.survival is not None for r in reqs), dtype=bool, count=n)
-    bad |= has_conf != has_surv
-    bad |= np.fromiter((r.rid is not None and (not r.rid or not r.rid.isascii() and has_surrogates(r.rid))
-                        for r in reqs), dtype=bool, count=n)
-    both = np.flatnonzero(has_conf & has_surv & ~bad)
-    if len(both):
-        clen = np.fromiter((len(reqs[i].confidence) for i in both), dtype=np.int64, count=len(both))
-        slen = np.fromiter((len(reqs[i].survival) for i in both), dtype=np.int64, count=len(both))
-        lbad = (clen != gamma) | (slen != gamma)
-        bad[both[lbad]] = True
-        both = both[~lbad]
-        if len(both):
-            m = len(both) * gamma
-            conf = np.fromiter(chain.from_iterable(reqs[i].confidence for i in both), dtype=np.float64,
-                               count=m).reshape(len(both), gamma)
-            surv = np.fromiter(chain.from_iterable(reqs[i].survival for i in both), dtype=np.float64,
-                               count=m).reshape(len(both), gamma)
-            with np.errstate(invalid="ignore"):
-                rbad = ~((conf >= 0) & (conf <= 1)).all(axis=1)
-                rbad |= ~((surv >= 0) & (surv <= 1)).all(axis=1)
-                rbad |= (np.diff(surv, axis=1, prepend=1.0) > 0).any(axis=1)
-                tol = 5e-5 * (np.arange(gamma) + 2) + 1e-6
-                rbad |= (np.abs(surv - np.cumprod(conf, axis=1)) > tol).any(axis=1)
-            bad[both[rbad]] = True
-    return bad
 
 
 # ---------------------------------------------------------------------------
@@ -1362,8 +1304,6 @@ class ServerInfoIngestor:
     def _add_reqs(self, s, rank, rec_meta, req_all, req_pos, src, line, batch, cols) -> None:
         gamma = s.gamma
         pfx = f"{s.prefix}." if s.prefix else ""
-        modes = {(h.mode or s.mode) for _, h, _, _ in rec_meta}
-        bad = _vector_bad_mask(req_all, gamma, s.mode) if len(modes) == 1 else None
         ct = self._step_ct
         pool_prefix = self._pool_prefix
         keep: list[ReqDetail] = []
@@ -1377,13 +1317,12 @@ class ServerInfoIngestor:
             seen: set[str] = set()
             for q in range(first, end):
                 r = req_all[q]
-                if bad is None or bad[q]:
-                    prob = check_req(r, gamma, mode)
-                    if prob is not None:
-                        k = req_pos[q][1]
-                        batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].{prob[0]}", prob[1],
-                                                 msgspec.to_builtins(r), self.run_id))
-                        continue
+                prob = check_req(r, gamma, mode)
+                if prob is not None:
+                    k = req_pos[q][1]
+                    batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].{prob[0]}", prob[1],
+                                             msgspec.to_builtins(r), self.run_id))
+                    continue
                 rid = r.rid
                 if rid is None:
                     rid = f"pool:{r.req_pool_index}"

@@ -37,7 +37,7 @@ __all__ = ["BytesSource", "FileSource", "Scan", "ChunkedRecords", "scan", "iter_
 CHUNK_BYTES = 16 << 20  # ~50k request-steps of records per chunk
 _MAX_TOKEN = 64 << 20  # a skeleton token (a server-arg string, a number) larger than this: take the whole path
 _SEP = b'},{"forward_ct":'
-_dec_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+RAW_LIST = _dec_raw_list = msgspec.json.Decoder(list[msgspec.Raw])  # (server_info's exact path uses it too)
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _WS = b" \t\n\r"
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
