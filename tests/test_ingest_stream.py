@@ -73,6 +73,19 @@ def test_scan_pretty_bare_and_irregular_documents():
     assert b.rejects_total() == whole.rejects_total() == 0
 
 
+def test_scan_cuts_spaced_dumps_of_the_fixtures():
+    """``json.dumps``-spaced documents (``}, {"forward_ct": ``, as the SGLang fixtures are saved) are cut
+    between records too, not read whole."""
+    for name in ("capacc.server_info.json", "compact.server_info.json"):
+        src = stream.FileSource(FIX / name)
+        sc = stream.scan(src, chunk_bytes=4000)
+        doc = json.loads((FIX / name).read_bytes())
+        for i, st in enumerate(doc["internal_states"]):
+            assert len(sc.arrays[i]) > 5
+            got = [json.loads(bytes(x)) for x in stream.ChunkedRecords(src, sc.arrays[i])[:]]
+            assert got == st["dspark_info_record"]["records"]
+
+
 def _store_rows(db: Path) -> dict:
     s = Store(db)
     out = {}

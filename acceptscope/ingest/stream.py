@@ -8,8 +8,8 @@ it (0.69 GiB per million request-steps before this module). Here a dump is read 
    server args and the payload headers) and copies the bytes into a *skeleton*, the same document
    with every records array emptied, which the caller decodes with its ordinary decoders. Inside a
    records array it cuts the bytes at record boundaries into chunks of about ``chunk_bytes``: a
-   candidate cut is the compact separator ``},{"forward_ct":`` (msgspec writes ``forward_ct``
-   first), and a chunk counts only once ``[`` + its bytes + ``]`` decodes as a JSON array (as
+   candidate cut is a ``}, {"forward_ct"`` separator (``forward_ct`` is the first field SGLang's
+   record declares; compact or spaced), and a chunk counts only once ``[`` + its bytes + ``]`` decodes as a JSON array (as
    ``msgspec.Raw`` items, cheap). A chunk that decodes parses exactly as the original text does,
    so a cut can never fall inside a record; where the array ends, msgspec reports trailing
    characters at its closing bracket.
@@ -36,7 +36,7 @@ __all__ = ["BytesSource", "FileSource", "Scan", "ChunkedRecords", "scan", "iter_
 
 CHUNK_BYTES = 16 << 20  # ~50k request-steps of records per chunk
 _MAX_TOKEN = 64 << 20  # a skeleton token (a server-arg string, a number) larger than this: take the whole path
-_SEP = b'},{"forward_ct":'
+_KEY = b'"forward_ct"'  # the first key of every record (SGLang's DecodeStepRecord declares it first)
 RAW_LIST = _dec_raw_list = msgspec.json.Decoder(list[msgspec.Raw])  # (server_info's exact path uses it too)
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _WS = b" \t\n\r"
@@ -227,6 +227,8 @@ class _Scanner:
 
         Each read starts one byte early (the '[' or the ',' before the chunk), which becomes the
         wrapping '[', and the separator's ',' becomes the closing ']': no copy besides the read.
+        A candidate cut is a ``}`` ``,`` ``{"forward_ct"`` sequence (whitespace allowed between:
+        compact and ``json.dumps``-spaced dumps alike); the decode check makes it a cut.
         """
         self.out.append(self.src.read(self.copied, pos))  # the skeleton keeps '[' ...
         chunks: list[tuple[int, int, int]] = []
@@ -238,16 +240,16 @@ class _Scanner:
                 break
             buf = self.src.read_array(pos - 1, pos + size)  # buf[i] is the document's byte pos - 1 + i
             buf[0] = 0x5B
-            cut = buf.rfind(_SEP, 1)  # '}' at cut, ',' at cut + 1
+            cut = _last_cut(buf)  # the ',' before the last record that starts in buf
             if cut >= 0:
-                buf[cut + 1] = 0x5D
-            view = memoryview(buf)[: cut + 2] if cut >= 0 else memoryview(buf)
+                buf[cut] = 0x5D
+            view = memoryview(buf)[: cut + 1] if cut >= 0 else memoryview(buf)
             try:
                 n = len(_dec_raw_list.decode(view))
                 if cut < 0:
                     raise _Unexpected("unterminated")
-                chunks.append((pos, pos + cut, n))
-                pos += cut + 1  # past the separating ','
+                chunks.append((pos, pos - 1 + cut, n))
+                pos += cut  # past the separating ','
                 size = self.chunk_bytes
                 continue
             except msgspec.DecodeError as e:
@@ -287,6 +289,29 @@ class _Scanner:
 
 
 _NO = object()
+
+
+def _last_cut(buf: bytearray) -> int:
+    """Index of the ',' of the last ``}`` ``,`` ``{"forward_ct"`` in ``buf`` (blanks allowed between), or -1."""
+    end = len(buf)
+    while True:
+        k = buf.rfind(_KEY, 1, end)
+        if k < 0:
+            return -1
+        i = k - 1
+        while i > 0 and buf[i] in _WS:
+            i -= 1
+        if buf[i] == 0x7B:  # {
+            i -= 1
+            while i > 0 and buf[i] in _WS:
+                i -= 1
+            if buf[i] == 0x2C:  # ,
+                j = i - 1
+                while j > 0 and buf[j] in _WS:
+                    j -= 1
+                if buf[j] == 0x7D:  # }
+                    return i
+        end = k
 
 
 def _records_key(path: tuple):
