@@ -339,6 +339,8 @@ def ingest_paths(
                 writer.append_many(tables_out)  # a chunk's tables land in one transaction
             else:
                 store.append(tables_out)
+        if bar is not None and not final:  # a big dump: its request-steps so far, a chunk at a time
+            bar.update(task, description=f"{f.name}: {cur['rows'].get('request_steps', 0):,} request-steps")
 
     try:
         for f, kind in todo:
