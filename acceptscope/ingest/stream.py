@@ -366,7 +366,16 @@ def first_document(path: Union[str, os.PathLike], probe: int = 64 << 20) -> tupl
     else the file is one (possibly pretty-printed) document. Reads up to the end of that line only
     (a first line longer than ``probe`` is tested by :func:`scan`, whose result is kept).
     """
-    size = os.path.getsize(path)
+    st = os.stat(path)
+    key = ("first", os.fspath(path), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, probe)
+    if key not in _SCANS:  # (run identity asks, then the ingest: one look for the first newline)
+        while len(_SCANS) >= 8:
+            _SCANS.pop(next(iter(_SCANS)))
+        _SCANS[key] = _first_document(path, st.st_size, probe)
+    return _SCANS[key]
+
+
+def _first_document(path: Union[str, os.PathLike], size: int, probe: int) -> tuple[bool, FileSource]:
     for _, a, b in iter_lines(path):
         head = FileSource(path, a, b)
         if b - a < _SMALL and not head.read_all().strip(_BLANK):
