@@ -11,6 +11,9 @@ conversion, the rows lost are at most those of the unit holding the site (line /
 response / document) and come with a reject, every reject is storable text. Each parser runs in
 its own child process, whose peak RSS (VmHWM) is reported next to its RSS after imports.
 
+``python bench/fuzz.py --digest OUT --n 600`` -- rows and rejects of poisoned /server_info cases, one line
+each, for diffing two code trees (a parser change must not change what hostile input stores).
+
 ``python bench/fuzz.py --attacks`` -- the hostile inputs and faults of issue 11, each in a child
 process, through the real entry points (``ingest_paths`` into a DuckDB store, the live poller's
 HTTP client, the ``estimate`` / ``report`` commands): rows stored against a clean run of the same
@@ -274,12 +277,44 @@ def run_attacks(work: Path) -> list[dict]:
     return out
 
 
+def digest_server_info(n: int, seed: int, out: Path) -> None:
+    """Rows (a hash per table, in key order) and rejects (field, reason, raw) of ``n`` poisoned /server_info
+    cases, one JSON line each: run it under two code trees and diff the files to see whether a change to
+    the parser changed what any hostile input stores."""
+    import hashlib
+
+    from acceptscope.ingest.server_info import ServerInfoIngestor
+    from tests.poison_values import load_case, replace_site
+
+    case = load_case("server_info", "capacc.server_info.json", "record", max_records=RING_RECORDS)
+    rng = random.Random(seed)
+    order = {"steps": ["rank", "forward_ct"], "request_steps": ["rank", "forward_ct", "rid"]}
+    with open(out, "w") as f:
+        for i in range(n):
+            text = replace_site(case.text, case.sites[rng.randrange(len(case.sites))], poison(rng))
+            b = ServerInfoIngestor("fuzz", source="file").feed_bytes(text.encode("utf-8", "surrogatepass"),
+                                                                     source="f", line=1)
+            b.storable("f", "fuzz")
+            rows = {}
+            for t in ("runs", "steps", "request_steps", "gaps"):
+                if b.n(t):
+                    tbl = b.arrow(t)
+                    if t in order:
+                        tbl = tbl.sort_by([(c, "ascending") for c in order[t]])
+                    rows[t] = hashlib.sha1(repr(tbl.to_pylist()).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+            rej = sorted((r["field"], r["reason"], repr(r["raw"])[:200]) for r in b.rejects)
+            f.write(json.dumps({"case": i, "rows": rows, "rejects": rej, "duplicates": dict(b.duplicates),
+                                "rejects_total": b.rejects_total()}) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=10_000, help="generated cases per parser")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--attacks", action="store_true", help="replay issue 11's hostile inputs and faults instead")
     ap.add_argument("--work", default="/tmp/acceptscope-fuzz", help="scratch folder for --attacks")
+    ap.add_argument("--digest", help="write per-case rows/rejects of --n poisoned /server_info cases to this "
+                                     "file (to diff two code trees) instead")
     ap.add_argument("--child-fuzz", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-attack", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -288,6 +323,9 @@ def main() -> None:
         return
     if a.child_attack is not None:
         print(json.dumps(attack_child(a.child_attack, Path(a.work))))
+        return
+    if a.digest:
+        digest_server_info(a.n, a.seed, Path(a.digest))
         return
     if a.attacks:
         rows = run_attacks(Path(a.work))

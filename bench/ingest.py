@@ -1,6 +1,13 @@
 """Ingest speed: acceptscope's /server_info ingest vs DuckDB's own read_json, side by side, one core each.
 
     .venv/bin/python bench/ingest.py [--steps 3200] [--bs 32] [--ranks 2] [--gamma 7] [--repeats 3]
+    .venv/bin/python bench/ingest.py --growth 100000,1000000,10000000 --workdir /big/scratch [--repeats 1]
+
+``--growth``: for each size (request-steps) one dump, and one row per pipeline of ``ours`` and the two
+read_json kinds (``--kinds`` to choose; DuckDB's ``memory_limit`` is 3GB, env BENCH_DUCKDB_MEMORY_LIMIT,
+and a pipeline that fails is reported as such) with wall time, CPU time and peak RSS, then the fitted growth
+(log-log slope of time and of peak RSS against rows). The dump and JSONL are written a batch of
+records at a time, so building a 10M request-step dump (3.3 GB) takes no more memory than a small one.
 
 1. Builds a realistic SGLang /server_info dump (acceptscope.ingest.synth: gamma 7,
    bs 32, confidences/survival rounded as SGLang rounds them, omit_defaults) of
@@ -13,9 +20,8 @@
      set up as ``acceptscope ingest`` sets up its own: ``tune_allocator_for_bulk_ingest()``
      (glibc malloc thresholds, before the clock; see its docstring) -- the other kinds run
      with glibc's defaults;
-   * ``ours-parse``: the ServerInfoIngestor alone (no store write);
-   * ``ours-parse-arrowjson``: the same with records read by Arrow's JSON reader instead of
-     ``acceptscope.ingest.fast_decode`` (the decoder the ingestor used before it);
+   * ``ours-parse``: the ServerInfoIngestor alone, reading the file a chunk of records at a time and
+     dropping each chunk's rows (no store write);
    * ``ours+write_arrow``: the parse, then ``Store.write_arrow`` of the batch (no ingest_paths around it;
      on a fresh store that is the store's bulk path: a zone-map probe finds no stored key in the
      batch's key box, so only the in-batch uniqueness check runs before the INSERT);
@@ -42,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -124,14 +131,19 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
                 con.unregister("_bulk")
             con.execute("COMMIT")
         n = store.counts()["request_steps"]
-    elif kind in ("ours-parse", "ours-parse-arrowjson"):
+    elif kind == "ours-parse":
+        from acceptscope.ingest.stream import FileSource
+
         ing = ServerInfoIngestor("bench", source=dump)
-        ing.use_msgspec_decode = kind == "ours-parse"
-        b = ing.feed_bytes(Path(dump).read_bytes())
-        n = b.n("request_steps")
+        got = []
+        ing.sink = lambda part: got.append(part.n("request_steps"))
+        b = ing.feed_source(FileSource(dump))
+        n = sum(got) + b.n("request_steps")
     else:
         con = duckdb.connect(db)
         con.execute("SET threads=1")
+        # (a 10M-row INSERT OR IGNORE grew past 5.5 GB unbounded: the shared box needs a cap)
+        con.execute(f"SET memory_limit='{os.environ.get('BENCH_DUCKDB_MEMORY_LIMIT', '3GB')}'")
         if kind == "read_json+insert":
             con.execute(create_table_sql(schema.REQUEST_STEPS))
             cols = ["run_id", "rank", "epoch", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
@@ -153,9 +165,10 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
 
 
 def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Path, Path, int]:
+    """The dump (one /server_info document) and the same request-steps as JSONL, written a batch at a time."""
     import msgspec
 
-    from acceptscope.ingest.synth import make_server_info
+    from acceptscope.ingest.synth import make_payload, make_records, make_server_info
 
     tag = f"s{steps}-b{bs}-r{ranks}-g{gamma}"
     dump = tmp / f"bench-{tag}.server_info.json"
@@ -163,18 +176,105 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Pa
     count = tmp / f"bench-{tag}.count"
     if dump.exists() and jsonl.exists() and count.exists():
         return dump, jsonl, int(count.read_text())
-    p = make_server_info(ranks=ranks, n_steps=steps, bs=bs, gamma=gamma, mode="cap-accept", seed=1)
-    dump.write_bytes(msgspec.json.encode(p))
-    n = 0
     enc = msgspec.json.Encoder()
-    with open(jsonl, "wb") as f:
-        for rank, s in enumerate(p["internal_states"]):
-            for rec in s["dspark_info_record"]["records"]:
-                for q in rec.get("reqs") or []:
-                    f.write(enc.encode({"rank": rank, "forward_ct": rec["forward_ct"], **q}) + b"\n")
-                    n += 1
+    # the document around the records: a one-step server_info, its records arrays cut open
+    shell = make_server_info(ranks=ranks, n_steps=1, bs=bs, gamma=gamma, mode="cap-accept", seed=1)
+    for st in shell["internal_states"]:
+        st["dspark_info_record"] = make_payload(gamma=gamma, mode="cap-accept", records=[])
+    head, _, _ = enc.encode(shell).partition(b'"internal_states":')
+    n = 0
+    per = 2000  # steps per batch; a 10M request-step dump repeats 2 generated batches per rank with fresh
+    # forward_cts and rids (generating every record takes ~100x longer than ingesting it)
+    fct_key = re.compile(rb'"forward_ct":(\d+)')
+    with open(dump, "wb") as d, open(jsonl, "wb") as f:
+        d.write(head + b'"internal_states":[')
+        for rank, st in enumerate(shell["internal_states"]):
+            pre, _, post = enc.encode(st).partition(b'"records":[]')
+            d.write((b"," if rank else b"") + pre + b'"records":[')
+            templates: dict[int, tuple[bytes, bytes, int, int]] = {}
+            fct = 1
+            for i, lo in enumerate(range(0, steps, per)):
+                k = min(per, steps - lo)
+                t = i % 2 if k == per else -1
+                if t not in templates:
+                    recs = make_records(n_steps=k, gamma=gamma, bs=bs, mode="cap-accept",
+                                        seed=100 + rank + 7919 * (t + 1), first_fct=1, rid_prefix=f"d{rank}-T{t}-")
+                    lines = b"".join(enc.encode({"rank": rank, "forward_ct": rec["forward_ct"], **q}) + b"\n"
+                                     for rec in recs for q in rec.get("reqs") or [])
+                    templates[t] = (enc.encode(recs)[1:-1], lines, recs[-1]["forward_ct"],
+                                    sum(len(rec.get("reqs") or []) for rec in recs))
+                body, lines, span, m = templates[t]
+                shift = fct - 1
+                fresh = (lambda x: x.replace(b'"rid":"d%d-T%d-' % (rank, t), b'"rid":"d%d-%d-' % (rank, i)))
+                renum = (lambda x: fct_key.sub(lambda g: b'"forward_ct":%d' % (int(g.group(1)) + shift), x))
+                d.write((b"," if i else b"") + fresh(renum(body)))
+                f.write(fresh(renum(lines)))
+                n += m
+                fct += span
+            d.write(b"]" + post)
+        d.write(b"]," + enc.encode({"version": shell["version"]})[1:])
     count.write_text(str(n))
     return dump, jsonl, n
+
+
+def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: bool = False) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, str(dump), str(jsonl), str(db)],
+                         capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        for p in db.parent.glob(db.name + "*"):
+            p.unlink()
+        if tolerate:
+            return {"failed": out.stderr.strip().splitlines()[-1][:200] if out.stderr.strip() else "failed"}
+        raise SystemExit(f"{kind} failed:\n{out.stderr}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["rows"] == n, (kind, r["rows"], n)
+    for p in db.parent.glob(db.name + "*"):
+        p.unlink()
+    return r
+
+
+def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> None:
+    """Wall time, CPU time and peak RSS against dump size: ours vs DuckDB's read_json, side by side."""
+    import numpy as np
+
+    kinds = a.kinds.split(",") if a.kinds else ["ours", "read_json+insert", "read_json-ctas"]
+    rows: dict[str, list[tuple[int, float, float, float]]] = {k: [] for k in kinds}
+    print(f"{'request-steps':>13} {'dump MB':>8} {'pipeline':<18} {'wall s':>8} {'CPU s':>8} {'peak RSS MB':>12} "
+          f"{'rs/s (CPU)':>11}")
+    for size in sizes:
+        steps = max(1, round(size / (a.bs * a.ranks)))
+        dump, jsonl, n = build(inputs, steps=steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
+        for kind in kinds:
+            best = None
+            for rep in range(a.repeats):
+                r = _run_child(kind, dump, jsonl, tmp / f"{kind}-{rep}.duckdb", n, tolerate=True)
+                if "failed" in r:
+                    print(f"{n:>13,} {dump.stat().st_size / 1e6:>8,.0f} {kind:<18} failed: {r['failed']}", flush=True)
+                    break
+                if best is None or r["cpu_seconds"] < best["cpu_seconds"]:
+                    best = r
+            if best is None:
+                continue
+            rows[kind].append((n, best["seconds"], best["cpu_seconds"], best["peak_rss_mb"]))
+            print(f"{n:>13,} {dump.stat().st_size / 1e6:>8,.0f} {kind:<18} {best['seconds']:>8.2f} "
+                  f"{best['cpu_seconds']:>8.2f} {best['peak_rss_mb']:>12,.0f} {n / best['cpu_seconds']:>11,.0f}",
+                  flush=True)
+        if not a.keep:
+            for p in (dump, jsonl):
+                p.unlink()
+        last = {k: v[-1] for k, v in rows.items() if v and v[-1][0] == n}
+        if "ours" in last:
+            o = last["ours"]
+            print(f"{'':>13} " + "; ".join(f"ours / {k}: x{r[1] / o[1]:.2f} wall, x{r[2] / o[2]:.2f} CPU"
+                                           for k, r in last.items() if k != "ours"), flush=True)
+    if len(sizes) > 1:
+        for kind in (k for k in kinds if len(rows[k]) > 1):
+            x = np.log([t[0] for t in rows[kind]])
+            slope_t = np.polyfit(x, np.log([t[2] for t in rows[kind]]), 1)[0]
+            slope_m = np.polyfit(x, np.log([t[3] for t in rows[kind]]), 1)[0]
+            print(f"growth {kind:<18} CPU time ~ rows^{slope_t:.2f}   peak RSS ~ rows^{slope_m:.2f}")
+    print(f"(best of {a.repeats} by CPU; one CPU per child; load average now {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs)")
 
 
 def main() -> None:
@@ -185,6 +285,9 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", help="keep the generated inputs here and reuse them (default: a temp dir)")
+    ap.add_argument("--growth", help="comma-separated dump sizes in request-steps: the growth table instead")
+    ap.add_argument("--keep", action="store_true", help="--growth: keep each size's dump (default: deleted)")
+    ap.add_argument("--kinds", help="--growth: comma-separated pipelines (default: ours,read_json+insert,read_json-ctas)")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "DUMP", "JSONL", "DB"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -194,6 +297,9 @@ def main() -> None:
         tmp = Path(d)
         inputs = Path(a.workdir) if a.workdir else tmp
         inputs.mkdir(parents=True, exist_ok=True)
+        if a.growth:
+            growth([int(float(x)) for x in a.growth.split(",")], a, Path(a.workdir) if a.workdir else tmp, inputs)
+            return
         t = time.perf_counter()
         dump, jsonl, n = build(inputs, steps=a.steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
         print(f"dump: {n:,} request-steps, gamma {a.gamma}, bs {a.bs}, {a.ranks} ranks; "
@@ -201,22 +307,14 @@ def main() -> None:
               f"(built in {time.perf_counter() - t:.1f}s)")
         best: dict[str, dict] = {}
         best_cpu: dict[str, float] = {}
-        kinds = ["ours", "read_json+insert", "ours-parse", "read_json-ctas", "ours-parse-arrowjson",
-                 "ours+write_arrow", "ours+bulk-write", "duckdb-append-floor"]
+        kinds = ["ours", "read_json+insert", "ours-parse", "read_json-ctas", "ours+write_arrow", "ours+bulk-write",
+                 "duckdb-append-floor"]
         for rep in range(a.repeats):
             for kind in kinds:
-                db = tmp / f"{kind}-{rep}.duckdb"
-                out = subprocess.run([sys.executable, __file__, "--child", kind, str(dump), str(jsonl), str(db)],
-                                     capture_output=True, text=True, cwd=ROOT)
-                if out.returncode != 0:
-                    raise SystemExit(f"{kind} failed:\n{out.stderr}")
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                assert r["rows"] == n, (kind, r["rows"], n)
+                r = _run_child(kind, dump, jsonl, tmp / f"{kind}-{rep}.duckdb", n)
                 if kind not in best or r["seconds"] < best[kind]["seconds"]:
                     best[kind] = r
                 best_cpu[kind] = min(best_cpu.get(kind, float("inf")), r["cpu_seconds"])
-                for p in tmp.glob(f"{kind}-{rep}.duckdb*"):
-                    p.unlink()
         print(f"\n{'pipeline':<20} {'rs/s (wall)':>12} {'wall s':>8} {'rs/s (CPU)':>12} {'CPU s':>8} "
               f"{'peak RSS MB':>12} {'+MB':>6}")
         for kind in kinds:
@@ -231,7 +329,6 @@ def main() -> None:
             print(f"{label}: ours / read_json+insert = {sec['read_json+insert'] / sec['ours']:.2f}x   "
                   f"ours / read_json-ctas = {sec['read_json-ctas'] / sec['ours']:.2f}x   "
                   f"ours-parse / read_json-ctas = {sec['read_json-ctas'] / sec['ours-parse']:.2f}x   "
-                  f"ours-parse / ours-parse-arrowjson = {sec['ours-parse-arrowjson'] / sec['ours-parse']:.2f}x   "
                   f"ours+bulk-write / ours+write_arrow = {sec['ours+write_arrow'] / sec['ours+bulk-write']:.2f}x   "
                   f"target 500k rs/s: {'met' if ours >= 500_000 else 'NOT met'} ({ours:,.0f})")
         floor, budget = best_cpu["duckdb-append-floor"], n / 500_000

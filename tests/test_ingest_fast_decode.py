@@ -1,9 +1,9 @@
-"""The msgspec fast decoder must agree with Arrow's JSON reader, or decline (None).
+"""The fast path's decoder must agree with a plain reference decode, or decline (None).
 
-`fast_decode.decode_records` is the hot path of /server_info ingest; when it
-declines, `server_info_arrow.read_records` (and then the exact per-record path)
-takes over. A silent disagreement would corrupt telemetry, so every mutated
-record is checked against the reference reader.
+``server_info._dec_chunk`` + ``server_info_fast.records_table`` are the hot path of /server_info
+ingest; when they decline, the exact per-record path takes over. A silent disagreement would
+corrupt telemetry, so every mutated record is checked against the reference: Python's json, SGLang's
+declared defaults filled in, and Arrow's type-checked conversion into the same schema.
 """
 
 from __future__ import annotations
@@ -11,29 +11,50 @@ from __future__ import annotations
 import json
 import re
 
+import msgspec
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acceptscope.ingest import fast_decode, server_info_arrow, synth
+from acceptscope.ingest import synth
+from acceptscope.ingest.server_info import _dec_chunk
+from acceptscope.ingest.server_info_fast import RECORD_SCHEMA, records_table
 
 
 def _lines(records: list[dict]) -> list[bytes]:
     return [json.dumps(r).encode() for r in records]
 
 
+def _reference(lines: list[bytes]):
+    """RECORD_SCHEMA table of the records as json + Arrow read them (defaults filled), None when either refuses."""
+    rows = []
+    for ln in lines:
+        r = json.loads(ln)
+        full = {k: v for k, v in synth._DEFAULTS.items()}
+        full.update(r)
+        rows.append(full)
+    try:
+        return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        return None
+
+
 def _both(lines: list[bytes]):
-    return fast_decode.decode_records(lines), server_info_arrow.read_records(lines)
+    try:
+        fast = records_table(_dec_chunk.decode(b"[" + b",".join(lines) + b"]"))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        fast = None
+    return fast, _reference(lines)
 
 
 @pytest.mark.parametrize("mode", ["cap-accept", "compact", "static"])
-def test_agrees_with_arrow_reader_on_sglang_shaped_records(mode):
+def test_agrees_with_reference_on_sglang_shaped_records(mode):
     records = synth.make_records(n_steps=20, gamma=7, bs=8, mode=mode, seed=3)
     fast, ref = _both(_lines(records))
     assert fast is not None, "regular SGLang records must take the fast path"
     assert ref is not None
-    assert fast.equals(ref.cast(fast.schema)), "fast decoder disagrees with Arrow's reader"
+    assert fast.equals(ref), "fast decoder disagrees with the reference"
 
 
 _MUTATIONS = {
@@ -59,9 +80,9 @@ def test_mutated_records_agree_or_decline(seed, mutation, which):
     lines[which] = _MUTATIONS[mutation](lines[which].decode()).encode()
     fast, ref = _both(lines)
     if fast is None:
-        return  # declined: the reference reader (or the exact path) handles it
-    assert ref is not None, f"{mutation}: fast decoder accepted what Arrow's reader rejects"
-    assert fast.equals(ref.cast(fast.schema)), f"{mutation}: fast decoder disagrees with Arrow's reader"
+        return  # declined: the exact path handles it
+    assert ref is not None, f"{mutation}: fast decoder accepted what the reference rejects"
+    assert fast.equals(ref), f"{mutation}: fast decoder disagrees with the reference"
 
 
 @pytest.mark.parametrize(
@@ -82,7 +103,7 @@ def test_mutated_records_agree_or_decline(seed, mutation, which):
 )
 def test_parse_number_lists_parses_or_declines(texts, value_type, want):
     """Compact arrays go through the fast tokenizer, spaced ones through the general one; the rest is declined."""
-    from acceptscope.ingest.fast_decode import parse_number_lists
+    from acceptscope.ingest.server_info_fast import parse_number_lists
 
     got = parse_number_lists(texts, value_type)
     if want is None:
@@ -108,7 +129,7 @@ def test_parse_number_lists_matches_msgspec(rows, floats, spaced):
     """
     import msgspec
 
-    from acceptscope.ingest.fast_decode import parse_number_lists
+    from acceptscope.ingest.server_info_fast import parse_number_lists
 
     vt = pa.float64() if floats else pa.int64()
     vals = [None if r is None else [x / 8 if floats else x for x in r] for r in rows]

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.rejects import format_reject
 from acceptscope.ingest.server_info import ServerInfoIngestor, run_row_from_server_info
 from acceptscope.ingest.synth import make_payload, make_records, make_server_info, omit_defaults
@@ -348,10 +349,12 @@ def test_pretty_printed_and_bare_dump_documents():
     assert bare.n("request_steps") == 24 and not bare.rejects
 
 
-def test_typed_document_pass_matches_raw_and_exact_paths():
-    """The one-pass typed decode gives the rows, rejects (field, reason, raw item) and duplicates of the
-    raw-records pass and of the exact per-record path, for valid rows, semantically bad ones (typed pass
-    succeeds, rejects need the raw item), list-typed bad ones (typed pass declines), and an overlapping poll."""
+def test_chunked_fast_path_matches_exact_path():
+    """The fast path, over whole states or cut into chunks of a few records (each chunk decoded, checked
+    and handed over on its own, declining to the exact path per chunk), gives the rows, rejects (field,
+    reason, raw item), duplicates and rank watermarks of the exact per-record path, for valid rows,
+    semantically bad ones (fast decode succeeds, rejects need the raw item), list-typed bad ones (the
+    chunk holding one declines), and an overlapping poll."""
     p = make_server_info(ranks=2, n_steps=12, bs=3, seed=21)
     recs = p["internal_states"][1]["dspark_info_record"]["records"]
     recs[4]["reqs"][1]["correct_drafts"] = recs[4]["reqs"][1]["verify_len"]  # > window
@@ -366,11 +369,16 @@ def test_typed_document_pass_matches_raw_and_exact_paths():
 
     def run(variant, payloads):
         ing = ServerInfoIngestor("r", source="d.json")
-        ing.use_msgspec_decode = variant != "raw-arrow"
         ing.use_fast = variant != "exact"
+        if variant == "chunked":
+            ing.chunk_bytes = 1500  # ~2 records a chunk
+        parts = []
+        ing.sink = parts.append
         out = []
         for i, x in enumerate(payloads):
             b = ing.feed_bytes(msgspec.json.encode(x), line=i + 1)
+            b = IngestBatch().merge(*parts, b)
+            parts.clear()
             rej = sorted((r["field"], r["reason"], r["raw"]) for r in b.rejects)
             # (row order across ranks differs where one rank takes the exact path: compare sorted)
             steps = b.arrow("steps").sort_by([("rank", "ascending"), ("forward_ct", "ascending")])
@@ -379,18 +387,14 @@ def test_typed_document_pass_matches_raw_and_exact_paths():
             out.append((steps, rs, rej, dict(b.duplicates)))
         return out, [(r.slot, r.watermark, r.last_fp) for r in ing.ranks]
 
-    from acceptscope.ingest.fast_decode import records_table
-    from acceptscope.ingest.server_info import _dec_top_typed
+    from acceptscope.ingest import stream
 
-    def rank0_table(x):  # the typed pass takes both documents; its table declines a float token id
-        return records_table(_dec_top_typed.decode(msgspec.json.encode(x)).internal_states[0]
-                             .dspark_info_record.records)
-
-    assert rank0_table(p) is not None and rank0_table(bad_list) is None
+    sc = stream.scan(stream.BytesSource(msgspec.json.encode(p)), chunk_bytes=1500)
+    assert sc is not None and len(sc.arrays[0]) >= 4 and sum(n for _, _, n in sc.arrays[1]) == 12
     for payloads in ([p, later], [bad_list, later]):
-        ref, ref_ranks = run("typed", payloads)
+        ref, ref_ranks = run("fast", payloads)
         assert len(ref[0][2]) >= 2 and ref[1][3]["request_steps"] == 2 * 6 * 3
-        for variant in ("raw-arrow", "exact"):
+        for variant in ("chunked", "exact"):
             got, ranks = run(variant, payloads)
             assert ranks == ref_ranks, variant
             for (s1, r1, j1, d1), (s2, r2, j2, d2) in zip(ref, got):
@@ -403,7 +407,7 @@ def test_typed_document_pass_matches_raw_and_exact_paths():
                                   st.sampled_from([1.5, -0.1, float("nan"), 0.0, 1.0, 0.999])), max_size=4))
 def test_vector_float_rows_match_the_row_rules(seed, n, gamma, corrupt):
     """``_bad_float_rows`` (whole-matrix checks first) flags exactly the rows of the per-row formula."""
-    from acceptscope.ingest.server_info_arrow import _bad_float_rows
+    from acceptscope.ingest.server_info_fast import _bad_float_rows
 
     rng = np.random.default_rng(seed)
     c = np.round(rng.uniform(0.2, 1.0, (n, gamma)), 4)

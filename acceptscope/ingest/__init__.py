@@ -137,47 +137,31 @@ def not_regular(path: Path) -> Optional[str]:
 
 
 _WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
-
-
-def _split_jsonl_payloads(data: bytes) -> Optional[list[bytes]]:
-    """JSON lines of payloads, or None when ``data`` is one (possibly pretty-printed) document."""
-    import msgspec
-
-    # the first line of the stripped text, without copying the (possibly huge) whole
-    start, end = 0, len(data)
-    while start < end and data[start] in _WHITESPACE:
-        start += 1
-    while end > start and data[end - 1] in _WHITESPACE:
-        end -= 1
-    nl = data.find(b"\n", start, end)
-    if nl < 0:
-        return None
-    try:
-        msgspec.json.decode(data[start:nl])
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return None
-    return data.split(b"\n")
-
-
 def ingest_server_info_file(path: Path, ingestor, source: Optional[str] = None) -> IngestBatch:
-    """One saved /server_info response (JSON) or successive polls (JSON lines) into ``ingestor``."""
-    data = Path(path).read_bytes()
+    """One saved /server_info response (JSON) or successive polls (JSON lines) into ``ingestor``,
+    read a chunk of records at a time (:mod:`acceptscope.ingest.stream`)."""
+    from acceptscope.ingest import stream
+
+    path = Path(path)
     src = source or str(path)
-    lines = _split_jsonl_payloads(data)
-    if lines is None:
-        return ingestor.feed_bytes(data, source=src, line=1)
+    lines, first = stream.first_document(path)
+    if not lines:
+        return ingestor.feed_source(first, source=src, line=1)  # (the scan run identity made is reused)
     batch = IngestBatch()
-    for i, raw in enumerate(lines, start=1):
-        if raw.strip():
-            batch.merge(ingestor.feed_bytes(raw, source=src, line=i))
+    for i, a, b in stream.iter_lines(path):
+        doc = stream.FileSource(path, a, b)
+        if b - a < (1 << 20) and not doc.read_all().strip(_WHITESPACE):
+            continue
+        batch.merge(ingestor.feed_source(doc, source=src, line=i))
     return batch
 
 
 class _Context:
     """Per-ingest state: one ServerInfoIngestor per run, the gamma/arm of every run."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, sink: Optional[Callable[[IngestBatch], None]] = None):
         self.store = store
+        self.sink = sink  # where server dumps hand their rows a chunk at a time (None: kept in the file's batch)
         self.ingestors: dict[str, Any] = {}
         self.gamma: dict[str, int] = {}
         self.arm: dict[str, str] = {}
@@ -215,7 +199,12 @@ def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = No
     path = Path(path)
     gamma = ctx.gamma.get(run_id)
     if kind == "server_info":
-        b = ingest_server_info_file(path, ctx.server_info_ingestor(run_id))
+        ing = ctx.server_info_ingestor(run_id)
+        ing.sink = ctx.sink
+        try:
+            b = ingest_server_info_file(path, ing)
+        finally:
+            ing.sink = None
         ctx.learn(run_id)
         return b
     if kind == "estimator_jsonl":
@@ -262,6 +251,17 @@ def _detect_safe(f: Path) -> str:
         return "unknown"  # (ingest_file reads it again and reports why it cannot)
 
 
+def _bulk_writer(store: Any) -> Any:
+    """The store's writer, flushing by size only: a bulk ingest has no reader waiting on latency, and
+    every flush opens the file, probes the keys and checkpoints (at the default 1 s interval a 200k
+    request-step dump took ~10 flushes and ~1.5 CPU-s more than one). The bounds keep memory flat:
+    at most ~2 x 160 MB of buffered Arrow rows whatever the dump's size."""
+    try:
+        return store.writer(flush_interval_s=3600.0, max_buffer_rows=400_000, max_buffer_bytes=160 << 20)
+    except TypeError:  # a store whose writer takes no settings
+        return store.writer()
+
+
 def ingest_paths(
     paths: Iterable[str | Path],
     store: Any,
@@ -291,7 +291,7 @@ def ingest_paths(
     todo = sorted(kinds,
                   key=lambda fk: (_ORDER.get(fk[1], 9), plan.run_of[fk[0]] if fk[1] == "server_info" else "",
                                   plan.startup.get(fk[0], 0.0), str(fk[0])))
-    ctx = _Context(store)
+    ctx = _Context(store, sink=lambda part: account(part, final=False))
     for rid, g in plan.gamma.items():
         ctx.gamma.setdefault(rid, g)  # what the server's documents establish, before any one of them is read
     # written rows: the writer counts what its flushes inserted; a store without one is counted around
@@ -304,7 +304,7 @@ def ingest_paths(
     rejects_found = rejects_not_stored = 0
     per_file = []
     t0 = time.perf_counter()
-    writer = store.writer() if has_writer else None
+    writer = _bulk_writer(store) if has_writer else None
     bar = None
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -315,9 +315,37 @@ def ingest_paths(
                        TextColumn("{task.description}"), console=console, transient=True)
         bar.start()
         task = bar.add_task("", total=len(todo))
+    cur: dict = {}  # the file being read: its path, run, row counts so far
+
+    def account(batch: IngestBatch, final: bool) -> None:
+        """Count and write rows as they come (a server dump hands them over a chunk at a time)."""
+        nonlocal rejects_found, rejects_not_stored
+        f, rid = cur["path"], cur["run_id"]
+        tables_out = batch.storable(str(f), rid) if store is not None and batch else {}
+        for name, n in batch.counts().items():
+            offered[name] += n
+            cur["rows"][name] = cur["rows"].get(name, 0) + n
+        if final:
+            rejects_found += batch.rejects_total()
+            rejects_not_stored += batch.rejects_dropped
+            for name, n in batch.duplicates.items():
+                dups[name] += n
+            for r in batch.rejects:
+                reasons[reason_family(r["reason"])] += 1
+                if len(reject_lines) < 1000:
+                    reject_lines.append(format_reject(r))
+        if tables_out:
+            if writer is not None:
+                writer.append_many(tables_out)  # a chunk's tables land in one transaction
+            else:
+                store.append(tables_out)
+        if bar is not None and not final:  # a big dump: its request-steps so far, a chunk at a time
+            bar.update(task, description=f"{f.name}: {cur['rows'].get('request_steps', 0):,} request-steps")
+
     try:
         for f, kind in todo:
             rid = plan.run_of[f]
+            cur.update(path=f, run_id=rid, rows={})
             if bar is not None:
                 bar.update(task, description=f.name)
             if kind == "refused":
@@ -332,23 +360,8 @@ def ingest_paths(
                 except Exception as e:  # noqa: BLE001 - a parser bug must cost this file, never the later ones
                     batch = IngestBatch()
                     batch.reject(make_reject(str(f), 0, "$", f"parser failed: {type(e).__name__}: {e}", None, rid))
-            tables_out = batch.storable(str(f), rid) if store is not None and batch else {}
-            counts = batch.counts()
-            rejects_found += batch.rejects_total()
-            rejects_not_stored += batch.rejects_dropped
-            for name, n in counts.items():
-                offered[name] += n
-            for name, n in batch.duplicates.items():
-                dups[name] += n
-            for r in batch.rejects:
-                reasons[reason_family(r["reason"])] += 1
-                if len(reject_lines) < 1000:
-                    reject_lines.append(format_reject(r))
-            if tables_out:
-                if writer is not None:
-                    writer.append_many(tables_out)  # one file's tables land in one transaction
-                else:
-                    store.append(tables_out)
+            account(batch, final=True)
+            counts = {k: v for k, v in cur["rows"].items() if v}
             per_file.append({"path": str(f), "kind": kind, "run_id": rid, "rows": counts,
                              "rejects": batch.rejects_total(), "duplicates": dict(batch.duplicates)})
             if on_file is not None:

@@ -107,27 +107,10 @@ def _valid_gamma(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
 
 
-def _first_document(data: bytes) -> bytes:
-    """The first JSON document: the whole file, or its first non-empty line for polls in JSON lines."""
-    start = 0
-    n = len(data)
-    while start < n and data[start] in b" \t\r\n":
-        start += 1
-    nl = data.find(b"\n", start)
-    if nl < 0:
-        return data[start:]
-    head = data[start:nl]
-    try:
-        msgspec.json.decode(head)
-    except (msgspec.DecodeError, ValueError):
-        return data[start:]  # a pretty-printed document spans lines
-    return head
-
-
 def identity_from_bytes(data: bytes) -> Optional[ServerIdentity]:
-    """The identity in one ``/server_info`` document (or the first of JSON lines); None when unreadable."""
+    """The identity in one ``/server_info`` document; None when unreadable."""
     try:
-        top = _dec_top.decode(_first_document(data))
+        top = _dec_top.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
         return None
     args: dict[str, Any] = {k: getattr(top, k) for k in IDENTITY_ARGS if getattr(top, k) is not None}
@@ -162,8 +145,15 @@ def identity_from_bytes(data: bytes) -> Optional[ServerIdentity]:
 
 
 def identity_of_file(path: Path) -> Optional[ServerIdentity]:
+    """The identity of a dump's first document (the whole file, or the first of JSON lines), read through
+    its skeleton (:func:`acceptscope.ingest.stream.scan`: the records are not held); a document the scan
+    cannot cut is read whole."""
+    from acceptscope.ingest import stream
+
     try:
-        return identity_from_bytes(Path(path).read_bytes())
+        _, doc = stream.first_document(path)
+        sc = stream.scan(doc)
+        return identity_from_bytes(sc.skeleton if sc is not None else doc.read_all())
     except (OSError, OverflowError, ValueError, RecursionError):  # (e.g. startup_time 10**400): no identity
         return None
 

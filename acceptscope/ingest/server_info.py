@@ -29,6 +29,11 @@ Translation decisions (documented here because readers depend on them):
   (``ring_capacity`` records), else ``clear-loss`` (cleared between polls).
   ``forward_ct`` jumps inside a snapshot are normal (prefill/idle passes) and
   are not gaps.
+* Reading: a document is scanned once for its skeleton (everything but the records arrays)
+  and its records' chunk boundaries (:mod:`acceptscope.ingest.stream`), then translated a chunk
+  at a time: one typed msgspec pass + vectorised checks (:mod:`acceptscope.ingest.server_info_fast`),
+  or, for a chunk that pass declines, the exact per-record path below. A document the scan
+  cannot cut (repeated keys, malformed JSON, NaN tokens) is read whole and takes the exact path.
 * Bad input never aborts: the smallest invalid unit (one ReqDetail, one step
   header, one component name, one state) goes to ``rejects`` with its field
   path, and every valid sibling is kept.
@@ -45,7 +50,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import chain
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import msgspec
 import numpy as np
@@ -54,8 +59,8 @@ from pyarrow.compute import is_null as pc_is_null
 
 from acceptscope import schema
 from acceptscope.arrow_columns import one_array
-from acceptscope.ingest import fast_decode
-from acceptscope.ingest import server_info_arrow as fast
+from acceptscope.ingest import server_info_fast as fast
+from acceptscope.ingest import stream
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
 from acceptscope.ingest.rejects import (
     INT32_MAX,
@@ -163,32 +168,32 @@ class _StepRecordObj(StepRecord):
 
 
 class _StepRecordTyped(StepRecord, gc=False):
-    """A record decoded in the document's one typed pass: header exactly as ``StepRecord``
-    (so a record the exact path would refuse fails the whole pass), ReqDetails with their
-    per-position lists kept raw for :mod:`acceptscope.ingest.fast_decode`."""
+    """A record of the fast path: header exactly as ``StepRecord`` (so a record the exact path would
+    refuse fails the chunk's decode), ReqDetails with their per-position lists kept raw for
+    :func:`acceptscope.ingest.fast.records_table`."""
 
-    reqs: Optional[list[fast_decode.ReqRawLists]] = None
+    reqs: Optional[list[fast.ReqRawLists]] = None
 
 
 _ArgFields = [(k, Any, None) for k in _ARG_KEYS]
 
 
-def _document_structs(name: str, record_type: Any) -> tuple[Any, Any]:
-    """(top, payload) msgspec types of a /server_info document whose records decode as ``record_type``."""
+def _document_structs() -> tuple[Any, Any]:
+    """(top, payload) msgspec types of a /server_info document, its records kept raw."""
     payload = msgspec.defstruct(
-        f"_Payload{name}",
+        "_Payload",
         [
             ("gamma", Any, None),
             ("verify_num_draft_tokens", Any, None),
             ("mode", Any, None),
             ("components", Any, None),
-            ("records", Optional[list[record_type]], None),
+            ("records", Optional[list[msgspec.Raw]], None),
             ("simulate_acc_len", Any, None),
         ],
     )
-    state = msgspec.defstruct(f"_State{name}", [("dspark_info_record", Optional[payload], None)] + _ArgFields)
+    state = msgspec.defstruct("_State", [("dspark_info_record", Optional[payload], None)] + _ArgFields)
     top = msgspec.defstruct(
-        f"_Top{name}",
+        "_Top",
         [
             ("internal_states", Optional[list[state]], None),
             ("startup_time", Any, None),
@@ -201,50 +206,16 @@ def _document_structs(name: str, record_type: Any) -> tuple[Any, Any]:
     return top, payload
 
 
-# One pass over the whole document: states and payload headers decoded, records kept raw (decoded lazily).
-_TopRaw, _PayloadRaw = _document_structs("Raw", msgspec.Raw)
-# The same pass with the records typed as well: one scan of the bytes instead of two (~0.1 s less per
-# 200k request-steps); any irregular record fails it and the raw pass takes over.
-_TopTyped, _ = _document_structs("Typed", _StepRecordTyped)
-
+# The exact fallback decodes the document (a skeleton, or the whole of an irregular one) with records
+# raw and each record on its own; the fast path decodes a chunk of records in one typed pass.
+_TopRaw, _PayloadRaw = _document_structs()
 _dec_top = msgspec.json.Decoder(_TopRaw)
-_dec_top_typed = msgspec.json.Decoder(_TopTyped)
 _dec_payload = msgspec.json.Decoder(_PayloadRaw)
+_dec_chunk = msgspec.json.Decoder(list[_StepRecordTyped])
 _dec_record = msgspec.json.Decoder(_StepRecordRaw)
 _dec_reqs = msgspec.json.Decoder(list[ReqDetail])
-_dec_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+_dec_raw_list = stream.RAW_LIST
 _dec_req = msgspec.json.Decoder(ReqDetail)
-_dec_any = msgspec.json.Decoder()
-_dec_ints = msgspec.json.Decoder(list[int])
-_dec_floats = msgspec.json.Decoder(Optional[list[float]])
-
-
-def _req_detail(q: fast_decode.ReqRawLists) -> Optional[ReqDetail]:
-    """The ReqDetail of a typed-pass request (its lists decoded now), or None where the lists are invalid."""
-    try:
-        return ReqDetail(
-            q.req_pool_index, q.prefix_len, q.verify_len, q.acc_len, q.correct_drafts, q.cap_trim, q.bonus_token,
-            _dec_ints.decode(q.draft_tokens), q.rid,
-            None if q.confidence is None else _dec_floats.decode(q.confidence),
-            None if q.survival is None else _dec_floats.decode(q.survival),
-        )
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-class _RawDocument:
-    """The raw (records-as-bytes) decode of a document, made only when a typed state needs raw items."""
-
-    def __init__(self, data: bytes):
-        self.data = data
-        self._top: Any = None
-
-    def records(self, index: Optional[int]) -> list:
-        """Raw records of internal_states[index] (None: the single top-level payload)."""
-        if self._top is None:
-            self._top = _dec_top.decode(self.data)
-        dump = self._top.dspark_info_record if index is None else self._top.internal_states[index].dspark_info_record
-        return dump.records or []
 
 
 def _nr(raw: Any) -> Any:
@@ -277,20 +248,6 @@ def loads_lenient(data: bytes | str) -> Any:
     return json.loads(data)
 
 
-class _LazyFlag:
-    """A truth value computed on first use, then kept."""
-
-    __slots__ = ("_fn", "_value")
-
-    def __init__(self, fn: Any):
-        self._fn, self._value = fn, None
-
-    def __bool__(self) -> bool:
-        if self._value is None:
-            self._value, self._fn = bool(self._fn()), None
-        return self._value
-
-
 # ---------------------------------------------------------------------------
 # one rank's state (a view over either raw JSON bytes or builtins)
 # ---------------------------------------------------------------------------
@@ -304,44 +261,73 @@ class _State:
     components: list[str]
     simulate_acc_len: Optional[float]
     args: dict
-    records: Sequence[Any]  # raw bytes items, dicts, or (typed) _StepRecordTyped
+    records: Sequence[Any]  # raw items (a list, or stream.ChunkedRecords read a chunk at a time) or dicts
     is_raw: bool
-    multiline: Any = True  # raw JSON may hold newlines (pretty-printed): records need flattening (bool-like)
     _headers: dict = field(default_factory=dict)
-    # typed: records are _StepRecordTyped from the document's typed pass; raw items come from raw_doc
-    typed: bool = False
-    raw_doc: Optional[_RawDocument] = None
-    raw_index: Optional[int] = None
-
-    def to_raw(self) -> None:
-        """Switch a typed state to raw records (for the exact path, which names items by their bytes)."""
-        if self.typed:
-            self.records = self.raw_doc.records(self.raw_index)
-            self.typed = False
-            self._headers.clear()
 
     def release(self) -> None:
         """Drop the records once translated (~400 B of decoded objects per request-step, freed early)."""
         self.records = ()
         self._headers.clear()
-        self.raw_doc = None
 
-    def raw_item(self, j: int) -> bytes:
-        return bytes(self.raw_doc.records(self.raw_index)[j] if self.typed else self.records[j])
+    def ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """[lo, hi) cut at the chunk boundaries of the records (one range for records held in memory)."""
+        r = self.records
+        if not isinstance(r, stream.ChunkedRecords):
+            return [(lo, hi)] if lo < hi else []
+        return [(max(lo, a), min(hi, b)) for a, b in zip(r.starts, r.starts[1:]) if max(lo, a) < min(hi, b)]
+
+    def range_json(self, a: int, b: int) -> bytes | bytearray:
+        """records[a:b] as one JSON array (a whole chunk is read as it lies in the file)."""
+        r = self.records
+        if isinstance(r, stream.ChunkedRecords):
+            c = r.chunk_of(a)
+            if a == r.starts[c] and b == r.starts[c + 1]:
+                return r.chunk_json(c)
+        if self.is_raw:
+            return b"[" + b",".join(r[a:b]) + b"]"
+        return msgspec.json.encode(list(r[a:b]))
 
     def header(self, j: int) -> StepRecord:
-        """Decode record j's header (cached); raises msgspec.ValidationError/DecodeError."""
-        if self.typed:
-            return self.records[j]
+        """Decode record j's header (cached while its chunk is); raises msgspec.ValidationError/DecodeError."""
         h = self._headers.get(j)
         if h is None:
             item = self.records[j]
             h = _dec_record.decode(item) if self.is_raw else _convert_checked(item, _StepRecordObj, skip="reqs")
+            if len(self._headers) > 100_000:
+                self._headers.clear()
             self._headers[j] = h
         return h
 
     def fct(self, j: int) -> int:
         return self.header(j).forward_ct
+
+
+class _Seen:
+    """forward_cts of a state's records translated so far (fast chunks as sorted arrays, exact ones in a set)."""
+
+    def __init__(self) -> None:
+        self.arrays: list[np.ndarray] = []
+        self.set: set[int] = set()
+        self.max = -1
+
+    def add_sorted(self, f: np.ndarray) -> None:
+        if len(f):
+            self.arrays.append(f)
+            self.max = max(self.max, int(f[-1]))
+
+    def add(self, x: int) -> None:
+        self.set.add(x)
+        self.max = max(self.max, x)
+
+    def __contains__(self, x: int) -> bool:
+        if x in self.set:
+            return True
+        for f in self.arrays:
+            i = int(np.searchsorted(f, x))
+            if i < len(f) and f[i] == x:
+                return True
+        return False
 
 
 def _fingerprint(h: StepRecord, reqs: Optional[list[ReqDetail]]) -> tuple:
@@ -371,7 +357,7 @@ class _Rank:
 
 
 # ---------------------------------------------------------------------------
-# validation of one ReqDetail (scalar; the vectorised filter mirrors it)
+# validation of one ReqDetail (the exact path; server_info_fast.translate mirrors it on columns)
 # ---------------------------------------------------------------------------
 def _surv_tol(k: int) -> float:
     # confidence and survival are each rounded to 4 dp after SGLang's float32 cumprod
@@ -438,64 +424,6 @@ def check_req(r: ReqDetail, gamma: int, mode: str) -> Optional[tuple[str, str]]:
                 return f"survival[{k}]", f"{s!r} inconsistent with cumprod(confidence) {prod:.6f}"
             prev = s
     return None
-
-
-def _vector_bad_mask(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
-    """Fast filter: True where ``check_req`` would find a problem (may over-flag; never under-flag)."""
-    try:
-        return _vector_bad_mask_(reqs, gamma, mode)
-    except (OverflowError, ValueError, TypeError):  # an int beyond int64 somewhere: check every one exactly
-        return np.ones(len(reqs), dtype=bool)
-
-
-def _vector_bad_mask_(reqs: list[ReqDetail], gamma: int, mode: str) -> np.ndarray:
-    n = len(reqs)
-    ints = np.array(
-        [
-            (r.req_pool_index, r.prefix_len, r.bonus_token, r.verify_len, r.correct_drafts, r.acc_len,
-             r.cap_trim, len(r.draft_tokens))
-            for r in reqs
-        ],
-        dtype=np.int64,
-    ).reshape(n, 8)
-    pool, prefix, bonus, vlen, cd, acc, ct, dlen = ints.T
-    bad = (pool < 0) | (prefix < 0) | (bonus < 0) | (vlen < 1) | (vlen > gamma + 1)
-    bad |= (cd < 0) | (cd > vlen - 1) | (acc != cd + 1) | (ct < 0) | (cd + ct > gamma) | (dlen != gamma)
-    if mode == "static":
-        bad |= (vlen != gamma + 1) | (ct != 0)
-    ok = ~bad
-    if ok.any():
-        idx = np.flatnonzero(ok)
-        flat = np.fromiter(chain.from_iterable(reqs[i].draft_tokens for i in idx), dtype=np.int64,
-                           count=len(idx) * gamma)
-        tok_bad = (flat.reshape(len(idx), gamma) < 0).any(axis=1)
-        bad[idx[tok_bad]] = True
-    has_conf = np.fromiter((r.confidence is not None for r in reqs), dtype=bool, count=n)
-    has_surv = np.fromiter((r.survival is not None for r in reqs), dtype=bool, count=n)
-    bad |= has_conf != has_surv
-    bad |= np.fromiter((r.rid is not None and (not r.rid or not r.rid.isascii() and has_surrogates(r.rid))
-                        for r in reqs), dtype=bool, count=n)
-    both = np.flatnonzero(has_conf & has_surv & ~bad)
-    if len(both):
-        clen = np.fromiter((len(reqs[i].confidence) for i in both), dtype=np.int64, count=len(both))
-        slen = np.fromiter((len(reqs[i].survival) for i in both), dtype=np.int64, count=len(both))
-        lbad = (clen != gamma) | (slen != gamma)
-        bad[both[lbad]] = True
-        both = both[~lbad]
-        if len(both):
-            m = len(both) * gamma
-            conf = np.fromiter(chain.from_iterable(reqs[i].confidence for i in both), dtype=np.float64,
-                               count=m).reshape(len(both), gamma)
-            surv = np.fromiter(chain.from_iterable(reqs[i].survival for i in both), dtype=np.float64,
-                               count=m).reshape(len(both), gamma)
-            with np.errstate(invalid="ignore"):
-                rbad = ~((conf >= 0) & (conf <= 1)).all(axis=1)
-                rbad |= ~((surv >= 0) & (surv <= 1)).all(axis=1)
-                rbad |= (np.diff(surv, axis=1, prepend=1.0) > 0).any(axis=1)
-                tol = 5e-5 * (np.arange(gamma) + 2) + 1e-6
-                rbad |= (np.abs(surv - np.cumprod(conf, axis=1)) > tol).any(axis=1)
-            bad[both[rbad]] = True
-    return bad
 
 
 # ---------------------------------------------------------------------------
@@ -593,9 +521,13 @@ def _run_row(run_id, *, mode, gamma, vndt, components, simulate_acc_len, args, s
 class ServerInfoIngestor:
     """Stateful translator of successive /server_info payloads of one run.
 
-    ``feed(payload_dict)`` (live poller) and ``feed_bytes(json_bytes)`` (files:
-    decoded straight into typed structs) return an :class:`IngestBatch` holding
-    only what is new since the previous call.
+    ``feed(payload_dict)``, ``feed_bytes(json_bytes)`` (the live poller) and
+    ``feed_source(stream.FileSource(path))`` (files) return an :class:`IngestBatch` holding only
+    what is new since the previous call. Documents are read a chunk of records at a time
+    (:mod:`acceptscope.ingest.stream`); each chunk takes the one fast path
+    (:mod:`acceptscope.ingest.server_info_fast`) or, when that declines, the exact per-record
+    path, which names every problem by field. With :attr:`sink` set, each chunk's rows are handed
+    to it as soon as they are made, so memory is bounded by a chunk, not by the document.
     """
 
     def __init__(self, run_id: str, source: str = "live", *, ring_capacity: int = RING_CAPACITY,
@@ -614,10 +546,11 @@ class ServerInfoIngestor:
         self._step_ct: dict[str, int] = {}
         self._pool_prefix: dict[str, int] = {}
         self.polls = 0
-        self.use_fast = True  # vectorised Arrow path; the exact per-record path is the fallback
-        # fast_decode first, Arrow's JSON reader when it declines (or when this is False);
-        # bench/ingest.py compares the two side by side (kind ours-parse-arrowjson)
-        self.use_msgspec_decode = True
+        self.use_fast = True  # the vectorised path per chunk; the exact per-record path is the fallback
+        # where rows go as they are translated, a chunk at a time (None: all stay in the returned batch);
+        # the returned batch keeps the rejects, duplicates and what was not handed over yet
+        self.sink: Optional[Callable[[IngestBatch], None]] = None
+        self.chunk_bytes = stream.CHUNK_BYTES  # records per chunk, in bytes of JSON (tests make it tiny)
 
     # -- resuming from a store ---------------------------------------------
     def resume(self, store: Any) -> bool:
@@ -692,7 +625,11 @@ class ServerInfoIngestor:
         return batch
 
     def feed_bytes(self, data: bytes, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
-        """Ingest one JSON document (bytes): typed fast path, lenient fallback on bad input.
+        """Ingest one JSON document given as bytes (:meth:`feed_source`)."""
+        return self.feed_source(stream.BytesSource(data), source=source, line=line)
+
+    def feed_source(self, doc: "stream.Source", *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
+        """Ingest one JSON document read from ``doc`` a chunk of records at a time; lenient fallback on bad input.
 
         Values nested too deeply for any decoder (RecursionError) are replaced first
         (:func:`acceptscope.ingest.jsontext.defuse_deep`), so only the records holding them are
@@ -700,7 +637,7 @@ class ServerInfoIngestor:
         """
         with _gc_paused():
             try:
-                return self._feed_bytes(data, source=source, line=line)
+                return self._feed_source(doc, source=source, line=line)
             except RecursionError:
                 pass
             except Exception as e:  # noqa: BLE001 - one payload's failure must not cost the next ones
@@ -710,7 +647,7 @@ class ServerInfoIngestor:
                 return batch
             from acceptscope.ingest.jsontext import defuse_deep
 
-            fixed, n = defuse_deep(data, MAX_DEPTH)
+            fixed, n = defuse_deep(doc.read_all(), MAX_DEPTH)
             note = make_reject(source or self.source, line, "$",
                                f"{n} value(s) nested deeper than {MAX_DEPTH} levels replaced before decoding; "
                                "a record holding one is rejected by field", None, self.run_id)
@@ -719,33 +656,30 @@ class ServerInfoIngestor:
                 batch.reject(dict(note, reason="nested too deeply to decode"))
                 return batch
             try:
-                batch = self._feed_bytes(fixed, source=source, line=line)
+                batch = self._feed_source(stream.BytesSource(fixed), source=source, line=line)
             except Exception as e:  # noqa: BLE001
                 batch = IngestBatch()
                 note["reason"] += f"; payload still could not be ingested: {type(e).__name__}: {e}"
             batch.reject(note)
             return batch
 
-    def _feed_bytes(self, data: bytes, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
+    def _feed_source(self, doc: "stream.Source", *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
         src = source or self.source
-        top = None
-        if self.use_msgspec_decode:
-            try:
-                top = _dec_top_typed.decode(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                pass
-            if top is not None and top.internal_states is None and top.dspark_info_record is None:
-                top = None  # a bare payload (top-level records): the raw pass handles that shape
-        typed = top is not None
-        if top is None:
-            try:
-                top = _dec_top.decode(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                top = None
+        top = chunked = None
+        sc = stream.scan(doc, self.chunk_bytes)
+        if sc is not None:  # the skeleton (records arrays emptied) decodes like the document
+            data = sc.skeleton
+            chunked = {k: stream.ChunkedRecords(doc, v) for k, v in sc.arrays.items()}
+        else:  # irregular: the whole document, its records raw
+            data = doc.read_all()
+        try:
+            top = _dec_top.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            top = None
         if top is not None:
             batch = IngestBatch()
             try:
-                states = self._states_from_raw(top, data, src, line, batch, typed)
+                states = self._states_from_raw(top, data, src, line, batch, chunked)
             except _SlowPath:
                 states = None
             except _PayloadRejected:
@@ -756,6 +690,8 @@ class ServerInfoIngestor:
                 startup, top = top.startup_time, None  # the states hold what is still needed
                 self._ingest(states, startup, src, line, batch)
                 return batch
+        if sc is not None:
+            data = doc.read_all()
         try:
             obj = loads_lenient(data)
         except (ValueError, UnicodeDecodeError) as e:
@@ -802,8 +738,10 @@ class ServerInfoIngestor:
         return states, payload.get("startup_time")
 
     def _states_from_raw(self, top: Any, data: bytes, src: str, line: int, batch: IngestBatch,
-                         typed: bool = False):
-        """States of a decoded document (records raw, or ``typed``); raises _SlowPath on anything irregular."""
+                         chunked: Optional[dict] = None):
+        """States of a decoded document (records raw; ``chunked``: the records arrays the stream
+        scan cut out of it, by :class:`acceptscope.ingest.stream.Scan` key); raises _SlowPath on
+        anything irregular."""
         top_args = {k: getattr(top, k) for k in _ARG_KEYS if getattr(top, k) is not None}
         if top.internal_states is not None:
             items = []
@@ -815,7 +753,7 @@ class ServerInfoIngestor:
                 batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(data), None, self.run_id))
                 raise _PayloadRejected
         elif top.dspark_info_record is not None:
-            items = [(None, "", top.dspark_info_record, top_args)]
+            items = [("top", "", top.dspark_info_record, top_args)]
         elif _nr(top.records) is not None:
             try:
                 items = [(None, "", _dec_payload.decode(data), top_args)]
@@ -825,15 +763,12 @@ class ServerInfoIngestor:
             batch.reject(make_reject(src, line, "$", "no internal_states / dspark_info_record in payload",
                                      None, self.run_id))
             raise _PayloadRejected
-        # (two scans of the whole document: only the raw-records fallback needs the answer)
-        multiline = _LazyFlag(lambda: data.find(b"\n", 0, len(data) - 1) >= 0 or b"\r" in data)
-        raw_doc = _RawDocument(data) if typed else None
         states = []
-        for i, prefix, dump, args in items:
-            s = self._make_state(i or 0, prefix, dump, args, True, src, line, batch)
+        for key, prefix, dump, args in items:
+            s = self._make_state(key if isinstance(key, int) else 0, prefix, dump, args, True, src, line, batch)
             if s is not None:
-                s.multiline = multiline
-                s.typed, s.raw_doc, s.raw_index = typed, raw_doc, i
+                if chunked and key in chunked:
+                    s.records = chunked[key]
                 states.append(s)
         return states
 
@@ -953,11 +888,13 @@ class ServerInfoIngestor:
                     r = _Rank(slot=len(self.ranks))
                     self.ranks.append(r)
                     assignment[id(s)] = r
-        cols = _Columns()
         for s in states:
             rank = assignment[id(s)]
-            self._ingest_state(s, rank, src, line, batch, cols)
+            self._ingest_state(s, rank, src, line, batch)
             s.release()
+
+    def _flush(self, cols: "_Columns", batch: IngestBatch) -> None:
+        """Move a chunk's translated rows into ``batch``, and hand them to :attr:`sink` when there is one."""
         steps = list(cols.fast_steps)
         reqs = list(cols.fast_reqs)
         if cols.n_steps:
@@ -968,6 +905,13 @@ class ServerInfoIngestor:
             batch.extend("steps", pa.concat_tables(steps) if len(steps) > 1 else steps[0])
         if reqs:
             batch.extend("request_steps", pa.concat_tables(reqs) if len(reqs) > 1 else reqs[0])
+        if self.sink is not None and (steps or reqs):
+            part = IngestBatch()
+            for name in ("runs", "gaps", "steps", "request_steps"):  # (rejects stay: capped and counted per poll)
+                rows = batch.tables.pop(name, None)
+                if rows is not None:
+                    part.extend(name, rows)
+            self.sink(part)
 
     def _first_fct(self, s: _State) -> Optional[int]:
         for j in range(len(s.records)):
@@ -1061,11 +1005,6 @@ class ServerInfoIngestor:
     # -- one state --------------------------------------------------------
     def _decode_reqs(self, s: _State, j: int, h: Any, batch: Optional[IngestBatch], src: str, line: int):
         """Decode record j's ReqDetail list; per-element rejects on bad items. Returns (reqs, bad_idx)."""
-        if s.typed:  # (fingerprints only: the exact path, which rejects, runs on raw records)
-            if h.reqs is None:
-                return None, []
-            out = [_req_detail(q) for q in h.reqs]
-            return out, [k for k, r in enumerate(out) if r is None]
         raw = _nr(h.reqs) if s.is_raw else h.reqs
         if raw is None:
             return None, []
@@ -1099,13 +1038,11 @@ class ServerInfoIngestor:
                     batch.reject(make_reject(src, line, field_, why, it, self.run_id))
         return out, bad
 
-    def _ingest_state(self, s: _State, rank: _Rank, src: str, line: int, batch: IngestBatch,
-                      cols: "_Columns") -> None:
+    def _ingest_state(self, s: _State, rank: _Rank, src: str, line: int, batch: IngestBatch) -> None:
         n = len(s.records)
         if n == 0:
             return
         w = rank.watermark
-        pfx = (s.prefix + ".") if s.prefix else ""
         # first index with forward_ct > watermark (ring is in forward_ct order)
         start = 0
         if w >= 0:
@@ -1137,20 +1074,45 @@ class ServerInfoIngestor:
                                    f"ring cleared between polls: forward_ct {w + 1}..{first_new - 1} unaccounted "
                                    "(some may be non-decode passes)"),
                     })
-        skipped = start
-        if skipped:
-            batch.note_duplicates("steps", skipped)
-            batch.note_duplicates("request_steps", self._count_reqs(s, 0, skipped))
-        if self.use_fast and start < n and self._fast_state(s, rank, start, src, line, batch, cols):
-            return
-        s.to_raw()
-        seen_fct: set[int] = set()
+        if start:
+            batch.note_duplicates("steps", start)
+            batch.note_duplicates("request_steps", self._count_reqs(s, 0, start))
+        # chunk by chunk: the fast path, else the exact one; rows leave through _flush as they are made
+        seen = _Seen()
+        last: Any = None  # the last record translated: its index (fast) or (header, reqs) (exact)
+        for a, b in s.ranges(start, n):
+            cols = _Columns()
+            got = self.use_fast and self._fast_range(s, rank, a, b, seen, src, line, batch, cols)
+            if got:
+                last = b - 1
+            else:
+                last = self._exact_range(s, rank, a, b, w, seen, src, line, batch, cols) or last
+            self._flush(cols, batch)
+        if isinstance(last, int):
+            try:
+                h = s.header(last)
+                reqs, _ = self._decode_reqs(s, last, h, None, "", 0)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                h, reqs = None, None
+            rank.watermark = seen.max
+            rank.last_fp = _fingerprint(h, reqs) if h is not None else None
+            rank.last_rids = _rids(reqs)
+        elif last is not None:
+            h, reqs = last
+            rank.watermark = h.forward_ct
+            rank.last_fp = _fingerprint(h, reqs)
+            rank.last_rids = _rids(reqs)
+
+    def _exact_range(self, s: _State, rank: _Rank, a: int, b: int, w: int, seen: _Seen, src: str, line: int,
+                     batch: IngestBatch, cols: "_Columns") -> Optional[tuple]:
+        """records[a:b] one by one, every problem rejected by field; returns the last good (header, reqs)."""
+        pfx = (s.prefix + ".") if s.prefix else ""
         last_good = None
         # pass 1: headers + ReqDetail lists of the new records
         req_all: list[ReqDetail] = []
         req_pos: list[tuple[int, int]] = []  # (record index j, position k in its reqs list)
         rec_meta: list[tuple[int, StepRecord, int, int]] = []  # (j, header, first, end) into req_all
-        for j in range(start, n):
+        for j in range(a, b):
             try:
                 h = s.header(j)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -1169,11 +1131,11 @@ class ServerInfoIngestor:
                 batch.note_duplicates("steps", 1)
                 batch.note_duplicates("request_steps", self._count_reqs(s, j, j + 1))
                 continue
-            if fct in seen_fct:
+            if fct in seen:
                 batch.reject(make_reject(src, line, where + ".forward_ct", f"duplicate record for forward_ct {fct}",
                                          s.records[j], self.run_id))
                 continue
-            seen_fct.add(fct)
+            seen.add(fct)
             try:
                 reqs, _bad = self._decode_reqs(s, j, h, batch, src, line)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -1205,46 +1167,26 @@ class ServerInfoIngestor:
                     req_pos.extend((j, k) for k in range(len(reqs)))
             rec_meta.append((j, h, first, len(req_all)))
             last_good = (h, reqs)
-        # pass 2: validate every ReqDetail of this state at once, then translate
+        # pass 2: validate every ReqDetail of this range at once, then translate
         if req_all:
             self._add_reqs(s, rank, rec_meta, req_all, req_pos, src, line, batch, cols)
-        if last_good is not None:
-            h, reqs = last_good
-            rank.watermark = h.forward_ct
-            rank.last_fp = _fingerprint(h, reqs)
-            rank.last_rids = _rids(reqs)
+        return last_good
 
-    def _record_line(self, s: _State, j: int) -> bytes:
-        item = s.records[j]
-        if s.is_raw:
-            b = bytes(item)
-            if b"\n" in b or b"\r" in b:
-                b = b.replace(b"\r", b" ").replace(b"\n", b" ")
-            return b
-        return msgspec.json.encode(item)
-
-    def _fast_state(self, s: _State, rank: _Rank, start: int, src: str, line: int, batch: IngestBatch,
-                    cols: "_Columns") -> bool:
-        """Translate records[start:] on the vectorised path; False (nothing done) to fall back."""
-        n = len(s.records)
-        tbl = fast_decode.records_table(s.records[start:n]) if s.typed else None
+    def _fast_range(self, s: _State, rank: _Rank, a: int, b: int, seen: _Seen, src: str, line: int,
+                    batch: IngestBatch, cols: "_Columns") -> bool:
+        """Translate records[a:b] on the vectorised path; False (nothing done) to fall back."""
+        try:
+            recs = _dec_chunk.decode(s.range_json(a, b))
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError, msgspec.EncodeError):
+            return False  # (ValueError: a lone surrogate in a decoded record that JSON cannot carry)
+        tbl = fast.records_table(recs)
+        del recs
         if tbl is None:
-            s.to_raw()
-            try:
-                if s.is_raw and not s.multiline:
-                    lines = s.records[start:n]  # msgspec.Raw items join as bytes, no copies
-                else:
-                    lines = [self._record_line(s, j) for j in range(start, n)]
-            except (TypeError, ValueError, msgspec.EncodeError):  # (UnicodeEncodeError: a lone surrogate)
-                return False
-            tbl = fast_decode.decode_records(lines) if self.use_msgspec_decode else None
-            if tbl is None:
-                tbl = fast.read_records(lines)
-            if tbl is None:
-                return False
-        res = fast.translate(tbl, gamma=s.gamma, mode=s.mode, watermark=rank.watermark)
+            return False
+        res = fast.translate(tbl, gamma=s.gamma, mode=s.mode, watermark=max(rank.watermark, seen.max))
         if res is None:
             return False
+        seen.add_sorted(fast._np(tbl.column("forward_ct")))
         m = res.steps.num_rows
         st = {name: res.steps.column(name) for name in res.steps.column_names}
         st["run_id"] = pa.repeat(pa.scalar(self.run_id), m)
@@ -1255,7 +1197,7 @@ class ServerInfoIngestor:
         if res.reqs is not None and res.reqs.num_rows:
             bad = res.bad.copy()
             for q in np.flatnonzero(bad):
-                j = start + int(res.req_record[q])
+                j = a + int(res.req_record[q])
                 k = int(res.req_pos[q])
                 why = self._explain(s, j, k)
                 if why is None:
@@ -1267,7 +1209,7 @@ class ServerInfoIngestor:
             if dup.any():
                 rid_py = res.reqs.column("rid")
                 for q in np.flatnonzero(dup):
-                    j = start + int(res.req_record[q])
+                    j = a + int(res.req_record[q])
                     k = int(res.req_pos[q])
                     batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].rid",
                                              f"duplicate rid {rid_py[int(q)].as_py()!r} in one step",
@@ -1283,23 +1225,11 @@ class ServerInfoIngestor:
                 cols.fast_reqs.append(fast.request_steps_table(
                     res, keep, run_id=self.run_id, rank=rank.slot, epoch=self.epoch, fcts=fcts, rids=rids,
                     step_index=step_index, mode=s.mode, gamma=s.gamma))
-        # watermark + fingerprint from the last record (exact decode of one record)
-        j = n - 1
-        try:
-            h = s.header(j)
-            reqs, _ = self._decode_reqs(s, j, h, None, "", 0)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            reqs = None
-            h = None
-        rank.watermark = res.last_fct
-        rank.last_fp = _fingerprint(h, reqs) if h is not None else None
-        rank.last_rids = _rids(reqs)
         return True
 
     def _item(self, s: _State, j: int, k: int) -> Any:
         if s.is_raw:
-            reqs = _dec_record.decode(s.raw_item(j)).reqs if s.typed else s.header(j).reqs
-            return bytes(_dec_raw_list.decode(_nr(reqs))[k])
+            return bytes(_dec_raw_list.decode(_nr(s.header(j).reqs))[k])
         return s.header(j).reqs[k]
 
     def _explain(self, s: _State, j: int, k: int) -> Optional[tuple[str, str, Any]]:
@@ -1359,12 +1289,10 @@ class ServerInfoIngestor:
         return rid_arr, step_index
 
     def _count_reqs(self, s: _State, lo: int, hi: int) -> int:
-        """ReqDetails in records[lo:hi] without decoding them (for the duplicates tally)."""
-        if s.typed:
-            return sum(len(r.reqs) for r in s.records[lo:hi] if r.reqs)
-        if s.is_raw:
-            return b"".join(s.records[lo:hi]).count(b'"req_pool_index"')
-        return sum(len(r.get("reqs") or []) for r in s.records[lo:hi] if isinstance(r, dict))
+        """ReqDetails in records[lo:hi] without decoding them (for the duplicates tally), a chunk at a time."""
+        if not s.is_raw:
+            return sum(len(r.get("reqs") or []) for r in s.records[lo:hi] if isinstance(r, dict))
+        return sum(s.range_json(a, b).count(b'"req_pool_index"') for a, b in s.ranges(lo, hi))
 
     def _first_fct_from(self, s: _State, start: int) -> Optional[int]:
         for j in range(start, len(s.records)):
@@ -1376,8 +1304,6 @@ class ServerInfoIngestor:
     def _add_reqs(self, s, rank, rec_meta, req_all, req_pos, src, line, batch, cols) -> None:
         gamma = s.gamma
         pfx = f"{s.prefix}." if s.prefix else ""
-        modes = {(h.mode or s.mode) for _, h, _, _ in rec_meta}
-        bad = _vector_bad_mask(req_all, gamma, s.mode) if len(modes) == 1 else None
         ct = self._step_ct
         pool_prefix = self._pool_prefix
         keep: list[ReqDetail] = []
@@ -1391,13 +1317,12 @@ class ServerInfoIngestor:
             seen: set[str] = set()
             for q in range(first, end):
                 r = req_all[q]
-                if bad is None or bad[q]:
-                    prob = check_req(r, gamma, mode)
-                    if prob is not None:
-                        k = req_pos[q][1]
-                        batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].{prob[0]}", prob[1],
-                                                 msgspec.to_builtins(r), self.run_id))
-                        continue
+                prob = check_req(r, gamma, mode)
+                if prob is not None:
+                    k = req_pos[q][1]
+                    batch.reject(make_reject(src, line, f"{pfx}records[{j}].reqs[{k}].{prob[0]}", prob[1],
+                                             msgspec.to_builtins(r), self.run_id))
+                    continue
                 rid = r.rid
                 if rid is None:
                     rid = f"pool:{r.req_pool_index}"
