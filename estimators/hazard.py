@@ -322,6 +322,7 @@ class HazardModel:
 
     def _fit_logistic(self, weights=None) -> None:
         from sklearn.linear_model import LogisticRegression
+        from threadpoolctl import threadpool_limits
 
         L = self._train
         previous = getattr(self, "coef_", {})  # a refit keeps these where a replicate is degenerate
@@ -346,7 +347,8 @@ class HazardModel:
             lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500, warm_start=g in previous)
             if g in previous:
                 lr.coef_ = np.asarray(previous[g], float)[None, :].copy()
-            lr.fit(Xd[keep], yd[keep], sample_weight=wd[keep])
+            with threadpool_limits(1):  # a small design: BLAS/OpenMP threads only contend (8x the CPU on 2 cores)
+                lr.fit(Xd[keep], yd[keep], sample_weight=wd[keep])
             self.coef_[g] = lr.coef_[0]
 
     # ------------------------------------------------------------------
