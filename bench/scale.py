@@ -188,8 +188,15 @@ def fit_table(rows: list[dict]) -> list[str]:
         b, la = np.polyfit(np.log(n), np.log(t), 1)
         d, c = np.polyfit(n, m, 1)
         t100 = np.exp(la) * 1e8 ** b
+        cpu = ""
+        if all(isinstance(r.get("cpu_seconds"), (int, float)) for r in rs):  # CPU: the host is shared, wall is noisy
+            cs = np.array([max(r["cpu_seconds"], 1e-4) for r in rs])
+            bc, lc = np.polyfit(np.log(n), np.log(cs), 1)
+            cpu = (f"; CPU ~ rows^{bc:.2f} -> {np.exp(lc) * 1e8 ** bc:,.0f} CPU-s at 100M (extrapolated), "
+                   f"{n[-1] / cs[-1]:,.0f} request-steps/CPU-s at {int(n[-1]):,}")
         lines.append(f"{what:32s} time ~ rows^{b:.2f} -> {t100:,.0f} s at 100M (extrapolated); "
-                     f"peak ~ {c:,.0f} MB + {d * 1e6:,.1f} MB/M rows -> {c + d * 1e8:,.0f} MB at 100M (extrapolated)")
+                     f"peak ~ {c:,.0f} MB + {d * 1e6:,.1f} MB/M rows -> {c + d * 1e8:,.0f} MB at 100M (extrapolated)"
+                     + cpu)
     return lines
 
 

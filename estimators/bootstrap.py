@@ -10,7 +10,7 @@ imputation noise (the censored blocks' predictive variance) are then identical i
 chunking, and the estimator only has to keep **per-(group, request) sufficient statistics**
 (:data:`TAIL_STATS`) between chunks: sums, not rows.
 
-Two functions make the whole interface (issue 14 reuses them on Spark):
+Two functions make the aggregate interface (issue 14 reuses them on Spark):
 
 * :func:`request_stats` -- per-block columns in, per-(group, request) sums out;
 * :func:`aggregate_stats` -- those sums (concatenated over any number of chunks of whole
@@ -29,7 +29,9 @@ Example::
     True
     >>> whole.workload.tolist()   # a NULL workload is a group of its own
     ['None', 'x']
-"""
+
+:func:`cluster_weights` gives the same keyed Poisson(1) draws as a ``(replicates, rows)`` matrix
+for estimators that refit or reweight rows (the tail's hazard refits; calibration metrics)."""
 
 from __future__ import annotations
 
@@ -95,6 +97,23 @@ def normal_draws(keys: np.ndarray, i: int, seed: int = 0) -> np.ndarray:
     from scipy.special import ndtri
 
     return ndtri(uniforms(keys, i, seed, 2))
+
+
+def cluster_weights(clusters, n_boot: int, seed: int = 0) -> np.ndarray:
+    """``(n_boot, len(clusters))`` Poisson(1) replicate weights, one draw per cluster shared by its
+    rows (the request-clustered bootstrap of every estimator: hazard refits, calibration metrics,
+    aggregates). ``clusters``: uint64 request keys (:func:`request_keys`), or any labels (hashed
+    stably). Replicate ``i`` of a cluster depends only on (its key, ``i``, ``seed``): not on row
+    order, chunking, or which other clusters are present."""
+    c = np.asarray(clusters)
+    if c.dtype != np.uint64:
+        c = pd.util.hash_array(_strings(c) if c.dtype == object else c, categorize=True)
+    code, uniq = pd.factorize(c)
+    uniq = np.asarray(uniq, np.uint64)
+    out = np.empty((n_boot, c.size))
+    for i in range(n_boot):
+        out[i] = poisson_weights(uniq, i, seed)[code]
+    return out
 
 
 def group_codes(df: pd.DataFrame, by: list[str]) -> tuple[np.ndarray, pd.DataFrame]:

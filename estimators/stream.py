@@ -333,7 +333,8 @@ class _RunAcc:
                     ok = frame.has_truth & np.isfinite(frame.logits(self.temperatures)[0]).all(1)
                     sel = pick[ok]
                     self.cal.append((d.z[sel], d.y[sel], keys[ok][sel], d.notes))
-        self.last_frame, self.last_tail = frame, tail
+        # the exact planner audit of a one-chunk run needs them; a later chunk frees them (bounded memory)
+        self.last_frame, self.last_tail = (frame, tail) if self.chunks == 1 else (None, None)
 
     def _compact(self, st: pd.DataFrame, g: tuple) -> pd.DataFrame:
         """Per-(group, request) statistics kept between chunks in ~64 bytes a row: group labels as

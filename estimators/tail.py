@@ -344,10 +344,13 @@ class TailEstimator:
         return cache[key]
 
     def refit_weights(self, hazard_boot: int, seed: int = 0) -> list[np.ndarray]:
-        """Poisson(1) weights per training request of each hazard refit (in draw order)."""
-        rng = np.random.default_rng(seed)
+        """Poisson(1) weights per training request of each hazard refit: the keyed draws of
+        :func:`estimators.bootstrap.cluster_weights`, keyed by the request's code in the training
+        frame (codes follow sorted (run_id, rid), so the Spark driver's layout gets the same)."""
+        from estimators.bootstrap import cluster_weights
+
         nreq = self.hazard._train["n_req"]
-        return [rng.poisson(1.0, nreq).astype(float) for _ in range(hazard_boot)]
+        return list(cluster_weights(np.arange(nreq, dtype=np.uint64), hazard_boot, seed))
 
     def estimate(self, data, gamma: int | None = None, gather=None,
                  hazard_boot: int = 0, seed: int = 0, chunk_rows: int = 1 << 19, refits=None) -> TailResult:

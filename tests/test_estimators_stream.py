@@ -69,3 +69,49 @@ def test_bootstrap_draws_are_keyed_by_request_not_position():
     a2 = aggregate_stats(request_stats(shuffled, ["workload"]), ["workload"], n_boot=80, target="population")
     pd.testing.assert_frame_equal(a1, a2, check_exact=False, rtol=1e-12)
     assert a1.workload.tolist() == ["None", "x", "y"] and (a1.hi > a1.lo).all()
+
+
+def test_cluster_weights_are_shared_per_cluster_and_keyed_by_it():
+    from estimators.bootstrap import cluster_weights
+
+    g = np.array(["a", "b", "a", "c", "b", "a"], dtype=object)
+    W = cluster_weights(g, 50, seed=3)
+    assert W.shape == (50, 6)
+    assert np.array_equal(W[:, 0], W[:, 2]) and np.array_equal(W[:, 0], W[:, 5]) and np.array_equal(W[:, 1], W[:, 4])
+    # a cluster's draws do not depend on row order or on the other clusters present
+    assert np.array_equal(cluster_weights(g[::-1], 50, seed=3)[:, ::-1], W)
+    assert np.array_equal(cluster_weights(np.array(["c"], dtype=object), 50, seed=3)[:, 0], W[:, 3])
+    assert not np.array_equal(cluster_weights(g, 50, seed=4), W)
+
+
+def test_logistic_hazard_fit_on_distinct_rows_equals_the_row_by_row_fit():
+    """The fit on distinct design rows (summed weights) optimises the same objective as one row per
+    training position: the penalised objective at its solution equals the row-by-row fit's (to 1e-6)."""
+    from estimators.frame import BlockFrame
+    from estimators.tail import TailEstimator
+
+    rs = compact_view(simulate(n_requests=60, seed=4).tables["request_steps"])
+    est = TailEstimator().fit(BlockFrame.from_request_steps(rs))  # observed source: many repeated rows
+    L = est.hazard._train
+    cells = L["_logistic_cells"]
+    for g, (m, cell, X) in cells.items():  # every position maps to its own design row
+        assert X.shape[0] <= m.size
+        np.testing.assert_array_equal(X[cell], est.hazard._design(L["k"][m], L["x"][m], L["state"][m]))
+    from sklearn.linear_model import LogisticRegression
+
+    # the base fit with the production solver settings, one row per training position
+    for g, coef in est.hazard.coef_.items():
+        sel = L["greedy"] == g
+        X = est.hazard._design(L["k"][sel], L["x"][sel], L["state"][sel])
+        y, w = L["y"][sel], L["wt"][sel]
+        Xd, yd = np.concatenate([X, X]), np.concatenate([np.ones(y.size), np.zeros(y.size)])
+        wd = np.concatenate([w * y, w * (1 - y)])
+        keep = wd > 0
+        lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500).fit(Xd[keep], yd[keep], sample_weight=wd[keep])
+
+        def objective(c):  # sklearn's: mean weighted log-loss + ||c||^2 / (2 C sum(w))
+            z = Xd[keep] @ c
+            ll = np.logaddexp(0, z) - yd[keep] * z
+            return (wd[keep] * ll).sum() / wd[keep].sum() + c @ c / (2 * 10.0 * wd[keep].sum())
+
+        assert objective(coef) == pytest.approx(objective(lr.coef_[0]), rel=1e-6)
