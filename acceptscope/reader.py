@@ -43,13 +43,6 @@ def _decimals_as_float(t: pa.Table) -> pa.Table:
     return t
 
 
-def workload_filter(workloads: Sequence[str] | None, col: str = "workload") -> tuple[str, list]:
-    """SQL ``AND ...`` restricting request-level rows to ``workloads`` (none: every workload), and its params."""
-    if not workloads:
-        return "", []
-    return f" AND coalesce({col}, '?') IN (SELECT unnest(?))", [list(workloads)]
-
-
 def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None) -> list[str]:
     """Explicit runs, else one audit group's runs, else the newest audit group, else every run."""
     try:
@@ -125,35 +118,7 @@ class Reader:
         In compact the ceiling is NULL and utilization needs an estimator. ``workloads`` restricts the
         block figures; steps and wall time stay whole-run (a step batches every workload).
         """
-        if not workloads:
-            return self.summary(summaries.run_summary, list(run_ids))
-        wf, wp = workload_filter(workloads)
-        return self.df(
-            f"""
-            WITH b AS (
-              SELECT run_id, count(*) AS blocks, count(DISTINCT rid) AS requests_seen,
-                     avg(acc_len) AS mean_acc_len, avg("window") AS mean_window,
-                     sum(acc_len) AS committed_tokens, sum("window") AS verified_drafts,
-                     sum(correct_drafts) AS correct_drafts,
-                     avg(ceiling + 1) AS ceiling_accept_len,
-                     sum(acc_len) FILTER (WHERE ceiling IS NOT NULL)
-                       / nullif(sum(ceiling + 1) FILTER (WHERE ceiling IS NOT NULL), 0) AS utilization,
-                     avg(cap_trim) AS mean_cap_trim
-              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)){wf} GROUP BY run_id),
-            s AS (
-              SELECT run_id, count(*) AS steps, max(wall_time_s) AS wall_s, avg(bs) AS mean_bs,
-                     sum(executed_verify_tokens) AS executed_verify_tokens
-              FROM "{STEPS}" WHERE run_id IN (SELECT unnest(?)) GROUP BY run_id)
-            SELECT r.run_id, r.arm, r.engine, r.gamma, r.audit_group, b.* EXCLUDE (run_id),
-                   b.correct_drafts / nullif(b.verified_drafts, 0) AS in_window_accept_rate,
-                   s.steps, s.wall_s, s.mean_bs, s.executed_verify_tokens,
-                   b.committed_tokens / nullif(s.wall_s, 0) AS tokens_per_s
-            FROM "{RUNS}" r LEFT JOIN b USING (run_id) LEFT JOIN s USING (run_id)
-            WHERE r.run_id IN (SELECT unnest(?))
-            ORDER BY r.arm, r.run_id
-            """,
-            [list(run_ids), *wp, list(run_ids), list(run_ids)],
-        )
+        return self.summary(summaries.run_summary, list(run_ids), workloads)
 
     # -- distributions ----------------------------------------------------
     def window_distribution(self, run_ids: Sequence[str]) -> pd.DataFrame:
@@ -166,24 +131,7 @@ class Reader:
         The empirical side needs the uncapped ceiling, so it is NULL for compact runs;
         the in-window side (``reached``/``accepted_in_window``) is observed in every arm.
         """
-        if not workloads:
-            return self.summary(summaries.position_acceptance, list(run_ids))
-        wf, wp = workload_filter(workloads)
-        return self.df(
-            f"""
-            WITH u AS (
-              SELECT run_id, unnest(generate_series(1, len(survival))) AS k, unnest(survival) AS s,
-                     ceiling, "window", correct_drafts
-              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND survival IS NOT NULL{wf})
-            SELECT u.run_id, r.arm, k, count(*) AS n, avg(s) AS mean_survival,
-                   avg((ceiling >= k)::DOUBLE) AS empirical_survival,
-                   count(*) FILTER (WHERE "window" >= k) AS reached_in_window,
-                   avg((correct_drafts >= k)::DOUBLE) FILTER (WHERE "window" >= k) AS accepted_given_verified
-            FROM u JOIN "{RUNS}" r USING (run_id)
-            GROUP BY ALL ORDER BY u.run_id, k
-            """,
-            [list(run_ids), *wp],
-        )
+        return self.summary(summaries.position_acceptance, list(run_ids), workloads)
 
     def utilization_by_workload(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """Realized accept length against the observed ceiling per (run, workload)."""

@@ -469,18 +469,20 @@ SUM_REQUESTS = Table(
     (
         _c("run_id", pa.string(), "run id", False),
         _c("rid", pa.string(), "request id", False),
+        _c("workload", pa.string(), "workload label ('?' where NULL)", False),
         *_SUM_COUNTS,
         _c("sum_x", pa.float64(), "Σ (1 + Σ_k survival_k): the confidence-implied accept length"),
         _c("n_x", pa.int64(), "rows with survival"),
     ),
-    key=("run_id", "rid"),
-    doc="request_steps sums per (run, request).",
+    key=("run_id", "rid", "workload"),
+    doc="request_steps sums per (run, request, workload): a workload filter reads them too.",
 )
 
 SUM_POSITIONS = Table(
     "sum_positions",
     (
         _c("run_id", pa.string(), "run id", False),
+        _c("workload", pa.string(), "workload label ('?' where NULL)", False),
         _c("k", pa.int32(), "1-based draft position", False),
         _c("n", pa.int64(), "rows with a survival list reaching k", False),
         _c("sum_s", pa.float64(), "Σ survival_k"),
@@ -491,14 +493,15 @@ SUM_POSITIONS = Table(
         _c("sum_acc_given", pa.int64(), "rows with window >= k and correct_drafts >= k"),
         _c("n_acc_given", pa.int64(), "rows with window >= k and correct_drafts"),
     ),
-    key=("run_id", "k"),
-    doc="Per-position survival and acceptance counts.",
+    key=("run_id", "workload", "k"),
+    doc="Per-position survival and acceptance counts per (run, workload).",
 )
 
 SUM_RELIABILITY = Table(
     "sum_reliability",
     (
         _c("run_id", pa.string(), "run id", False),
+        _c("workload", pa.string(), "workload label ('?' where NULL)", False),
         _c("position", pa.int32(), "1-based draft position", False),
         _c("variant", pa.string(), "after (post-STS confidence) | before (sigmoid of the logit)", False),
         _c("bin", pa.int32(), "equal-width confidence bin (summaries.RELIABILITY_BINS bins)", False),
@@ -506,8 +509,8 @@ SUM_RELIABILITY = Table(
         _c("hits", pa.int64(), "labels = 1 (ceiling >= position)"),
         _c("n", pa.int64(), "labelled samples", False),
     ),
-    key=("run_id", "position", "variant", "bin"),
-    doc="Calibration bins over blocks with an observed ceiling.",
+    key=("run_id", "workload", "position", "variant", "bin"),
+    doc="Calibration bins over blocks with an observed ceiling, per (run, workload).",
 )
 
 SUM_STEPS = Table(

@@ -52,15 +52,15 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
         return (f'SELECT run_id, coalesce(workload, \'?\'), coalesce("window", -1)::INTEGER, {_COUNTS} '
                 f"FROM {src} GROUP BY ALL")
     if t is schema.SUM_REQUESTS:
-        return (f"SELECT run_id, rid, {_COUNTS}, coalesce(sum(1 + list_sum(survival)), 0)::DOUBLE, "
+        return (f"SELECT run_id, rid, coalesce(workload, '?'), {_COUNTS}, coalesce(sum(1 + list_sum(survival)), 0)::DOUBLE, "
                 f"count(1 + list_sum(survival)) FROM {src} GROUP BY ALL")
     if t is schema.SUM_POSITIONS:
         return f"""
             WITH u AS (
-              SELECT run_id, unnest(generate_series(1, len(survival))) AS k, unnest(survival) AS s,
-                     ceiling, "window", correct_drafts
+              SELECT run_id, coalesce(workload, '?') AS workload, unnest(generate_series(1, len(survival))) AS k,
+                     unnest(survival) AS s, ceiling, "window", correct_drafts
               FROM {src} WHERE survival IS NOT NULL)
-            SELECT run_id, k::INTEGER, count(*), coalesce(sum(s::DOUBLE), 0), count(s),
+            SELECT run_id, workload, k::INTEGER, count(*), coalesce(sum(s::DOUBLE), 0), count(s),
                    count(*) FILTER (WHERE ceiling >= k), count(ceiling),
                    count(*) FILTER (WHERE "window" >= k),
                    count(*) FILTER (WHERE "window" >= k AND correct_drafts >= k),
@@ -69,14 +69,14 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
     if t is schema.SUM_RELIABILITY:
         return f"""
             WITH u AS (
-              SELECT run_id, unnest(generate_series(1, len(confidence))) AS k, unnest(confidence) AS c,
-                     unnest(confidence_logit) AS z, ceiling
+              SELECT run_id, coalesce(workload, '?') AS workload, unnest(generate_series(1, len(confidence))) AS k,
+                     unnest(confidence) AS c, unnest(confidence_logit) AS z, ceiling
               FROM {src} WHERE ceiling IS NOT NULL AND confidence IS NOT NULL),
-            lab AS (SELECT run_id, k, c, 1 / (1 + exp(-z)) AS c_raw, (ceiling >= k)::INT AS y
+            lab AS (SELECT run_id, workload, k, c, 1 / (1 + exp(-z)) AS c_raw, (ceiling >= k)::INT AS y
                     FROM u WHERE ceiling >= k - 1),
-            v AS (SELECT run_id, k, 'after' AS variant, c::DOUBLE AS p, y FROM lab
-                  UNION ALL SELECT run_id, k, 'before', c_raw, y FROM lab WHERE c_raw IS NOT NULL)
-            SELECT run_id, k::INTEGER, variant, least(floor(p * {int(n_bins)})::INT, {int(n_bins)} - 1),
+            v AS (SELECT run_id, workload, k, 'after' AS variant, c::DOUBLE AS p, y FROM lab
+                  UNION ALL SELECT run_id, workload, k, 'before', c_raw, y FROM lab WHERE c_raw IS NOT NULL)
+            SELECT run_id, workload, k::INTEGER, variant, least(floor(p * {int(n_bins)})::INT, {int(n_bins)} - 1),
                    sum(p), sum(y)::BIGINT, count(*)
             FROM v WHERE isfinite(p) GROUP BY ALL"""
     if t is schema.SUM_STEPS:
@@ -257,8 +257,18 @@ def _avg(s: str, n: str) -> str:
     return f"sum({s}) / nullif(sum({n}), 0)"
 
 
-def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
-    """Headline numbers per run (``acceptscope.reader.Reader.run_summary`` documents the columns)."""
+def _in_workloads(workloads: Sequence[str] | None, alias: str) -> str:
+    """``WHERE`` clause restricting summary rows to ``workloads`` (none: every workload), as literals."""
+    if not workloads:
+        return ""
+    lit = ", ".join("'" + str(w).replace("'", "''") + "'" for w in workloads)
+    return f" WHERE {alias}.workload IN ({lit})"
+
+
+def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+                workloads: Sequence[str] | None = None) -> pd.DataFrame:
+    """Headline numbers per run (``acceptscope.reader.Reader.run_summary`` documents the columns);
+    ``workloads`` restricts the block figures, steps and wall time stay whole-run."""
     stale = stale_runs(con, run_ids)
     cells = _source(con, schema.SUM_CELLS, run_ids, stale)
     reqs = _source(con, schema.SUM_REQUESTS, run_ids, stale)
@@ -274,8 +284,9 @@ def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.Da
                  {_avg('sum_ceil1', 'n_ceil')} AS ceiling_accept_len,
                  sum(sum_acc_len_ceil) / nullif(sum(sum_ceil1) FILTER (WHERE n_ceil > 0), 0) AS utilization,
                  {_avg('sum_cap_trim', 'n_cap_trim')} AS mean_cap_trim
-          FROM {cells} c GROUP BY run_id),
-        q AS (SELECT run_id, count(*) AS requests_seen FROM {reqs} r GROUP BY run_id),
+          FROM {cells} c{_in_workloads(workloads, "c")} GROUP BY run_id),
+        q AS (SELECT run_id, count(DISTINCT rid) AS requests_seen FROM {reqs} r{_in_workloads(workloads, "r")}
+              GROUP BY run_id),
         s AS (
           SELECT run_id, n AS steps, max_wall_s AS wall_s, sum_bs / nullif(n_bs, 0) AS mean_bs,
                  CASE WHEN n_executed > 0 THEN sum_executed END AS executed_verify_tokens
@@ -327,7 +338,8 @@ def regime_by_workload(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -
         GROUP BY c.run_id, r.arm, c.workload ORDER BY c.run_id, c.workload""")
 
 
-def position_acceptance(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
+def position_acceptance(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+                        workloads: Sequence[str] | None = None) -> pd.DataFrame:
     """Per position k: mean predicted survival vs empirical P(ceiling >= k) (``Reader.position_acceptance``)."""
     pos = _source(con, schema.SUM_POSITIONS, run_ids)
     return _df(con, f"""
@@ -335,18 +347,18 @@ def position_acceptance(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) 
                sum(sum_emp) / nullif(sum(n_emp), 0) AS empirical_survival,
                sum(n_reached)::BIGINT AS reached_in_window,
                sum(sum_acc_given) / nullif(sum(n_acc_given), 0) AS accepted_given_verified
-        FROM {pos} p JOIN {RUNS} r USING (run_id)
+        FROM {pos} p JOIN {RUNS} r USING (run_id){_in_workloads(workloads, "p")}
         GROUP BY ALL ORDER BY p.run_id, p.k""")
 
 
-def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_bins: int = RELIABILITY_BINS
-                     ) -> pd.DataFrame:
+def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_bins: int = RELIABILITY_BINS,
+                     workloads: Sequence[str] | None = None) -> pd.DataFrame:
     """Per (run, position, variant, bin): mean predicted confidence, observed rate, hits, n."""
     rel = _source(con, schema.SUM_RELIABILITY, run_ids, n_bins=n_bins)
     return _df(con, f"""
         SELECT run_id, position, variant, bin, sum(sum_p) / sum(n) AS mean_pred, sum(hits) / sum(n) AS rate,
                sum(hits)::BIGINT AS hits, sum(n)::BIGINT AS n
-        FROM {rel} GROUP BY ALL ORDER BY run_id, position, variant, bin""")
+        FROM {rel} x{_in_workloads(workloads, "x")} GROUP BY ALL ORDER BY run_id, position, variant, bin""")
 
 
 def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000) -> pd.DataFrame:
@@ -359,7 +371,10 @@ def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000) -> 
         SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
                b.sum_window / nullif(b.n_window, 0) AS mean_window,
                b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
-        FROM q LEFT JOIN {reqs} b ON b.rid = q.rid
+        FROM q LEFT JOIN (SELECT rid, sum(n) AS n, sum(sum_acc_len) AS sum_acc_len, sum(n_acc_len) AS n_acc_len,
+                                 sum(sum_window) AS sum_window, sum(n_window) AS n_window,
+                                 sum(sum_ceil1) AS sum_ceil1, sum(n_ceil) AS n_ceil
+                          FROM {reqs} r GROUP BY rid) b ON b.rid = q.rid
         ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit)])
 
 

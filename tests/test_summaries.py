@@ -57,6 +57,10 @@ def _panels(r: Reader) -> dict[str, pd.DataFrame]:
         "reliability_bins": figures.reliability_bins(r, ["run-b"]),
         "reliability_bins_8": figures.reliability_bins(r, ["run-b"], 8),
         "per_request": audit_sampling.per_request(r, "run-a", "run-b"),
+        # the dashboard's workload filter reads the summaries too (they are kept per workload)
+        "run_summary_w": r.run_summary(RUNS, workloads=[H.WORKLOADS[0]]),
+        "position_acceptance_w": r.position_acceptance(RUNS, workloads=H.WORKLOADS[:2]),
+        "reliability_bins_w": figures.reliability_bins(r, ["run-b"], workloads=[H.WORKLOADS[1]]),
     }
 
 
@@ -99,7 +103,7 @@ def test_summaries_count_each_inserted_row_once_and_match_pandas(template, tmp_p
         n_req = con.execute("SELECT count(*) FROM sum_requests").fetchone()[0]
         n_steps = dict(con.execute("SELECT run_id, n FROM sum_steps").fetchall())
     assert n == {"run-a": 3000, "run-b": 2000}
-    assert n_req == raw.groupby(["run_id", "rid"]).ngroups
+    assert n_req == raw.groupby(["run_id", "rid", "workload"]).ngroups  # kept per workload too
     assert n_steps == {"run-a": 400, "run-b": 250}
 
     r = Reader(filled.path)
@@ -217,3 +221,21 @@ def test_a_run_id_rewritten_in_place_is_not_read_from_stale_summaries(filled: St
     assert sorted(Store(filled.path).rebuilt_summaries) == ["run-b", "run-z"]  # the orphan rows go too
     with filled.snapshot() as c:
         assert summaries.stale_runs(c) == set()
+
+
+def test_a_workload_filter_reads_the_summaries_and_counts_only_that_workload(filled) -> None:
+    raw = filled.read_table("request_steps")
+    w = H.WORKLOADS[0]
+    r = Reader(filled.path)
+    with filled.snapshot() as con:
+        assert summaries.stale_runs(con) == set()  # the filtered answers below come from summary rows
+    got = r.run_summary(RUNS, workloads=[w]).set_index("run_id")
+    sub = raw[raw["workload"] == w]
+    assert got["blocks"].to_dict() == sub.groupby("run_id").size().to_dict()
+    assert got["requests_seen"].to_dict() == sub.groupby("run_id")["rid"].nunique().to_dict()
+    assert np.allclose(got["mean_window"].to_numpy(float), sub.groupby("run_id")["window"].mean().reindex(got.index))
+    pos = r.position_acceptance(["run-a"], workloads=[w])
+    k1 = pos.set_index("k").loc[1, "n"]
+    assert k1 == int(sub[(sub["run_id"] == "run-a") & sub["survival"].map(lambda v: v is not None and len(v) >= 1)]
+                     .shape[0])
+    assert len(r.run_summary(RUNS, workloads=["no-such-workload"]).dropna(subset=["blocks"])) == 0

@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from acceptscope import summaries
-from acceptscope.reader import RS, RUNS, Reader, workload_filter
+from acceptscope.reader import RUNS, Reader
 from estimators.calibration_metrics import ece
 
 ARM_COLORS = {"compact": "#1f77b4", "cap-accept": "#d62728", "static": "#2ca02c"}
@@ -59,27 +59,7 @@ def reliability_bins(reader: Reader, run_ids: Sequence[str], n_bins: int = 15,
     ``variant`` is ``after`` (post-STS ``confidence``) and, where logits are
     recorded, ``before`` (sigmoid of ``confidence_logit``). ``workloads``: only their blocks.
     """
-    if not workloads:
-        df = reader.summary(summaries.reliability_bins, list(run_ids), n_bins)
-    else:  # the summaries are per run, not per workload: a filtered view aggregates the raw rows
-        wf, wp = workload_filter(workloads)
-        df = reader.df(
-            f"""
-            WITH u AS (
-              SELECT run_id, unnest(generate_series(1, len(confidence))) AS k, unnest(confidence) AS c,
-                     unnest(confidence_logit) AS z,
-                     ceiling
-              FROM "{RS}" WHERE run_id IN (SELECT unnest(?)) AND ceiling IS NOT NULL AND confidence IS NOT NULL{wf}),
-            lab AS (SELECT run_id, k, c, 1 / (1 + exp(-z)) AS c_raw, (ceiling >= k)::INT AS y
-                    FROM u WHERE ceiling >= k - 1),
-            v AS (SELECT run_id, k, 'after' AS variant, c AS p, y FROM lab
-                  UNION ALL SELECT run_id, k, 'before', c_raw, y FROM lab WHERE c_raw IS NOT NULL)
-            SELECT run_id, k AS position, variant, least(floor(p * ?)::INT, ? - 1) AS bin,
-                   avg(p) AS mean_pred, avg(y) AS rate, sum(y) AS hits, count(*) AS n
-            FROM v WHERE isfinite(p) GROUP BY ALL ORDER BY run_id, position, variant, bin
-            """,
-            [list(run_ids), *wp, n_bins, n_bins],
-        )
+    df = reader.summary(summaries.reliability_bins, list(run_ids), n_bins, workloads)
     if len(df):
         df["lo"], df["hi"] = wilson(df["hits"].to_numpy(), df["n"].to_numpy())
     return df
