@@ -52,6 +52,7 @@ from acceptscope.reader import Reader
 ids = ["big-c", "big-cap"]
 r = Reader(db)
 rid = r.df("SELECT rid FROM requests WHERE run_id = 'big-cap' LIMIT 1")["rid"].iloc[0]
+one_workload = [r.df("SELECT workload FROM sum_cells WHERE run_id = 'big-cap' LIMIT 1")["workload"].iloc[0]]
 calls = {
     "data_version": lambda: r.data_version(),
     "runs": lambda: r.runs(),
@@ -66,6 +67,10 @@ calls = {
     "step_costs": lambda: r.step_costs(ids, 20_000),  # app/panels/cost.py's MAX_POINTS
     "requests": lambda: r.requests("big-cap"),
     "request_steps": lambda: r.request_steps("big-cap", rid),
+    # the sidebar's workload filter (one workload selected)
+    "run_summary[workload]": lambda: r.run_summary(ids, one_workload),
+    "reliability_bins[workload]": lambda: figures.reliability_bins(r, ["big-cap"], workloads=one_workload),
+    "position_acceptance[workload]": lambda: r.position_acceptance(ids, one_workload),
 }
 cold = {}
 for k, f in calls.items():  # first call of each: imports (scipy.stats for the bootstrap), DuckDB start-up
@@ -226,12 +231,12 @@ def _ms(x: float | None) -> str:
 def print_table(results: list[dict]) -> None:
     sizes = [r["rows_per_run"] for r in results]
     names = list(next((r["summary"]["panels"] for r in results if "panels" in r.get("summary", {})), {}))
-    head = "panel (ms, two runs selected)".ljust(26) + "".join(
+    head = "panel (ms, two runs selected)".ljust(32) + "".join(
         f"{f'{n / 1e6:g}M p50/p95':>18}" + (f"{'raw p50':>9}" if any("raw" in r for r in results) else "")
         for n in sizes)
     print("\n" + head)
     for name in names:
-        line = name.ljust(26)
+        line = name.ljust(32)
         for r in results:
             p = r.get("summary", {}).get("panels", {}).get(name)
             line += f"{(_ms(p[0]) + ' / ' + _ms(p[1])) if p else '-':>18}"
@@ -241,7 +246,7 @@ def print_table(results: list[dict]) -> None:
         print(line)
     for label, key in (("dashboard peak RSS (MB)", "summary"), ("raw-path peak RSS (MB)", "raw")):
         if any(key in r for r in results):
-            print(label.ljust(26) + "".join(f"{r.get(key, {}).get('peak_mb', float('nan')):>18,.0f}" +
+            print(label.ljust(32) + "".join(f"{r.get(key, {}).get('peak_mb', float('nan')):>18,.0f}" +
                                             (" " * 9 if any("raw" in x for x in results) else "") for r in results))
     if any("report" in r for r in results):
         print("report --no-estimators".ljust(26) + "".join(
