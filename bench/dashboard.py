@@ -249,7 +249,7 @@ def print_table(results: list[dict]) -> None:
             print(label.ljust(32) + "".join(f"{r.get(key, {}).get('peak_mb', float('nan')):>18,.0f}" +
                                             (" " * 9 if any("raw" in x for x in results) else "") for r in results))
     if any("report" in r for r in results):
-        print("report --no-estimators".ljust(26) + "".join(
+        print("report --no-estimators".ljust(32) + "".join(
             f"{r['report'].get('seconds', float('nan')):>10,.1f} s {r['report'].get('peak_mb', float('nan')):>5,.0f}MB"
             + (" " * 9 if any("raw" in x for x in results) else "") for r in results))
     print("write: " + "; ".join(f"{r['rows_per_run'] / 1e6:g}M/run: {r['write_s']:,.1f} s total, "
