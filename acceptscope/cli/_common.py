@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.table import Table
 
 from acceptscope.console import console  # noqa: F401 - re-exported for the command modules
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE  # noqa: F401
@@ -85,3 +86,29 @@ def open_store_read_only(db: Path) -> Any:
         return Store(db, read_only=True)
     except (duckdb.Error, ValueError, OSError) as e:
         raise unreadable_db(db, e) from None
+
+
+def print_run_table(title: str, columns: tuple[str, ...] | list[str], rows: dict[str, list[str]]) -> None:
+    """One row per run when the terminal is wide enough, else one block per run: whole run ids, never cut,
+    at any terminal width (``rows``: run id -> one cell per column; empty cells are left out of a block)."""
+    id_w = max(len(rid) for rid in rows) if rows else 0
+    wide = id_w + sum(max(len(c), *(len(v[i]) for v in rows.values())) + 3 for i, c in enumerate(columns)) + 4
+    if console.width >= wide:
+        t = Table(title=title)
+        t.add_column("run", no_wrap=True)
+        for c in columns:
+            t.add_column(c, overflow="fold")
+        for rid, cells in rows.items():
+            t.add_row(rid, *cells)
+        console.print(t)
+        return
+    console.print(title, markup=False, highlight=False, soft_wrap=True)
+    for rid, cells in rows.items():
+        console.print(f"\n{rid}", style="bold", markup=False, highlight=False, soft_wrap=True)
+        t = Table(show_header=False, box=None, padding=(0, 2))
+        t.add_column("metric", no_wrap=True)
+        t.add_column("value", overflow="fold")
+        for c, v in zip(columns, cells):
+            if v:
+                t.add_row(c, v)
+        console.print(t)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from acceptscope.cli._common import (EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, check_names, console, emit_json,
-                                     require_extra)
+                                     print_run_table, require_extra)
 
 HELP = """Audit a DSpark deployment end to end.
 
@@ -152,20 +152,16 @@ def register(app: typer.Typer) -> None:
 def _print(res) -> None:
     import re
 
-    from rich.table import Table
-
-    t = Table(title=f"audit {res.audit_group}", show_lines=False)
-    for c in ("arm", "run_id", "requests", "accept len", "window", "tok/s (CPU)", "tok/s (modeled)", "wall s"):
-        t.add_column(c)
     def num(r: dict, k: str, fmt: str) -> str:
         v = r.get(k)
         return format(v, fmt) if isinstance(v, (int, float)) else "–"
 
-    for arm, r in res.runs.items():
-        t.add_row(arm, str(r.get("run_id")), str(r.get("requests", "–")), num(r, "mean_accept_length", ".2f"),
-                  num(r, "mean_window", ".2f"), num(r, "tokens_per_s", ".0f"), num(r, "modeled_tokens_per_s", ".0f"),
-                  num(r, "wall_s", ".1f"))
-    console.print(t)
+    print_run_table(f"audit {res.audit_group}",
+                    ("arm", "requests", "accept len", "window", "tok/s (CPU)", "tok/s (modeled)", "wall s"),
+                    {str(r.get("run_id")): [arm, str(r.get("requests", "–")), num(r, "mean_accept_length", ".2f"),
+                                            num(r, "mean_window", ".2f"), num(r, "tokens_per_s", ".0f"),
+                                            num(r, "modeled_tokens_per_s", ".0f"), num(r, "wall_s", ".1f")]
+                     for arm, r in res.runs.items()})
     cal = res.calibration
     if cal:
         console.print(f"STS fitted on {cal['samples']} calibration blocks ({cal['run_id']}): {cal['path']}")

@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 from rich.progress import Progress
-from rich.table import Table
 
 from acceptscope.cli._common import (
+    print_run_table,
     EXIT_NO_DATA,
     EXIT_USAGE,
     DbOption,
@@ -166,26 +166,4 @@ def _row(r: dict) -> list[str]:
 
 
 def _print_table(out: dict, title: str) -> None:
-    """One row per run when the terminal is wide enough, else one block per run (whole run ids, never cut)."""
-    rows = {rid: _row(r) for rid, r in out.items()}
-    id_w = max(len(rid) for rid in rows)
-    wide = id_w + sum(max(len(c), *(len(v[i]) for v in rows.values())) + 3 for i, c in enumerate(_COLUMNS)) + 4
-    if console.width >= wide:
-        t = Table(title=title)
-        t.add_column("run", no_wrap=True)
-        for c in _COLUMNS:
-            t.add_column(c, overflow="fold")
-        for rid, cells in rows.items():
-            t.add_row(rid, *cells)
-        console.print(t)
-        return
-    console.print(title, markup=False, highlight=False, soft_wrap=True)
-    for rid, cells in rows.items():
-        console.print(f"\n{rid}", style="bold", markup=False, highlight=False, soft_wrap=True)
-        t = Table(show_header=False, box=None, padding=(0, 2))
-        t.add_column("metric", no_wrap=True)
-        t.add_column("value", overflow="fold")
-        for c, v in zip(_COLUMNS, cells):
-            if v:
-                t.add_row(c, v)
-        console.print(t)
+    print_run_table(title, _COLUMNS, {rid: _row(r) for rid, r in out.items()})
