@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +34,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
+sys.path.insert(0, str(ROOT))
+
+from bench.scale import _child, cli  # noqa: E402  (one child-process harness for the benches)
 RUNS = ("big-c", "big-cap")
 TABLES = ("request_steps", "steps", "requests")
 
@@ -84,36 +84,6 @@ print(json.dumps({"panels": {k: [float(np.percentile(v, 50)), float(np.percentil
                   "cold": cold,
                   "peak_mb": int(hwm) / 1024}))
 """
-
-_REPORT = r"""
-import json, sys, time, os
-sys.argv = ["acceptscope", "report", "--db", sys.argv[1], "--run", "big-c", "--run", "big-cap", "--no-estimators",
-            "-o", sys.argv[2]]
-t0 = time.perf_counter()
-so, sys.stdout = sys.stdout, open(os.devnull, "w")
-rc = 0
-try:
-    from acceptscope.cli import main
-    main()
-except SystemExit as e:
-    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-sys.stdout = so
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(json.dumps({"seconds": time.perf_counter() - t0, "peak_mb": int(hwm) / 1024, "rc": rc}))
-"""
-
-
-def _child(code: str, args: list[str], timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="100")
-    try:
-        r = subprocess.run([PY, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"rc": "timeout", "seconds": timeout}
-    lines = [x for x in r.stdout.strip().splitlines() if x.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"rc": r.returncode, "error": (r.stderr or r.stdout)[-800:]}
-    return json.loads(lines[-1])
-
 
 def base_tables() -> dict[str, dict[str, pa.Table]]:
     """The two runs' template tables (one audit pair), as Arrow in the record model's types."""
@@ -218,7 +188,8 @@ def main() -> None:
             row["raw"] = _child(_PANELS, [str(db), str(a.raw_repeats), "raw"], a.timeout)
             print(json.dumps({"rows_per_run": n, "raw": row["raw"]}), flush=True)
         if "report" not in skip:
-            row["report"] = _child(_REPORT, [str(db), str(a.workdir / "report.html")], a.timeout)
+            row["report"] = cli(["report", "--db", str(db), "--run", RUNS[0], "--run", RUNS[1], "--no-estimators",
+                                 "-o", str(a.workdir / "report.html")], a.timeout)
             print(json.dumps({"rows_per_run": n, "report": row["report"]}), flush=True)
         results.append(row)
     print_table(results)
