@@ -9,7 +9,6 @@ import typer
 from rich.progress import Progress
 
 from acceptscope.cli._common import (
-    print_run_table,
     EXIT_NO_DATA,
     EXIT_USAGE,
     DbOption,
@@ -17,6 +16,7 @@ from acceptscope.cli._common import (
     console,
     emit_json,
     open_store_read_only,
+    print_run_table,
     unreadable_db,
     require_extra,
 )
