@@ -238,7 +238,7 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
             raise r
         return r
     from estimators.bracket import trim_counters
-    from estimators.calibration import calibration_data, compare
+    from estimators.calibration import calibration_data
     from estimators.frame import BlockFrame
     from estimators.planner import audit
     from estimators.utilization import utilization
@@ -277,17 +277,13 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     res["utilization"] = utilization(frame, tail=None if frame.has_truth.all() else tail, steps=steps,
                                      n_boot=n_boot, seed=seed)
     # calibration
-    try:
+    def make_data():
         in_force = sts_in_force(data)
         if frame.has_truth.all():
-            d = calibration_data(frame, "realized", temperatures=in_force)
-        else:
-            d = calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
-        tr, te = d.split(seed=seed)
-        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
-                                     extra_fits=None if in_force is None else {"in-force": list(in_force)})
-    except ValueError as e:
-        res["skipped"]["calibration"] = str(e)
+            return calibration_data(frame, "realized", temperatures=in_force), in_force
+        return calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma), in_force
+
+    fit_calibration(res, make_data, n_boot, seed)
     # cost
     table = fit_cost(res, steps, data["sps_table"], seed)
     if table is not None and len(steps):
@@ -308,6 +304,22 @@ def sglang_bracket(data: dict, trim: dict, gamma: int) -> "_Table":
     br = bracket_from_jsonl(data["estimator_rows"], data["estimator_gather"], data["estimator_eos"], gamma=gamma)
     return _Table(br, dict(trim=trim, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
                            categories=br.category.value_counts().to_dict()))
+
+
+def fit_calibration(res: dict, make_data, n_boot: int, seed: int) -> None:
+    """The held-out STS comparison of a run into ``res["calibration"]`` (or its skip reason), the same
+    step for the in-memory, streamed and Spark paths. ``make_data()`` returns the run's
+    :class:`~estimators.calibration.CalData` and the STS temperatures in force (compared as ``in-force``),
+    or raises ValueError with the reason calibration is skipped."""
+    from estimators.calibration import compare
+
+    try:
+        d, in_force = make_data()
+        tr, te = d.split(seed=seed)
+        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
+                                     extra_fits=None if in_force is None else {"in-force": list(in_force)})
+    except ValueError as e:
+        res["skipped"]["calibration"] = str(e)
 
 
 def fit_cost(res: dict, steps: pd.DataFrame, sps_table, seed: int):

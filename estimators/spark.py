@@ -641,8 +641,8 @@ def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200
     """:func:`estimators.run_all` of one run of the lake, with the streamed path's sums computed on
     the executors (see the module docstring). Equal to ``run_all`` on runs up to ``sample_rows``
     request-steps (calibration rows) and ``fit_rows`` training request-steps (hazard fit)."""
-    from estimators import RUN_KEYS, _Table, fit_cost, hazard_runs, load_run, sglang_bracket, sts_in_force
-    from estimators.calibration import CalData, calibration_data, compare
+    from estimators import RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket, sts_in_force
+    from estimators.calibration import calibration_data
 
     c = store.query_df("SELECT count(*) AS n_rows, count(ceiling) AS n_truth FROM request_steps WHERE run_id = ?",
                        [run_id])
@@ -684,24 +684,14 @@ def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200
     res["tail"] = tail
     res["bracket"] = sglang_bracket(data, acc.trim_counters(), gamma)
     res["utilization"] = acc.utilization_result(tail, n_boot, seed)
-    try:
+    def make_data():
         if "calibration" in skipped:
             raise ValueError(skipped["calibration"])
-        if exact:
-            if not acc.cal:
-                raise ValueError("label 'realized' needs request-steps with a ceiling (a cap-accept or static run)")
-            z, y, k, notes = acc.cal[0]
-            notes = [notes[0], f"realized label: position k reached past iff k < ceiling ({len(z)} request-steps)"]
-            if acc.cal_fraction < 1:
-                notes.append("calibration on a stable hash-sample of the run's requests")
-            d = CalData(z, y, k, "realized", notes)
-        else:
-            d = calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
-        tr, te = d.split(seed=seed)
-        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
-                                     extra_fits=None if temps is None else {"in-force": list(temps)})
-    except ValueError as e:
-        res["skipped"]["calibration"] = str(e)
+        d = acc.realized_calibration() if exact else \
+            calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
+        return d, temps
+
+    fit_calibration(res, make_data, n_boot, seed)
     table = fit_cost(res, steps, data["sps_table"], seed)
     if table is not None and len(steps):
         res["planner"] = _planner(store, acc, steps, table, n_rows)

@@ -419,6 +419,21 @@ class _RunAcc:
         return UtilizationResult(by_group=pd.DataFrame(rows), by_position=by_pos, windows=win, per_request=per_req,
                                  notes=notes)
 
+    def realized_calibration(self):
+        """The realized-label calibration rows this pass kept (a stable hash sample of requests when
+        ``cal_fraction`` < 1), as :class:`estimators.calibration.CalData` (the streamed and Spark paths)."""
+        from estimators.calibration import CalData
+
+        if not self.cal:
+            raise ValueError("label 'realized' needs request-steps with a ceiling (a cap-accept or static run)")
+        z = np.concatenate([c[0] for c in self.cal])
+        y = np.concatenate([c[1] for c in self.cal])
+        grp = np.concatenate([c[2] for c in self.cal])
+        notes = [self.cal[0][3][0], f"realized label: position k reached past iff k < ceiling ({len(z)} request-steps)"]
+        if self.cal_fraction < 1:
+            notes.append("calibration on a stable hash-sample of the run's requests")
+        return CalData(z, y, grp, "realized", notes)
+
     def trim_counters(self) -> dict:
         t = self.trim
         out = {"request_steps": t["request_steps"], "trimmed_request_steps": t["trimmed"],
@@ -542,8 +557,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
 
 
 def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_rows: int, duckdb_memory) -> dict:
-    from estimators import RUN_KEYS, _Table, fit_cost, sglang_bracket
-    from estimators.calibration import CalData, calibration_data, compare
+    from estimators import RUN_KEYS, _Table, fit_calibration, fit_cost, sglang_bracket
+    from estimators.calibration import calibration_data
     from estimators.planner import audit
 
     data = side["data"]
@@ -557,27 +572,14 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
     gamma = acc.G
     res["bracket"] = sglang_bracket(data, tc, gamma)
     res["utilization"] = acc.utilization_result(tail, n_boot, seed)
-    try:
-        if acc.exact:
-            if not acc.cal:
-                raise ValueError("label 'realized' needs request-steps with a ceiling (a cap-accept or static run)")
-            z = np.concatenate([c[0] for c in acc.cal])
-            y = np.concatenate([c[1] for c in acc.cal])
-            grp = np.concatenate([c[2] for c in acc.cal])
-            notes = [acc.cal[0][3][0], f"realized label: position k reached past iff k < ceiling ({len(z)} request-steps)"]
-            if acc.cal_fraction < 1:
-                notes.append("calibration on a stable hash-sample of the run's requests")
-            d = CalData(z, y, grp, "realized", notes)
-        else:
-            d = calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
+    def make_data():
+        d = acc.realized_calibration() if acc.exact else \
+            calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
         if side.get("skipped", {}).get("calibration"):
             raise ValueError(side["skipped"]["calibration"])
-        tr, te = d.split(seed=seed)
-        in_force = data["sts_temperatures"]
-        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
-                                     extra_fits=None if in_force is None else {"in-force": list(in_force)})
-    except ValueError as e:
-        res["skipped"]["calibration"] = str(e)
+        return d, data["sts_temperatures"]
+
+    fit_calibration(res, make_data, n_boot, seed)
     steps = data["steps"]
     table = fit_cost(res, steps, data["sps_table"], seed)
     if table is not None and len(steps):
