@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+
+from estimators.frame import BlockFrame
 
 WORKLOADS = {
     # name: (target sharpness lambda, drafter noise sigma, mean completion length)
@@ -284,8 +287,6 @@ def simulate(
 
 def _list_col(mat: np.ndarray, lens: np.ndarray | None = None):
     """(n, G) array -> Arrow list column (row i keeps its first lens[i] entries)."""
-    import pyarrow as pa
-
     n, G = mat.shape
     if lens is None:
         lens = np.full(n, G)
@@ -295,8 +296,6 @@ def _list_col(mat: np.ndarray, lens: np.ndarray | None = None):
 
 
 def _assemble(cols: list[dict], run_id: str, names: list[str], G: int) -> pd.DataFrame:
-    import pyarrow as pa
-
     cat = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
     n = len(cat["rid_code"])
     committed = np.concatenate([cat["draft_tokens"], np.zeros((n, 1), np.int64)], 1)
@@ -359,8 +358,6 @@ def sglang_estimator_tables(sim: Simulation) -> dict[str, pd.DataFrame]:
     """The rows/``pg``/``eos`` records SGLang's block-accept recorder would write for this run
     (sampled rows only; target log-probs of trimmed tokens gathered from the world, as the
     recorder gathers them from later verify rows on the committed path)."""
-    from estimators.frame import BlockFrame
-
     rs = sim.tables["request_steps"]
     bf = BlockFrame.from_request_steps(rs, gamma=sim.gamma)
     G = sim.gamma

@@ -33,15 +33,21 @@ Example::
 
 from __future__ import annotations
 
+import argparse
+import json
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from acceptscope.ingest import ingest_paths
+from acceptscope.store import Store
 from estimators.bracket import bracket_from_frame, bracket_from_jsonl
-from estimators.frame import BlockFrame
+from estimators.frame import BlockFrame, padded
 from estimators.hazard import HazardModel
-from estimators.tail import TailEstimator
+from estimators.synthetic import simulate
+from estimators.tail import TailEstimator, TailResult, _quantile_intervals
 
 BANDS = (0, 8, 16, 32, 64, 128, 1 << 30)
 
@@ -67,8 +73,6 @@ def hide(rs: pd.DataFrame, logprobs: bool = True) -> pd.DataFrame:
         out["cap_trim"] = np.minimum(K, w + 1) - cl
     out["ceiling"] = pd.array([pd.NA] * len(out), dtype="Int32")
     if logprobs and "target_logprob" in out:
-        from estimators.frame import padded
-
         G = int(max(len(x) for x in out["draft_tokens"]))
         tl = padded(out["target_logprob"], G)
         tl[np.arange(G)[None, :] > w[:, None]] = np.nan
@@ -88,8 +92,6 @@ def expected_cover(pmf: np.ndarray, truth: np.ndarray, levels, rule: str = "rand
     """Per block, the probability that its ``rule`` interval covers ``truth``, over the interval's
     randomization (``randomized``: the upper end is ``above`` with probability ``pi``, else
     ``below``); deterministic rules give the 0/1 cover."""
-    from estimators.tail import _quantile_intervals
-
     t = np.asarray(truth, float)
     out = {}
     if rule != "randomized":
@@ -221,8 +223,6 @@ class ValidationResult:
 
 
 def _agg_table(blocks: pd.DataFrame, boots: list, groups, levels, n_boot: int, seed: int) -> pd.DataFrame:
-    from estimators.tail import TailResult
-
     tr = TailResult(blocks=blocks.reset_index(drop=True), pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
     if boots:
         nb = min(x["means"].shape[0] for x in boots)
@@ -344,8 +344,6 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
     samp = samp.reset_index().rename(columns={"index": "_pos"})
     m = samp.merge(br, on=["run_id", "rid", "fct"], how="inner")
     if len(m):
-        from estimators.tail import TailResult
-
         parts = [("all", m)] + ([(r, x) for r, x in m.groupby("run_id")] if m.run_id.nunique() > 1 else [])
         for name, mm in parts:
             t_al = mm.truth + 1  # accept-length units
@@ -375,8 +373,6 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
 
 def load_truth_runs(dbs, runs=None, verbose: bool = True):
     """``(request_steps, steps, jsonl)`` of every truth-bearing run (ceiling on every row) in ``dbs``."""
-    from acceptscope.store import Store
-
     rss, sts, js = [], [], {"rows": [], "gather": [], "eos": []}
     for db in dbs:
         st = Store(db, read_only=True)
@@ -403,10 +399,6 @@ def main(argv=None) -> None:
     """``python -m estimators.validation DB [DB ...] [--run RUN ...] [--sglang DIR] [--synthetic N] [--json out.json]``:
     validate on every truth-bearing run of the given databases (pooled, cross-fitted by prompt), or
     on SGLang artifacts (``--sglang fixtures/sglang``: ingested into a temporary database first)."""
-    import argparse
-    import json as _json
-    import tempfile
-
     ap = argparse.ArgumentParser(description="Hide the ceiling of truth-bearing runs and validate the tail estimator.")
     ap.add_argument("db", nargs="*", help="DuckDB telemetry files")
     ap.add_argument("--run", action="append", default=None, help="only these run ids (repeatable)")
@@ -422,8 +414,6 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     jsonl = None
     if a.synthetic:
-        from estimators.synthetic import simulate
-
         sim = simulate(n_requests=a.synthetic, seed=a.seed + 21)
         rs, steps = sim.tables["request_steps"], sim.tables["steps"]
         jsonl = dict(rows=sim.tables["estimator_rows"], gather=sim.tables["estimator_gather"], eos=sim.tables["estimator_eos"])
@@ -431,9 +421,6 @@ def main(argv=None) -> None:
         dbs = list(a.db)
         with tempfile.TemporaryDirectory(prefix="acceptscope-val-") as tmp:  # the --sglang ingest, dropped after
             if a.sglang:
-                from acceptscope.ingest import ingest_paths
-                from acceptscope.store import Store
-
                 db = f"{tmp}/sglang.duckdb"
                 ingest_paths([a.sglang], Store(db), progress=False)
                 dbs.append(db)
@@ -443,10 +430,10 @@ def main(argv=None) -> None:
     print(v.report())
     for n in v.notes:
         print("note:", n)
-    print(_json.dumps(v.targets()))
+    print(json.dumps(v.targets()))
     if a.json:
         with open(a.json, "w") as f:
-            _json.dump(v.to_json(), f, default=str, indent=1)
+            json.dump(v.to_json(), f, default=str, indent=1)
 
 
 if __name__ == "__main__":
