@@ -181,24 +181,28 @@ def imports(root: Path, path: Path, *, in_function_only: bool = False) -> list[t
     return out
 
 
-def upward_imports(root: Path = ROOT) -> list[Edge]:
-    edges: set[Edge] = set()
+def modules(root: Path):
+    """(path, module name, path relative to ``root``) of every module of our packages."""
     for pkg in PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")):
-            src = module_name(root, path)
-            src_layer = layer_of(src)
-            rel = str(path.relative_to(root))
-            assert src_layer is not None, f"{rel}: module {src} is in no layer; add it to LAYERS in tests/test_layers.py"
-            for line, dst, at_top in imports(root, path):
-                head = dst.split(".")[0]
-                if head in PACKAGES:
-                    dst_layer = layer_of(dst)
-                    if dst_layer is not None and LEVEL[dst_layer] > LEVEL[src_layer]:
-                        edges.add(Edge(rel, line, src, dst, f"{src_layer} imports {dst_layer}"))
-                elif head in EXTRAS and LEVEL[EXTRAS[head]] > LEVEL[src_layer]:
-                    if (src, head) in LAZY_EXTRAS and not at_top:
-                        continue
-                    edges.add(Edge(rel, line, src, dst, f"{src_layer} imports the optional extra {head}"))
+            yield path, module_name(root, path), str(path.relative_to(root))
+
+
+def upward_imports(root: Path = ROOT) -> list[Edge]:
+    edges: set[Edge] = set()
+    for path, src, rel in modules(root):
+        src_layer = layer_of(src)
+        assert src_layer is not None, f"{rel}: module {src} is in no layer; add it to LAYERS in tests/test_layers.py"
+        for line, dst, at_top in imports(root, path):
+            head = dst.split(".")[0]
+            if head in PACKAGES:
+                dst_layer = layer_of(dst)
+                if dst_layer is not None and LEVEL[dst_layer] > LEVEL[src_layer]:
+                    edges.add(Edge(rel, line, src, dst, f"{src_layer} imports {dst_layer}"))
+            elif head in EXTRAS and LEVEL[EXTRAS[head]] > LEVEL[src_layer]:
+                if (src, head) in LAZY_EXTRAS and not at_top:
+                    continue
+                edges.add(Edge(rel, line, src, dst, f"{src_layer} imports the optional extra {head}"))
     return sorted(edges, key=lambda e: (e.path, e.line, e.dst))
 
 
@@ -207,11 +211,16 @@ def test_no_upward_imports():
     assert not up, f"{len(up)} upward import(s):\n" + "\n".join(map(str, up))
 
 
+def _empty_packages(root: Path) -> Path:
+    for pkg in PACKAGES:
+        (root / pkg).mkdir()
+        (root / pkg / "__init__.py").write_text("")
+    return root
+
+
 def test_layer_map_is_complete_and_detects_an_upward_import(tmp_path):
     """The checker itself: a planted report -> app import and a plotly import in estimators are found."""
-    for pkg in PACKAGES:
-        (tmp_path / pkg).mkdir()
-        (tmp_path / pkg / "__init__.py").write_text("")
+    _empty_packages(tmp_path)
     (tmp_path / "app" / "panel.py").write_text("X = 1\n")
     (tmp_path / "acceptscope" / "report.py").write_text("import json\n\ndef f():\n    from app import panel\n")
     (tmp_path / "estimators" / "fig.py").write_text("import plotly.graph_objects as go\n")
@@ -236,13 +245,11 @@ def lazy_reason(src: str, dst: str) -> str | None:
 def unexplained_function_imports(root: Path = ROOT) -> list[Edge]:
     """In-function imports with no LAZY_IMPORTS reason (and not listed in NOT_YET_HOISTED)."""
     out: set[Edge] = set()
-    for pkg in PACKAGES:
-        for path in sorted((root / pkg).rglob("*.py")):
-            src, rel = module_name(root, path), str(path.relative_to(root))
-            for line, dst, _ in imports(root, path, in_function_only=True):
-                if lazy_reason(src, dst) is None and dst not in NOT_YET_HOISTED.get(rel, ()):
-                    out.add(Edge(rel, line, src, dst, "inside a function: hoist it, or add a measured "
-                                                         "reason to LAZY_IMPORTS in tests/test_layers.py"))
+    for path, src, rel in modules(root):
+        for line, dst, _ in imports(root, path, in_function_only=True):
+            if lazy_reason(src, dst) is None and dst not in NOT_YET_HOISTED.get(rel, ()):
+                out.add(Edge(rel, line, src, dst, "inside a function: hoist it, or add a measured "
+                                                  "reason to LAZY_IMPORTS in tests/test_layers.py"))
     return sorted(out, key=lambda e: (e.path, e.line, e.dst))
 
 
@@ -253,9 +260,7 @@ def test_imports_at_module_top_unless_a_measured_reason():
 
 def test_function_import_rule_detects_and_allows(tmp_path):
     """The checker itself: a planted in-function import is reported with file:line; a listed reason clears it."""
-    for pkg in PACKAGES:
-        (tmp_path / pkg).mkdir()
-        (tmp_path / pkg / "__init__.py").write_text("")
+    _empty_packages(tmp_path)
     (tmp_path / "estimators" / "late.py").write_text("import json\n\n\ndef f():\n    import pyarrow as pa\n    return pa\n")
     (tmp_path / "acceptscope" / "cli").mkdir()
     (tmp_path / "acceptscope" / "cli" / "cmd.py").write_text("def f():\n    from acceptscope.store import Store\n")
