@@ -25,7 +25,7 @@ from pathlib import Path
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Optional
 
-from acceptscope import audit_sampling
+from acceptscope import audit_sampling, live
 from acceptscope.engine import EngineConfig, run_engine
 from acceptscope.engine.workloads import BUILTIN, load_prompts, parse_spec
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_OK
@@ -269,17 +269,8 @@ def _run_sglang(cfg: AuditConfig, group: str, progress: Any) -> dict:
     Engine options pass through (``urls`` selects attach mode); run ids are
     ``f"{group}-{arm}"`` as on the reference engine.
     """
-    try:
-        from acceptscope import live  # the [live] extra
-    except ImportError as e:  # pragma: no cover
-        raise RuntimeError(f"--engine sglang needs acceptscope.live: {e}") from None
-    fn = getattr(live, "run_audit", None)
-    if fn is None:
-        raise RuntimeError(
-            "--engine sglang: this install's acceptscope.live has no run_audit() entry point. Run the arms with "
-            "`acceptscope live ...` (same --audit-group), then `acceptscope report --audit-group GROUP`.")
     arms = [PRODUCTION_ARM, AUDIT_ARM] + (["static"] if cfg.with_static else [])
-    return fn(db=str(cfg.db), audit_group=group, arms=arms, workload=cfg.workload,
+    return live.run_audit(db=str(cfg.db), audit_group=group, arms=arms, workload=cfg.workload,
               audit_fraction=cfg.audit_fraction, sample_seed=cfg.sample_seed, **cfg.engine_options)
 
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from acceptscope import schema
-from acceptscope.store import Store, _q, fetch_arrow_reader
+from acceptscope.store import Store, _q, duck_type, fetch_arrow_reader
 
 MANIFEST = "_acceptscope_export.json"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -216,8 +216,6 @@ def read_export(out_dir: str | Path, table: str, run_ids: Sequence[str] | None =
 def duckdb_source(out_dir: str | Path, table: str) -> str:
     """A DuckDB table expression reading one exported table, e.g. ``SELECT * FROM {duckdb_source(...)}``."""
     t = schema.table(table)
-    from acceptscope.store import duck_type
-
     glob = str(Path(out_dir) / t.name / "**" / "*.parquet").replace("'", "''")
     types = ", ".join(f"'{c}': '{duck_type(t.column(c).type)}'" for c in partition_columns(t))
     return f"read_parquet('{glob}', hive_partitioning = true, hive_types = {{{types}}})"

@@ -35,6 +35,7 @@ from acceptscope.figures.estimates import tail_truth_figure
 from acceptscope.parity import ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
+from estimators.bootstrap import cluster_weights, request_keys
 
 # section ids, in page order (tests check that each is present)
 SECTIONS = ("summary", "runs", "regime", "curve", "parity", "calibration", "survival", "windows", "utilization",
@@ -641,21 +642,24 @@ STEP_POINTS = 20_000  # steps per run in the cost figures and the step-time erro
 
 
 def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per workload: cap-accept truth vs the compact confidence-only and ratio-corrected estimates."""
+    """Per workload: cap-accept truth vs the compact confidence-only estimate, with request-clustered
+    bootstrap intervals (estimators.bootstrap's keyed Poisson weights, the estimators' own bootstrap;
+    a request is keyed by (workload, prompt_index, seed), the same in the compact and audited runs)."""
     rows = []
-    rng = np.random.default_rng(seed)
     for wl, g in pr.dropna(subset=["y", "x"]).groupby("workload"):
         w, x, y = (g[c].to_numpy(float) for c in ("w", "x", "y"))
         truth = float(np.sum(w * y) / np.sum(w))
         conf = float(np.sum(w * x) / np.sum(w))
-        bx, by = np.empty(n_boot), np.empty(n_boot)
-        step = max(1, (1 << 21) // len(g))  # replicates per draw: index blocks of <= 16 MB, never n_boot x n
-        for b in range(0, n_boot, step):  # (the same random stream as one n_boot x n draw)
-            i = rng.integers(0, len(g), size=(min(step, n_boot - b), len(g)))
-            sw = w[i].sum(axis=1)
-            bx[b:b + len(i)], by[b:b + len(i)] = (w[i] * x[i]).sum(axis=1) / sw, (w[i] * y[i]).sum(axis=1) / sw
-        lo, hi = np.quantile(bx, [0.025, 0.975])
-        tlo, thi = np.quantile(by, [0.025, 0.975])
+        keys = request_keys(g["workload"], g["prompt_index"].astype(str) + "/" + g["seed"].astype(str))
+        sw, swx, swy = np.zeros(n_boot), np.zeros(n_boot), np.zeros(n_boot)
+        step = max(1, (1 << 21) // max(n_boot, 1))  # requests per block: weights of <= 16 MB, never n_boot x n
+        for a in range(0, len(g), step):  # a request's weights depend on its key only: blocks add up
+            bw = cluster_weights(keys[a:a + step], n_boot, seed) * w[a:a + step]
+            sw, swx, swy = sw + bw.sum(axis=1), swx + bw @ x[a:a + step], swy + bw @ y[a:a + step]
+        drawn = sw > 0  # a replicate that drew no request has no mean (Poisson(1) weights, small n)
+        bx, by = swx[drawn] / sw[drawn], swy[drawn] / sw[drawn]
+        lo, hi = np.quantile(bx, [0.025, 0.975]) if drawn.any() else (np.nan, np.nan)
+        tlo, thi = np.quantile(by, [0.025, 0.975]) if drawn.any() else (np.nan, np.nan)
         rows.append(dict(workload=wl, requests=len(g), truth=truth, truth_lo=tlo, truth_hi=thi, conf_only=conf,
                          conf_lo=lo, conf_hi=hi, truth_in_interval=bool(lo <= truth <= hi)))
     return pd.DataFrame(rows)

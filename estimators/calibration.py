@@ -47,6 +47,7 @@ import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
 from acceptscope.engine.sts import sts_problem
+from estimators.bootstrap import row_request_keys
 from estimators.calibration_metrics import ece, ece_rows, position_metrics, reliability_table
 from estimators.frame import BlockFrame, padded
 
@@ -183,7 +184,9 @@ def calibration_data(data, label: str = "realized", sts_samples: pd.DataFrame | 
     y = (k < frame.ceiling[:, None]).astype(float)
     ok = m & np.isfinite(z).all(1)
     notes = [note, f"realized label: position k reached past iff k < ceiling ({ok.sum()} request-steps)"]
-    return CalData(z[ok], y[ok], frame.request[ok], "realized", notes)
+    # groups: the stable (run_id, rid) key, as the streamed and Spark paths tag their rows
+    keys = row_request_keys(frame.df["run_id"], frame.df["rid"])
+    return CalData(z[ok], y[ok], keys[ok], "realized", notes)
 
 
 class StsCalibrator:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from estimators.bootstrap import cluster_weights
+
 EPS = 1e-8
 METRICS = ("ece", "ece_mass", "ece_debiased", "brier", "nll", "auroc")
 
@@ -159,20 +161,15 @@ class _Prepared:
                                  "avg_target": sy / n, "count": n})
 
 
-def cluster_weights(groups: np.ndarray | None, n: int, n_boot: int, seed: int = 0) -> np.ndarray:
-    """``(n_boot, n)`` Poisson(1) bootstrap weights shared within each cluster (request)."""
-    rng = np.random.default_rng(seed)
-    if groups is None:
-        return rng.poisson(1.0, (n_boot, n)).astype(float)
-    codes = pd.factorize(groups)[0]
-    return rng.poisson(1.0, (n_boot, codes.max() + 1)).astype(float)[:, codes]
-
-
 def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 200, level: float = 0.95,
                      num_bins: int = 15, seed: int = 0, mask: np.ndarray | None = None) -> pd.DataFrame:
-    """Per-position metrics of survival ``P`` (n, G) vs labels ``Y`` with cluster-bootstrap CIs."""
+    """Per-position metrics of survival ``P`` (n, G) vs labels ``Y`` with cluster-bootstrap CIs.
+
+    ``groups``: the cluster (request key) of each row, or None for rows as their own clusters. The
+    replicate weights are :func:`estimators.bootstrap.cluster_weights`' keyed draws, so the intervals
+    are the same whichever path (in memory, streamed, Spark) gathered the rows, in whatever order."""
     n, G = P.shape
-    Wb = cluster_weights(groups, n, n_boot, seed) if n_boot else None
+    Wb = cluster_weights(np.arange(n) if groups is None else groups, n_boot, seed) if n_boot else None
     rows = []
     a = (1 - level) / 2
     for k in range(G):

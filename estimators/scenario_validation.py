@@ -31,14 +31,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from acceptscope.ingest import ingest_paths
+from acceptscope.store import Store
+from estimators import load_run, run_all, sts_in_force
+from estimators.calibration import calibration_data, compare
+from estimators.validation import validate
+
 LEVELS = (0.8, 0.9, 0.95)
 
 
 def ingest_scenarios(root: Path, db: Path) -> dict[str, str]:
     """Each scenario directory into ``db`` as a user would; returns scenario -> run id."""
-    from acceptscope.ingest import ingest_paths
-    from acceptscope.store import Store
-
     store = Store(db)
     runs = {}
     for d in sorted(p for p in Path(root).iterdir() if p.is_dir() and p.name != "truth"):
@@ -78,8 +81,6 @@ def _with_truth(blocks: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
 
 def compact_only(store, run_id: str, truth: pd.DataFrame, n_boot: int = 200, seed: int = 0) -> dict:
     """The production arm alone: own hazards, per-block and aggregate coverage, utilization vs truth."""
-    from estimators import run_all
-
     res = run_all(store, run_id, n_boot=n_boot, seed=seed)
     b = _with_truth(res["tail"].blocks, truth)
     out = {"run_id": run_id, **block_coverage(b)}
@@ -97,9 +98,6 @@ def compact_only(store, run_id: str, truth: pd.DataFrame, n_boot: int = 200, see
 
 def audit_arm(store, run_id: str, n_boot: int = 200, seed: int = 0) -> dict:
     """The cap-accept arm with its ceiling hidden: hazards cross-fitted by request (5 folds)."""
-    from estimators import load_run
-    from estimators.validation import validate
-
     data = load_run(store, run_id)
     v = validate(data["request_steps"], steps=data["steps"], n_boot=n_boot, seed=seed, by=("run_id",))
     rows = []
@@ -114,9 +112,6 @@ def audit_arm(store, run_id: str, n_boot: int = 200, seed: int = 0) -> dict:
 
 def sts_next_table(store, run_id: str, seed: int = 0, n_boot: int = 100) -> dict:
     """Held-out (by request) ECE of identity, the table in force and the next table (smooth-nll fit)."""
-    from estimators import load_run, sts_in_force
-    from estimators.calibration import calibration_data, compare
-
     data = load_run(store, run_id)
     in_force = sts_in_force(data)
     d = calibration_data(data["request_steps"], "realized", temperatures=in_force)
@@ -133,8 +128,6 @@ def sts_next_table(store, run_id: str, seed: int = 0, n_boot: int = 100) -> dict
 
 def run(root: Path, n_boot: int = 200, seed: int = 0, db: Path | None = None) -> dict:
     """Every check of the module docstring; a dict of tables."""
-    from acceptscope.store import Store
-
     with tempfile.TemporaryDirectory(prefix="acceptscope-scen-") as tmp:
         dbp = Path(db) if db else Path(tmp) / "scenarios.duckdb"
         runs = ingest_scenarios(root, dbp)

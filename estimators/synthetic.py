@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+
+from estimators.frame import BlockFrame
 
 WORKLOADS = {
     # name: (target sharpness lambda, drafter noise sigma, mean completion length)
@@ -107,6 +110,154 @@ def _theta_additive(table: dict, n: int, b: np.ndarray) -> np.ndarray:
     return table["bias_seconds"] + a + t
 
 
+@dataclass
+class _World:
+    """The requests and the target's logits: what every arm of the simulated engine decodes against."""
+
+    names: list[str]
+    wl: np.ndarray  # workload index per request
+    lam: np.ndarray  # target sharpness per request
+    sig: np.ndarray  # drafter noise per request
+    length: np.ndarray
+    prompt: np.ndarray
+    temp: np.ndarray  # 0 = greedy
+    world: np.ndarray  # target logits, one row per (request, absolute position)
+    off: np.ndarray  # first world row of each request
+
+    def rows(self, r, P):
+        """Flat world row of absolute position ``P`` of request ``r``."""
+        return self.off[r] + (P - self.prompt[r])
+
+
+def _draw_world(rng, n_requests: int, workloads: dict, greedy_frac: float, temperature: float, G: int,
+                V: int) -> _World:
+    names = list(workloads)
+    wl = rng.integers(0, len(names), n_requests)
+    lam = np.array([workloads[names[i]][0] for i in wl]) * np.exp(0.15 * rng.standard_normal(n_requests))
+    sig = np.array([workloads[names[i]][1] for i in wl]) * np.exp(0.3 * rng.standard_normal(n_requests))
+    length = np.maximum(8, rng.poisson([workloads[names[i]][2] for i in wl])).astype(np.int64)
+    prompt = rng.integers(16, 120, n_requests)
+    temp = np.where(rng.random(n_requests) < greedy_frac, 0.0, temperature)
+    # world: target logits per (request, absolute position) for positions prompt .. prompt+length+G+2
+    span = length + G + 3
+    off = np.concatenate([[0], np.cumsum(span)])
+    world = (rng.standard_normal((off[-1], V)) * np.repeat(lam, span)[:, None]).astype(np.float32)
+    return _World(names, wl, lam, sig, length, prompt, temp, world, off)
+
+
+def _draft_and_verify(rng, w: _World, A: np.ndarray, s: np.ndarray, G: int, T_sts: np.ndarray, head_scale: float,
+                      head_bias: float, head_noise: float) -> dict:
+    """One verify step of the active requests ``A`` at prefixes ``s``: the drafts, which the target
+    accepts (``K``: the ceiling), and the drafter's confidence head (over-confident and noisy)."""
+    N = len(A)
+    P = s[:, None] + np.arange(G + 1)[None, :] + 1  # rows 0..G predict positions s+1..s+G+1
+    tl = w.world[w.rows(A[:, None], P)]  # (N, G+1, V)
+    Tq = np.where(w.temp[A] > 0, w.temp[A], 1.0)[:, None, None]
+    p = _softmax(tl / Tq)
+    xi = rng.standard_normal(N)
+    noise_sd = w.sig[A][:, None] * (1 + 0.15 * np.arange(G))[None, :] * np.exp(0.25 * xi)[:, None]
+    dl = tl[:, :G] + rng.standard_normal((N, G, tl.shape[-1])) * noise_sd[..., None]
+    q = _softmax(dl / Tq)
+    greedy = w.temp[A] <= 0
+    d_s = _sample(q, rng.random((N, G)))
+    d = np.where(greedy[:, None], dl.argmax(-1), d_s)
+    ii, kk = np.arange(N)[:, None], np.arange(G)[None, :]
+    pd_, qd = p[ii, kk, d], q[ii, kk, d]
+    acc_s = rng.random((N, G)) < pd_ / np.maximum(qd, 1e-8)
+    acc = np.where(greedy[:, None], d == tl[:, :G].argmax(-1), acc_s)
+    # confidence head: predicts 1 - TV(p, q), over-confident and noisy
+    e = np.clip(1 - 0.5 * np.abs(p[:, :G] - q).sum(-1), 1e-4, 1 - 1e-4)
+    z = head_scale * np.log(e / (1 - e)) + head_bias + head_noise * rng.standard_normal((N, G))
+    c = 1 / (1 + np.exp(-z / T_sts[None, :]))
+    return dict(tl=tl, Tq=Tq, p=p, dl=dl, q=q, greedy=greedy, d=d, pd_=pd_, qd=qd, K=np.cumprod(acc, 1).sum(1),
+                z=z, c=c, surv=np.cumprod(c, 1))
+
+
+def _plan_windows(table: dict, S_lag: np.ndarray, surv: np.ndarray, G: int, trim: bool):
+    """The planner: a verify budget from the lagged survival, spent on the highest current survivals.
+    Returns (budget, predicted step seconds, predicted throughput, window per request)."""
+    N = len(surv)
+    if not trim:
+        return None, None, None, np.full(N, G)
+    cand = np.sort(S_lag[S_lag >= 1e-6])[::-1]
+    tau = N + np.concatenate([[0.0], np.cumsum(cand)])
+    theta = tau / _theta_additive(table, N, N + np.arange(len(cand) + 1))
+    budget = int(np.argmax(theta))
+    pred_s = float(_theta_additive(table, N, np.array([N + budget]))[0])
+    flat = surv.reshape(-1)
+    order = np.lexsort((np.repeat(np.arange(N), G), np.tile(np.arange(G), N), -flat))
+    order = order[flat[order] >= 1e-6][:budget]
+    sel = np.zeros(N * G, bool)
+    sel[order] = True
+    return budget, pred_s, float(theta[budget]), sel.reshape(N, G).sum(1)
+
+
+def _bonus_tokens(rng, v: dict, cl: np.ndarray, took: np.ndarray, G: int) -> np.ndarray:
+    """The token the target commits after the ``cl`` accepted drafts: the next draft where the
+    window cut an accepted one (``took``), else a draw from the residual (greedy: the argmax)."""
+    N = len(cl)
+    p, q, n = v["p"], v["q"], np.arange(N)
+    pj = p[n, cl]
+    qj = np.where((cl < G)[:, None], q[n, np.minimum(cl, G - 1)], 0.0)
+    resid = np.maximum(pj - qj, 0)
+    resid = np.where((cl >= G)[:, None] | (resid.sum(-1, keepdims=True) <= 0), pj, resid)
+    samp = _sample(resid, rng.random(N))
+    bonus_s = np.where(took, v["d"][n, np.minimum(cl, G - 1)], samp)
+    return np.where(v["greedy"], v["tl"][n, cl].argmax(-1), bonus_s)
+
+
+class _SurvivalHistory:
+    """Each request's survival at its last 3 steps; the planner reads it ``lag`` steps late (fresh: ones)."""
+
+    def __init__(self, n_requests: int, G: int, lag: int):
+        self.hist = np.ones((n_requests, 3, G))
+        self.step = np.full((n_requests, 3), -10, np.int64)
+        self.lag = lag
+
+    def lagged(self, A: np.ndarray, dstep: int) -> np.ndarray:
+        slot = (dstep - self.lag) % 3
+        ok = self.step[A, slot] == dstep - self.lag
+        return np.where(ok[:, None], self.hist[A, slot], 1.0)
+
+    def record(self, A: np.ndarray, dstep: int, surv: np.ndarray) -> None:
+        self.hist[A, dstep % 3] = surv
+        self.step[A, dstep % 3] = dstep
+
+
+def _request_step_cols(w: _World, v: dict, A, s, win, cl, bonus, fct: int, step_index) -> dict:
+    """The request-step columns of one verify step (what the engine records per request)."""
+    N, K = len(A), v["K"]
+    # target log p of each draft under T=1 for greedy (as the engine records), T otherwise
+    tlp = np.log(np.maximum(v["pd_"], 1e-45))
+    dlp = np.log(np.maximum(v["qd"], 1e-45))
+    return dict(forward_ct=np.full(N, fct), rid_code=A, req_pool_index=np.arange(N), step_index=step_index,
+                prefix_len=s, verify_len=win + 1, window=win, correct_drafts=cl, acc_len=cl + 1, cap_trim=K - cl,
+                bonus_token=bonus, ceiling=K, temperature=w.temp[A], workload=w.wl[A],
+                finished=s + cl + 1 >= w.prompt[A] + w.length[A], draft_tokens=v["d"],
+                confidence=np.round(v["c"], 4).astype(np.float32), survival=np.round(v["surv"], 4).astype(np.float32),
+                confidence_logit=v["z"].astype(np.float32), draft_logprob=dlp.astype(np.float32),
+                target_logprob=tlp.astype(np.float32))
+
+
+def _recorder_tensors(v: dict, A, s, win, cl, bonus, fct: int) -> dict:
+    """What SGLang's block-accept recorder is fed for one verify step."""
+    return dict(forward_ct=fct, rids=A.copy(), draft_tokens=v["d"], corrected_logits=v["dl"].astype(np.float32),
+                target_logits=v["tl"].astype(np.float32), temperature=np.where(v["greedy"], 0.0, v["Tq"][:, 0, 0]),
+                correct_len=cl, cap_trim=v["K"] - cl, bonus=bonus, prefix_lens=s, verify_lens=win + 1)
+
+
+def _run_tables(w: _World, run_id: str, temperature: float, G: int, V: int, seed: int, cols: list[dict],
+                steps: list[dict]) -> dict[str, pd.DataFrame]:
+    """The store's tables of the simulated run (request-steps, steps, the run and its requests)."""
+    n = len(w.prompt)
+    runs = pd.DataFrame([dict(run_id=run_id, arm="cap-accept", engine="reference", gamma=G, temperature=temperature,
+                              target_model="synthetic", draft_model="synthetic", source="file",
+                              config_json=json.dumps(dict(seed=seed, n_requests=n, vocab=V)))])
+    reqs = pd.DataFrame(dict(run_id=run_id, rid=[f"r{r}" for r in range(n)], workload=[w.names[i] for i in w.wl],
+                             temperature=w.temp, prompt_tokens=w.prompt, prompt_index=np.arange(n)))
+    return dict(runs=runs, steps=pd.DataFrame(steps), request_steps=_assemble(cols, run_id, w.names, G), requests=reqs)
+
+
 def simulate(
     n_requests: int = 400,
     gamma: int = 7,
@@ -129,40 +280,19 @@ def simulate(
 ) -> Simulation:
     """Simulate a cap-accept run; see the module docstring for the world model."""
     rng = np.random.default_rng(seed)
-    workloads = workloads or WORKLOADS
     sps = sps or SpsTruth()
     G, V = int(gamma), int(vocab)
     T_sts = np.ones(G) if sts_temperatures is None else np.asarray(sts_temperatures, float)
-    names = list(workloads)
-    wl = rng.integers(0, len(names), n_requests)
-    lam = np.array([workloads[names[i]][0] for i in wl]) * np.exp(0.15 * rng.standard_normal(n_requests))
-    sig = np.array([workloads[names[i]][1] for i in wl]) * np.exp(0.3 * rng.standard_normal(n_requests))
-    length = np.maximum(8, rng.poisson([workloads[names[i]][2] for i in wl])).astype(np.int64)
-    prompt = rng.integers(16, 120, n_requests)
-    temp = np.where(rng.random(n_requests) < greedy_frac, 0.0, temperature)
-    # world: target logits per (request, absolute position) for positions prompt .. prompt+length+G+2
-    span = length + G + 3
-    off = np.concatenate([[0], np.cumsum(span)])
-    world = (rng.standard_normal((off[-1], V)) * np.repeat(lam, span)[:, None]).astype(np.float32)
-
-    def wpos(r, P):  # flat world row of absolute position P of request r
-        return off[r] + (P - prompt[r])
-
+    w = _draw_world(rng, n_requests, workloads or WORKLOADS, greedy_frac, temperature, G, V)
     max_bs = max(concurrency)
     table = sps.sglang_table(max_bs, max_bs * (G + 1))
-    # per-request survival history for the lagged planner input
-    hist = np.ones((n_requests, 3, G))
-    hist_step = np.full((n_requests, 3), -10, np.int64)
-
+    hist = _SurvivalHistory(n_requests, G, lag_steps)
     queue = list(range(n_requests))
     active: list[int] = []
-    prefix = prompt.copy()
+    prefix = w.prompt.copy()
     stepi = np.zeros(n_requests, np.int64)
-    cols, steps = [], []
-    fct = 0
-    dstep = 0
-    admitted_this = False
-    step_tensors = []
+    cols, steps, step_tensors = [], [], []
+    fct = dstep = 0
     while queue or active:
         target_c = concurrency[(dstep // phase_steps) % len(concurrency)]
         admitted_this = False
@@ -174,109 +304,31 @@ def simulate(
         A = np.array(active)
         N = len(A)
         s = prefix[A]
-        P = s[:, None] + np.arange(G + 1)[None, :] + 1  # rows 0..G predict positions s+1..s+G+1
-        tl = world[wpos(A[:, None], P)]  # (N, G+1, V)
-        Tq = np.where(temp[A] > 0, temp[A], 1.0)[:, None, None]
-        p = _softmax(tl / Tq)
-        xi = rng.standard_normal(N)
-        noise_sd = sig[A][:, None] * (1 + 0.15 * np.arange(G))[None, :] * np.exp(0.25 * xi)[:, None]
-        dl = tl[:, :G] + rng.standard_normal((N, G, V)) * noise_sd[..., None]
-        q = _softmax(dl / Tq)
-        greedy = temp[A] <= 0
-        d_s = _sample(q, rng.random((N, G)))
-        d_g = dl.argmax(-1)
-        d = np.where(greedy[:, None], d_g, d_s)
-        ii = np.arange(N)[:, None]
-        kk = np.arange(G)[None, :]
-        pd_ = p[ii, kk, d]
-        qd = q[ii, kk, d]
-        acc_s = rng.random((N, G)) < pd_ / np.maximum(qd, 1e-8)
-        acc_g = d == tl[:, :G].argmax(-1)
-        acc = np.where(greedy[:, None], acc_g, acc_s)
-        K = np.cumprod(acc, 1).sum(1)
-        # confidence head: predicts 1 - TV(p, q), over-confident and noisy
-        e = 1 - 0.5 * np.abs(p[:, :G] - q).sum(-1)
-        e = np.clip(e, 1e-4, 1 - 1e-4)
-        z = head_scale * np.log(e / (1 - e)) + head_bias + head_noise * rng.standard_normal((N, G))
-        c = 1 / (1 + np.exp(-z / T_sts[None, :]))
-        surv = np.cumprod(c, 1)
-        # planner: budget from lagged survival (fresh -> ones), allocation by current survival
-        lag_slot = (dstep - lag_steps) % 3
-        lag_ok = hist_step[A, lag_slot] == dstep - lag_steps
-        S_lag = np.where(lag_ok[:, None], hist[A, lag_slot], 1.0)
-        if trim:
-            cand = np.sort(S_lag[S_lag >= 1e-6])[::-1]
-            tau = N + np.concatenate([[0.0], np.cumsum(cand)])
-            Ms = np.arange(len(cand) + 1)
-            theta = tau / _theta_additive(table, N, N + Ms)
-            budget = int(np.argmax(theta))
-            pred_s = float(_theta_additive(table, N, np.array([N + budget]))[0])
-            pred_theta = float(theta[budget])
-            flat = surv.reshape(-1)
-            order = np.lexsort((np.repeat(np.arange(N), G), np.tile(np.arange(G), N), -flat))
-            order = order[flat[order] >= 1e-6][:budget]
-            sel = np.zeros(N * G, bool)
-            sel[order] = True
-            w = sel.reshape(N, G).sum(1)
-        else:
-            budget, pred_s, pred_theta = None, None, None
-            w = np.full(N, G)
-        slot = dstep % 3
-        hist[A, slot] = surv
-        hist_step[A, slot] = dstep
-        cl = np.minimum(K, w)
-        # bonus at row j = cl
-        j = cl
-        took = K > w
-        pj = p[np.arange(N), j]
-        qj = np.where((j < G)[:, None], q[np.arange(N), np.minimum(j, G - 1)], 0.0)
-        resid = np.maximum(pj - qj, 0)
-        resid = np.where((j >= G)[:, None] | (resid.sum(-1, keepdims=True) <= 0), pj, resid)
-        samp = _sample(resid, rng.random(N))
-        bonus_s = np.where(took, d[np.arange(N), np.minimum(j, G - 1)], samp)
-        bonus_g = tl[np.arange(N), j].argmax(-1)
-        bonus = np.where(greedy, bonus_g, bonus_s)
-        # target log p of each draft under T=1 for greedy (as the engine records), T otherwise
-        tlp = np.log(np.maximum(pd_, 1e-45))
-        dlp = np.log(np.maximum(qd, 1e-45))
-        vl = w + 1
+        v = _draft_and_verify(rng, w, A, s, G, T_sts, head_scale, head_bias, head_noise)
+        budget, pred_s, pred_theta, win = _plan_windows(table, hist.lagged(A, dstep), v["surv"], G, trim)
+        hist.record(A, dstep, v["surv"])
+        cl = np.minimum(v["K"], win)
+        bonus = _bonus_tokens(rng, v, cl, v["K"] > win, G)
         executed = N * (G + 1)
         true_ms = float(sps.step_ms_(N, executed))
         step_cpu = None if admitted_this else round(true_ms * float(np.exp(0.03 * rng.standard_normal())), 4)
         steps.append(dict(run_id=run_id, rank=0, epoch=0, forward_ct=fct, bs=N, mode="cap-accept",
                           budget=budget, lag_steps=lag_steps, num_running_reqs=N,
-                          num_verify_tokens=int(vl.sum()), executed_verify_tokens=executed,
+                          num_verify_tokens=int((win + 1).sum()), executed_verify_tokens=executed,
                           predicted_step_ms=None if pred_s is None else pred_s * 1e3,
-                          predicted_theta=None if pred_theta is None else pred_theta / 1.0,
-                          step_cpu_ms=step_cpu, wall_time_s=None))
-        fin = s + cl + 1 >= prompt[A] + length[A]
-        if keep_step_tensors:  # what SGLang's block-accept recorder is fed for this verify step
-            step_tensors.append(dict(forward_ct=fct, rids=A.copy(), draft_tokens=d, corrected_logits=dl.astype(np.float32),
-                                     target_logits=tl.astype(np.float32), temperature=np.where(greedy, 0.0, Tq[:, 0, 0]),
-                                     correct_len=cl, cap_trim=K - cl, bonus=bonus, prefix_lens=s, verify_lens=w + 1))
-        cols.append(dict(forward_ct=np.full(N, fct), rid_code=A, req_pool_index=np.arange(N), step_index=stepi[A].copy(),
-                         prefix_len=s, verify_len=vl, window=w, correct_drafts=cl, acc_len=cl + 1, cap_trim=K - cl,
-                         bonus_token=bonus, ceiling=K, temperature=temp[A], workload=wl[A], finished=fin,
-                         draft_tokens=d, confidence=np.round(c, 4).astype(np.float32),
-                         survival=np.round(surv, 4).astype(np.float32), confidence_logit=z.astype(np.float32),
-                         draft_logprob=dlp.astype(np.float32), target_logprob=tlp.astype(np.float32)))
+                          predicted_theta=pred_theta, step_cpu_ms=step_cpu, wall_time_s=None))
+        if keep_step_tensors:
+            step_tensors.append(_recorder_tensors(v, A, s, win, cl, bonus, fct))
+        cols.append(_request_step_cols(w, v, A, s, win, cl, bonus, fct, stepi[A].copy()))
         prefix[A] = s + cl + 1
         stepi[A] += 1
-        done = [r for r in active if prefix[r] >= prompt[r] + length[r]]
-        for r in done:
+        for r in [r for r in active if prefix[r] >= w.prompt[r] + w.length[r]]:
             active.remove(r)
         dstep += 1
-    rs = _assemble(cols, run_id, names, G)
-    st = pd.DataFrame(steps)
-    runs = pd.DataFrame([dict(run_id=run_id, arm="cap-accept", engine="reference", gamma=G, temperature=temperature,
-                              target_model="synthetic", draft_model="synthetic", source="file",
-                              config_json=json.dumps(dict(seed=seed, n_requests=n_requests, vocab=V)))])
-    reqs = pd.DataFrame(dict(run_id=run_id, rid=[f"r{r}" for r in range(n_requests)],
-                             workload=[names[i] for i in wl], temperature=temp, prompt_tokens=prompt,
-                             prompt_index=np.arange(n_requests)))
-    sim = Simulation(tables=dict(runs=runs, steps=st, request_steps=rs, requests=reqs), gamma=G,
+    sim = Simulation(tables=_run_tables(w, run_id, temperature, G, V, seed, cols, steps), gamma=G,
                      sts_temperatures=T_sts, sps=sps, sps_table=table,
-                     meta=dict(world=world, off=off, prompt=prompt, temp=temp, seed=seed, step_tensors=step_tensors))
+                     meta=dict(world=w.world, off=w.off, prompt=w.prompt, temp=w.temp, seed=seed,
+                               step_tensors=step_tensors))
     sim.tables.update(sglang_estimator_tables(sim))
     sim.tables["sts_samples"] = greedy_label_samples(sim)
     return sim
@@ -284,8 +336,6 @@ def simulate(
 
 def _list_col(mat: np.ndarray, lens: np.ndarray | None = None):
     """(n, G) array -> Arrow list column (row i keeps its first lens[i] entries)."""
-    import pyarrow as pa
-
     n, G = mat.shape
     if lens is None:
         lens = np.full(n, G)
@@ -295,8 +345,6 @@ def _list_col(mat: np.ndarray, lens: np.ndarray | None = None):
 
 
 def _assemble(cols: list[dict], run_id: str, names: list[str], G: int) -> pd.DataFrame:
-    import pyarrow as pa
-
     cat = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
     n = len(cat["rid_code"])
     committed = np.concatenate([cat["draft_tokens"], np.zeros((n, 1), np.int64)], 1)
@@ -359,8 +407,6 @@ def sglang_estimator_tables(sim: Simulation) -> dict[str, pd.DataFrame]:
     """The rows/``pg``/``eos`` records SGLang's block-accept recorder would write for this run
     (sampled rows only; target log-probs of trimmed tokens gathered from the world, as the
     recorder gathers them from later verify rows on the committed path)."""
-    from estimators.frame import BlockFrame
-
     rs = sim.tables["request_steps"]
     bf = BlockFrame.from_request_steps(rs, gamma=sim.gamma)
     G = sim.gamma

@@ -33,15 +33,21 @@ Example::
 
 from __future__ import annotations
 
+import argparse
+import json
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from acceptscope.ingest import ingest_paths
+from acceptscope.store import Store
 from estimators.bracket import bracket_from_frame, bracket_from_jsonl
-from estimators.frame import BlockFrame
+from estimators.frame import BlockFrame, padded
 from estimators.hazard import HazardModel
-from estimators.tail import TailEstimator
+from estimators.synthetic import simulate
+from estimators.tail import TailEstimator, TailResult, _quantile_intervals
 
 BANDS = (0, 8, 16, 32, 64, 128, 1 << 30)
 
@@ -67,8 +73,6 @@ def hide(rs: pd.DataFrame, logprobs: bool = True) -> pd.DataFrame:
         out["cap_trim"] = np.minimum(K, w + 1) - cl
     out["ceiling"] = pd.array([pd.NA] * len(out), dtype="Int32")
     if logprobs and "target_logprob" in out:
-        from estimators.frame import padded
-
         G = int(max(len(x) for x in out["draft_tokens"]))
         tl = padded(out["target_logprob"], G)
         tl[np.arange(G)[None, :] > w[:, None]] = np.nan
@@ -88,8 +92,6 @@ def expected_cover(pmf: np.ndarray, truth: np.ndarray, levels, rule: str = "rand
     """Per block, the probability that its ``rule`` interval covers ``truth``, over the interval's
     randomization (``randomized``: the upper end is ``above`` with probability ``pi``, else
     ``below``); deterministic rules give the 0/1 cover."""
-    from estimators.tail import _quantile_intervals
-
     t = np.asarray(truth, float)
     out = {}
     if rule != "randomized":
@@ -221,8 +223,6 @@ class ValidationResult:
 
 
 def _agg_table(blocks: pd.DataFrame, boots: list, groups, levels, n_boot: int, seed: int) -> pd.DataFrame:
-    from estimators.tail import TailResult
-
     tr = TailResult(blocks=blocks.reset_index(drop=True), pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
     if boots:
         nb = min(x["means"].shape[0] for x in boots)
@@ -241,78 +241,48 @@ def _agg_table(blocks: pd.DataFrame, boots: list, groups, levels, n_boot: int, s
     return agg, tr
 
 
-def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: int = 5,
-             hazard_method: str = "logistic", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
-             jsonl: dict | None = None, by=("run_id", "workload", "band", "rank"), seed: int = 0,
-             interval: str = "randomized", hazard_boot: int = 30, use_sglang_pg: bool = False) -> ValidationResult:
-    """Cross-fitted validation on a truth-bearing ``request_steps`` frame (see module docstring).
-
-    ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run (for
-    the bracket comparison; ``use_sglang_pg=True`` also feeds their p/q into the walk, which is
-    not validated yet: see the module notes). ``hazard_boot``: hazard refits under request-bootstrap
-    weights of the training fold (model uncertainty in the aggregate intervals), for both variants.
-    """
-    if "ceiling" not in truth or truth["ceiling"].isna().any():
-        raise ValueError("validate needs request_steps with the ceiling on every row (a cap-accept or static run)")
+def _prompt_folds(truth: pd.DataFrame, folds: int, seed: int) -> tuple[np.ndarray, int]:
+    """Fold per row, by prompt (rid), not by (run, rid): runs of one workload mix share prompts across
+    seeds and arms, and a prompt seen in training would leak its acceptance profile into the test fold."""
     rng = np.random.default_rng(seed)
-    truth = truth.reset_index(drop=True)
-    # folds by prompt (rid), not by (run, rid): runs of one workload mix share prompts across seeds
-    # and arms, and a prompt seen in training would leak its acceptance profile into the test fold
     reqs = truth["rid"].astype(str).to_numpy()
     ureq = np.unique(reqs)
     folds = max(2, min(folds, len(ureq)))
     perm = rng.permutation(len(ureq))
     fold_of = dict(zip(ureq[perm], np.arange(len(ureq)) % folds))
-    fold = np.array([fold_of[r] for r in reqs])
-    outs = []
-    boots = {"auto": [], "confidence": []}
-    notes = []
-    hinfo = []
-    for f in range(folds):
-        train = truth[fold != f]
-        test = truth[fold == f]
-        if len(test) == 0 or len(train) == 0:
-            continue
-        g = None
-        if use_sglang_pg and jsonl is not None and len(jsonl.get("rows", [])) and "q_lp" in jsonl["rows"]:
-            g = {"gather": jsonl.get("gather"), "rows": jsonl["rows"]}  # SGLang's p/q for the walk
-        for mode, lp in (("auto", True), ("confidence", False)):
-            est = TailEstimator(hazard=HazardModel(method=hazard_method), mode=mode, levels=levels, interval=interval)
-            est.fit(train, gather=g if lp else None)
-            hinfo.append(est.hazard.info_.get("n_bins"))
-            res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed, gather=g if lp else None,
-                               hazard_boot=hazard_boot)
-            b = res.blocks
-            if res._boot is not None:
-                boots[mode].append(res._boot)
-            tb = BlockFrame.from_request_steps(test, gamma=est.gamma_)
-            b["truth"] = tb.ceiling.astype(float)
-            ec = expected_cover(res.pmf, b["truth"].to_numpy(), levels, interval)
-            for L, v in ec.items():
-                b[f"ecov{int(round(L * 100))}"] = v
-            b["fold"] = f
-            b["variant"] = mode
-            outs.append(b)
-    blocks = pd.concat(outs, ignore_index=True)
-    if steps is not None and len(steps):
-        key = ["run_id", "rank", "epoch", "forward_ct"]
-        st = steps[key + ["bs"]].drop_duplicates(key)
-        blocks = blocks.merge(st, on=key, how="left")
-        blocks["band"] = batch_band(blocks["bs"])
-    else:
+    return np.array([fold_of[r] for r in reqs]), folds
+
+
+def _score_fold(train: pd.DataFrame, test: pd.DataFrame, f: int, mode: str, lp: bool, g: dict | None, *,
+                hazard_method: str, levels, interval: str, seed: int, hazard_boot: int):
+    """Fit the tail estimator (variant ``mode``) on ``train``, estimate ``test`` with its ceiling hidden
+    and score each block against the truth. Returns (blocks, bootstrap replicates, hazard bins)."""
+    est = TailEstimator(hazard=HazardModel(method=hazard_method), mode=mode, levels=levels, interval=interval)
+    est.fit(train, gather=g if lp else None)
+    res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed, gather=g if lp else None,
+                       hazard_boot=hazard_boot)
+    b = res.blocks
+    b["truth"] = BlockFrame.from_request_steps(test, gamma=est.gamma_).ceiling.astype(float)
+    for L, v in expected_cover(res.pmf, b["truth"].to_numpy(), levels, interval).items():
+        b[f"ecov{int(round(L * 100))}"] = v
+    b["fold"] = f
+    b["variant"] = mode
+    return b, res._boot, est.hazard.info_.get("n_bins")
+
+
+def _with_batch_band(blocks: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """Each block's batch-size band, from the step it was verified in ("unknown" without steps)."""
+    if steps is None or not len(steps):
         blocks["band"] = "unknown"
-    cens = blocks[blocks.censored]
-    per_mode = pd.DataFrame(_mode_rows(cens, levels))
-    # aggregate 95% intervals per group, per variant, against the true group mean
-    aggs, trs = [], {}
-    for v in ("auto", "confidence"):
-        vb = blocks[blocks.variant == v].reset_index(drop=True)
-        groups = [None] + [[c] for c in by if c in vb and vb[c].notna().any() and vb[c].nunique() > 1]
-        a, trs[v] = _agg_table(vb, boots[v], groups, levels, n_boot, seed)
-        a["variant"] = v
-        aggs.append(a)
-    agg = pd.concat(aggs, ignore_index=True)
-    # per run: the must-show numbers for every run
+        return blocks
+    key = ["run_id", "rank", "epoch", "forward_ct"]
+    blocks = blocks.merge(steps[key + ["bs"]].drop_duplicates(key), on=key, how="left")
+    blocks["band"] = batch_band(blocks["bs"])
+    return blocks
+
+
+def _per_run(cens: pd.DataFrame, agg: pd.DataFrame, levels) -> pd.DataFrame:
+    """The must-show numbers for every run: per mode, with the run's aggregate interval."""
     prow = []
     for rid_, cb in cens.groupby("run_id"):
         for r in _mode_rows(cb, levels):
@@ -329,54 +299,102 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
             "mae_unresolved", "cov80_unresolved", "cov90_unresolved", "cov95_unresolved", "ecov90_unresolved",
             "agg_est", "agg_lo", "agg_hi", "agg_truth", "agg_covers"]
     per_run = pd.DataFrame(prow)
-    per_run = per_run[[c for c in keep if c in per_run]] if len(per_run) else per_run
-    # SGLang bracket on the same (sampled) rows: JSONL if given, else recomputed from our telemetry
+    return per_run[[c for c in keep if c in per_run]] if len(per_run) else per_run
+
+
+def _bracket_row(name, mm: pd.DataFrame, src: str, tr, levels, n_boot: int, seed: int) -> dict:
+    """SGLang's bracket and our aggregate interval on the same sampled blocks ``mm``, against the truth."""
+    t_al = mm.truth + 1  # accept-length units
+    opened = mm.category != "exact_in_window"
+    sub = TailResult(blocks=mm.rename(columns={"fct": "forward_ct"}).reset_index(drop=True),
+                     pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
+    if tr._boot is not None:
+        pos = mm["_pos"].to_numpy()
+        sub._boot = dict(means=tr._boot["means"][:, pos], vars=tr._boot["vars"][:, pos])
+    a = sub.aggregate(level=0.95, n_boot=n_boot, target="run", seed=seed).iloc[0]
+    return dict(run=name, source=src, n_rows=len(mm), n_opened=int(opened.sum()),
+                block_cover_rate_sglang=_cov(t_al[opened], mm.lo[opened] - 1e-9, mm.hi[opened] + 1e-9),
+                block_cover_rate_ours90=_cov(mm.truth[opened], mm.lo90[opened], mm.hi90[opened]),
+                truth_mean_accept_length=float(t_al.mean()),
+                sglang_lo=float(mm.lo.mean()), sglang_hi=float(mm.hi.mean()), sglang_mid=float(mm.mid.mean()),
+                sglang_width=float(mm.hi.mean() - mm.lo.mean()),
+                sglang_covers=bool(mm.lo.mean() - 1e-9 <= t_al.mean() <= mm.hi.mean() + 1e-9),
+                our_est=float(a.mean_ceiling + 1), our_lo=float(a.lo + 1), our_hi=float(a.hi + 1),
+                our_width=float(a.hi - a.lo), our_covers=bool(a.lo + 1 <= t_al.mean() <= a.hi + 1))
+
+
+def _bracket_comparison(blocks: pd.DataFrame, truth: pd.DataFrame, jsonl: dict | None, tr, levels, n_boot: int,
+                        seed: int) -> pd.DataFrame:
+    """SGLang's bracket on the same (sampled) rows: from the estimator JSONL if given, else recomputed
+    from our telemetry; overall and per run."""
     if jsonl is not None and len(jsonl.get("rows", [])):
         br = bracket_from_jsonl(jsonl["rows"], jsonl.get("gather"), jsonl.get("eos"))
         src = "estimator JSONL"
     else:
         br = bracket_from_frame(BlockFrame.from_request_steps(hide(truth)))
         src = "recomputed from telemetry (SGLang recipe)"
-    brows = []
     auto = blocks[blocks.variant == "auto"].reset_index(drop=True)
-    tr = trs["auto"]
     samp = auto[auto.temperature > 0].rename(columns={"forward_ct": "fct"})
     samp = samp.reset_index().rename(columns={"index": "_pos"})
     m = samp.merge(br, on=["run_id", "rid", "fct"], how="inner")
-    if len(m):
-        from estimators.tail import TailResult
+    if not len(m):
+        return pd.DataFrame([])
+    parts = [("all", m)] + ([(r, x) for r, x in m.groupby("run_id")] if m.run_id.nunique() > 1 else [])
+    return pd.DataFrame([_bracket_row(name, mm, src, tr, levels, n_boot, seed) for name, mm in parts])
 
-        parts = [("all", m)] + ([(r, x) for r, x in m.groupby("run_id")] if m.run_id.nunique() > 1 else [])
-        for name, mm in parts:
-            t_al = mm.truth + 1  # accept-length units
-            opened = mm.category != "exact_in_window"
-            sub = TailResult(blocks=mm.rename(columns={"fct": "forward_ct"}).reset_index(drop=True),
-                             pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
-            if tr._boot is not None:
-                pos = mm["_pos"].to_numpy()
-                sub._boot = dict(means=tr._boot["means"][:, pos], vars=tr._boot["vars"][:, pos])
-            a = sub.aggregate(level=0.95, n_boot=n_boot, target="run", seed=seed).iloc[0]
-            brows.append(dict(run=name, source=src, n_rows=len(mm), n_opened=int(opened.sum()),
-                              block_cover_rate_sglang=_cov(t_al[opened], mm.lo[opened] - 1e-9, mm.hi[opened] + 1e-9),
-                              block_cover_rate_ours90=_cov(mm.truth[opened], mm.lo90[opened], mm.hi90[opened]),
-                              truth_mean_accept_length=float(t_al.mean()),
-                              sglang_lo=float(mm.lo.mean()), sglang_hi=float(mm.hi.mean()), sglang_mid=float(mm.mid.mean()),
-                              sglang_width=float(mm.hi.mean() - mm.lo.mean()),
-                              sglang_covers=bool(mm.lo.mean() - 1e-9 <= t_al.mean() <= mm.hi.mean() + 1e-9),
-                              our_est=float(a.mean_ceiling + 1), our_lo=float(a.lo + 1), our_hi=float(a.hi + 1),
-                              our_width=float(a.hi - a.lo), our_covers=bool(a.lo + 1 <= t_al.mean() <= a.hi + 1)))
+
+def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: int = 5,
+             hazard_method: str = "logistic", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
+             jsonl: dict | None = None, by=("run_id", "workload", "band", "rank"), seed: int = 0,
+             interval: str = "randomized", hazard_boot: int = 30, use_sglang_pg: bool = False) -> ValidationResult:
+    """Cross-fitted validation on a truth-bearing ``request_steps`` frame (see module docstring).
+
+    ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run (for
+    the bracket comparison; ``use_sglang_pg=True`` also feeds their p/q into the walk, which is
+    not validated yet: see the module notes). ``hazard_boot``: hazard refits under request-bootstrap
+    weights of the training fold (model uncertainty in the aggregate intervals), for both variants.
+    """
+    if "ceiling" not in truth or truth["ceiling"].isna().any():
+        raise ValueError("validate needs request_steps with the ceiling on every row (a cap-accept or static run)")
+    truth = truth.reset_index(drop=True)
+    fold, folds = _prompt_folds(truth, folds, seed)
+    g = None
+    if use_sglang_pg and jsonl is not None and len(jsonl.get("rows", [])) and "q_lp" in jsonl["rows"]:
+        g = {"gather": jsonl.get("gather"), "rows": jsonl["rows"]}  # SGLang's p/q for the walk
+    outs, boots, hinfo = [], {"auto": [], "confidence": []}, []
+    for f in range(folds):
+        train, test = truth[fold != f], truth[fold == f]
+        if len(test) == 0 or len(train) == 0:
+            continue
+        for mode, lp in (("auto", True), ("confidence", False)):
+            b, boot, bins = _score_fold(train, test, f, mode, lp, g, hazard_method=hazard_method, levels=levels,
+                                        interval=interval, seed=seed, hazard_boot=hazard_boot)
+            hinfo.append(bins)
+            if boot is not None:
+                boots[mode].append(boot)
+            outs.append(b)
+    blocks = _with_batch_band(pd.concat(outs, ignore_index=True), steps)
+    cens = blocks[blocks.censored]
+    # aggregate 95% intervals per group, per variant, against the true group mean
+    aggs, trs = [], {}
+    for v in ("auto", "confidence"):
+        vb = blocks[blocks.variant == v].reset_index(drop=True)
+        groups = [None] + [[c] for c in by if c in vb and vb[c].notna().any() and vb[c].nunique() > 1]
+        a, trs[v] = _agg_table(vb, boots[v], groups, levels, n_boot, seed)
+        a["variant"] = v
+        aggs.append(a)
+    agg = pd.concat(aggs, ignore_index=True)
     bins = sorted(set(x for x in hinfo if x is not None))
-    notes.append(f"{folds}-fold cross-fitting by prompt (rid); hazards: {hazard_method}"
-                 + (f" (confidence bins chosen per fit: {bins})" if bins else "")
-                 + f"; intervals: {interval}; aggregate: {hazard_boot} hazard refits x imputation noise")
-    return ValidationResult(per_mode=per_mode, aggregate=agg, bracket=pd.DataFrame(brows), blocks=blocks,
-                            notes=notes, per_run=per_run)
+    notes = [f"{folds}-fold cross-fitting by prompt (rid); hazards: {hazard_method}"
+             + (f" (confidence bins chosen per fit: {bins})" if bins else "")
+             + f"; intervals: {interval}; aggregate: {hazard_boot} hazard refits x imputation noise"]
+    return ValidationResult(per_mode=pd.DataFrame(_mode_rows(cens, levels)), aggregate=agg,
+                            bracket=_bracket_comparison(blocks, truth, jsonl, trs["auto"], levels, n_boot, seed),
+                            blocks=blocks, notes=notes, per_run=_per_run(cens, agg, levels))
 
 
 def load_truth_runs(dbs, runs=None, verbose: bool = True):
     """``(request_steps, steps, jsonl)`` of every truth-bearing run (ceiling on every row) in ``dbs``."""
-    from acceptscope.store import Store
-
     rss, sts, js = [], [], {"rows": [], "gather": [], "eos": []}
     for db in dbs:
         st = Store(db, read_only=True)
@@ -403,10 +421,6 @@ def main(argv=None) -> None:
     """``python -m estimators.validation DB [DB ...] [--run RUN ...] [--sglang DIR] [--synthetic N] [--json out.json]``:
     validate on every truth-bearing run of the given databases (pooled, cross-fitted by prompt), or
     on SGLang artifacts (``--sglang fixtures/sglang``: ingested into a temporary database first)."""
-    import argparse
-    import json as _json
-    import tempfile
-
     ap = argparse.ArgumentParser(description="Hide the ceiling of truth-bearing runs and validate the tail estimator.")
     ap.add_argument("db", nargs="*", help="DuckDB telemetry files")
     ap.add_argument("--run", action="append", default=None, help="only these run ids (repeatable)")
@@ -422,8 +436,6 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     jsonl = None
     if a.synthetic:
-        from estimators.synthetic import simulate
-
         sim = simulate(n_requests=a.synthetic, seed=a.seed + 21)
         rs, steps = sim.tables["request_steps"], sim.tables["steps"]
         jsonl = dict(rows=sim.tables["estimator_rows"], gather=sim.tables["estimator_gather"], eos=sim.tables["estimator_eos"])
@@ -431,9 +443,6 @@ def main(argv=None) -> None:
         dbs = list(a.db)
         with tempfile.TemporaryDirectory(prefix="acceptscope-val-") as tmp:  # the --sglang ingest, dropped after
             if a.sglang:
-                from acceptscope.ingest import ingest_paths
-                from acceptscope.store import Store
-
                 db = f"{tmp}/sglang.duckdb"
                 ingest_paths([a.sglang], Store(db), progress=False)
                 dbs.append(db)
@@ -443,10 +452,10 @@ def main(argv=None) -> None:
     print(v.report())
     for n in v.notes:
         print("note:", n)
-    print(_json.dumps(v.targets()))
+    print(json.dumps(v.targets()))
     if a.json:
         with open(a.json, "w") as f:
-            _json.dump(v.to_json(), f, default=str, indent=1)
+            json.dump(v.to_json(), f, default=str, indent=1)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from acceptscope.cli import app
-from acceptscope.report import SECTIONS, write_report
+from acceptscope.report import SECTIONS, _tail_by_workload, write_report
 from tests.test_audit import build_audit_db
 
 # sections that must carry at least one figure on an audit with compact + cap-accept + static
@@ -161,3 +163,22 @@ def test_regime_and_curve_sections_show_the_audit_next_to_the_blog(audit, report
     cmp = res.headline["regime"]
     assert {c["workload"] for c in cmp} == {"math", "code", "chat", "poetry"}
     assert next(c for c in cmp if c["workload"] == "poetry")["blog_mean_window"] == 2.91
+
+
+def test_tail_by_workload_intervals_are_keyed_by_request():
+    """The tail table's bootstrap is estimators.bootstrap's keyed one: the same intervals in any row
+    order, covering the point estimates, and a workload of one request still gets a finite interval."""
+    rng = np.random.default_rng(5)
+    n = 400
+    pr = pd.DataFrame({"workload": np.where(np.arange(n) < 399, "chat", "solo"), "prompt_index": np.arange(n) % 97,
+                       "seed": np.arange(n) // 97, "w": rng.integers(1, 40, n).astype(float),
+                       "x": rng.uniform(2, 4, n)})
+    pr["y"] = pr.x + rng.uniform(0, 1.5, n)
+    t = _tail_by_workload(pr, n_boot=300).set_index("workload")
+    shuffled = _tail_by_workload(pr.sample(frac=1, random_state=2), n_boot=300).set_index("workload")
+    cols = ["truth", "truth_lo", "truth_hi", "conf_only", "conf_lo", "conf_hi"]
+    np.testing.assert_allclose(t[cols].to_numpy(float), shuffled[cols].to_numpy(float), rtol=1e-12)
+    chat = t.loc["chat"]
+    assert chat.conf_lo < chat.conf_only < chat.conf_hi and chat.truth_lo < chat.truth < chat.truth_hi
+    assert not chat.truth_in_interval  # y = x + U(0, 1.5): the confidence-only interval misses the truth
+    assert t.loc["solo", "requests"] == 1 and np.isfinite(t.loc["solo", ["conf_lo", "conf_hi"]].to_numpy(float)).all()

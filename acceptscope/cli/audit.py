@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from acceptscope.cli._common import (EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, check_names, console, emit_json,
                                      print_run_table, require_extra)
@@ -100,8 +102,6 @@ def register(app: typer.Typer) -> None:
         require_extra("audit", "engine" if engine == "reference" else "live")
         require_extra("audit", "report")
         # imported here, not at the top: the audit pulls torch (the optional [engine] extra)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         from acceptscope.audit import AuditConfig, run_audit
 
         if not 0 < audit_fraction <= 1:
@@ -150,8 +150,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _print(res) -> None:
-    import re
-
     def num(r: dict, k: str, fmt: str) -> str:
         v = r.get(k)
         return format(v, fmt) if isinstance(v, (int, float)) else "–"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from acceptscope.cli._common import (
     EXIT_NO_DATA,
@@ -68,8 +69,6 @@ def register(app: typer.Typer) -> None:
         if not db.exists():
             console.print(f"[red]{db}: no such database file[/red]")
             raise typer.Exit(EXIT_USAGE)
-        from rich.table import Table
-
         from estimators import load_run, sts_in_force
         from estimators.calibration import StsCalibrator, calibration_data, check_sglang_sts, compare
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.progress import BarColumn, Progress, TextColumn
 
 from acceptscope.cli._common import EXIT_NO_DATA, EXIT_USAGE, DbOption, JsonOption, console, emit_json
 
@@ -28,8 +29,6 @@ def register(app: typer.Typer) -> None:
         db: Path = DbOption,
         json_out: bool = JsonOption,
     ) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn
-
         from acceptscope.export import export_parquet, exportable_tables
         from acceptscope.store import Store
 

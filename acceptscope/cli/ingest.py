@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.table import Table
 
 from acceptscope.cli._common import EXIT_OK, EXIT_USAGE, DbOption, JsonOption, console, emit_json
 
@@ -38,8 +39,6 @@ def register(app: typer.Typer) -> None:
         show_rejects: int = typer.Option(10, "--show-rejects", help="Print up to N reject messages."),
         json_out: bool = JsonOption,
     ) -> None:
-        from rich.table import Table
-
         from acceptscope.ingest import ingest_paths, tune_allocator_for_bulk_ingest
         from acceptscope.store import Store
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.progress import Progress
 
 from acceptscope.cli._common import EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json, require_extra
 
@@ -228,8 +229,6 @@ def drive_cmd(
     loopback_only: bool = typer.Option(False, "--loopback-only"),
     json_out: bool = JsonOption,
 ) -> None:
-    from rich.progress import Progress
-
     from acceptscope.live.driver import DriveConfig, Driver, TargetRefused, WorkloadError, load_prompts
     from acceptscope.store import Store
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.progress import Progress
 
 from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json, require_extra
 
@@ -59,8 +61,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         require_extra("profile", "engine")
-        from rich.progress import Progress
-
         if device != "cpu" or from_measurements is not None or shape is not None:
             _gpu_profile(device, shape, from_measurements, out, batch_sizes, fracs, steps, context_len, mbin,
                          gamma, draft_layers, json_out)
@@ -96,8 +96,6 @@ def register(app: typer.Typer) -> None:
 
 def _gpu_profile(device, shape, from_measurements, out, batch_sizes, fracs, steps, context_len, mbin, gamma,
                  draft_layers, json_out) -> None:
-    import json
-
     from acceptscope.engine import profiler
 
     if from_measurements is not None:

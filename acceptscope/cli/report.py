@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from acceptscope.cli._common import (EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, DbOption, JsonOption, console,
-                                     emit_json, require_extra)
+                                     emit_json, require_extra, unreadable_db)
 
 HELP = """Write ONE self-contained HTML report (plotly inlined; no server, no CDN).
 
@@ -44,7 +46,6 @@ def register(app: typer.Typer) -> None:
         # imported here, not at the top: plotly and jinja2 are the optional [app] extra
         import duckdb
 
-        from acceptscope.cli._common import unreadable_db
         from acceptscope.report import Thresholds, write_report
 
         if not db.exists():
@@ -76,7 +77,4 @@ def register(app: typer.Typer) -> None:
 
 
 def _plain(text: str) -> str:
-    import html
-    import re
-
     return html.unescape(re.sub(r"<[^>]+>", "", text))

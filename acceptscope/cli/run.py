@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from acceptscope.cli._common import EXIT_USAGE, JsonOption, check_names, console, emit_json, require_extra
 
@@ -60,9 +62,6 @@ def register(app: typer.Typer) -> None:
         check_names(arm=arm, workload=workload, cost_profile=cost_profile)  # before any model loads
         require_extra("run", "engine")
         # imported here, not at the top: torch is the optional [engine] extra (and ~2 s to import)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.table import Table
-
         from acceptscope.engine import EngineConfig, run_engine
 
         cfg = EngineConfig(

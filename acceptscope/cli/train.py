@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json, require_extra
 
@@ -27,8 +29,6 @@ def _needs_engine_extra() -> None:
 
 
 def _progress(desc: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False)
     task = prog.add_task(desc, total=None, info="")
@@ -183,8 +183,6 @@ def eval_cmd(
     tok = load_tokenizer(target)
     res = evaluate_workloads(t, d, tok, n_prompts, max_new_tokens, device=device, extra_prompt_files=extra,
                              progress=lambda n: console.print(f"evaluating {n} ..."))
-    from rich.table import Table
-
     tab = Table(title="greedy block acceptance (tau = accepted drafts + 1)")
     for c in ("workload", "prompts", "rounds", "tau", "full-block rate"):
         tab.add_column(c)

@@ -132,6 +132,7 @@ def run_audit(
     seeded sample of the same prompts. Returns ``{arm: {"run_id": ..., ...summary}}``;
     run ids are ``f"{audit_group}-{arm}"``.
     """
+    # lazy: these need the [live] extra (requests), and acceptscope.audit imports this package on every audit
     from acceptscope.live import launcher
     from acceptscope.live.driver import DriveConfig, load_prompts
     from acceptscope.live.session import run_sglang_audit

@@ -35,6 +35,8 @@ from typing import Any, Callable, Optional
 import msgspec
 import requests
 
+from acceptscope.ingest.rejects import make_reject
+from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.live.http import DEFAULT_MAX_BYTES, DeadlineExceeded, Redirected, ResponseTooLarge, fetch
 
 CLEAR_BODY = {"server_args": {"dspark_clear_info_records": True}}
@@ -64,17 +66,6 @@ def ring_sizes(body: bytes) -> list[int] | None:
     if top.internal_states is None:
         return None
     return [len(st.dspark_info_record.records or []) if st.dspark_info_record else 0 for st in top.internal_states]
-
-
-def _ingestor_class():
-    try:
-        from acceptscope.ingest.server_info import ServerInfoIngestor
-    except ImportError as e:  # pragma: no cover - depends on the ingest helper's module
-        raise RuntimeError(
-            "acceptscope.ingest.server_info.ServerInfoIngestor is not available; the live poller "
-            "parses /server_info through it"
-        ) from e
-    return ServerInfoIngestor
 
 
 @dataclass
@@ -132,7 +123,7 @@ class ServerInfoPoller:
         self.drop_tables = frozenset(drop_tables)
         self.max_bytes = max_bytes
         self.until = until  # monotonic hard stop: no request runs past it
-        self.ingestor = ingestor if ingestor is not None else _ingestor_class()(run_id, self.url)
+        self.ingestor = ingestor if ingestor is not None else ServerInfoIngestor(run_id, self.url)
         self.stats = PollStats()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -153,8 +144,6 @@ class ServerInfoPoller:
             self.stats.down_polls += 1
             self.stats.last_error = f"{type(e).__name__}: {e}"
             if isinstance(e, (ResponseTooLarge, Redirected, DeadlineExceeded)):  # the server answered, badly
-                from acceptscope.ingest.rejects import make_reject
-
                 self.stats.rejects += 1
                 self.sink({"rejects": [make_reject(self.url, poll_no, "$", f"poll refused: {type(e).__name__}: {e}",
                                                    None, self.run_id)]})

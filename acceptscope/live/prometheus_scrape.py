@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from acceptscope.live.http import fetch
+
 SPEC_PREFIX = "sglang:spec_"
 
 
@@ -61,8 +63,6 @@ class MetricsScraper:
         self.until = until  # monotonic hard stop: no scrape runs past it
 
     def scrape(self) -> list[Sample]:
-        from acceptscope.live.http import fetch
-
         try:
             r = fetch(self.url, deadline_s=self.timeout_s, max_bytes=64 << 20, until=self.until)
             samples = parse_metrics(r.text, self.prefix)

@@ -28,7 +28,13 @@ from typing import Any, Sequence
 
 import requests
 
+from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
+from acceptscope.ingest.rejects import make_reject
+from acceptscope.ingest.server_info import RING_CAPACITY, ServerInfoIngestor, run_row_from_server_info
+from acceptscope.ingest.sts_shards import load_shard, parse_sts_shard
 from acceptscope.live.driver import DriveConfig, DriveResult, Driver, Prompt, check_target
+from acceptscope.live.http import fetch
+from acceptscope.live.launcher import ServerProcess
 from acceptscope.live.poller import ServerInfoPoller
 from acceptscope.live.prometheus_scrape import MetricsScraper
 from acceptscope.live.sink import StoreSink
@@ -103,8 +109,6 @@ class _EstimatorLines:
         self.run_id, self.source, self.gamma = run_id, source, gamma
 
     def feed_lines(self, lines: list[tuple[int, str]]):
-        from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
-
         first = lines[0][0]
         buf: list[str] = []
         nxt = first
@@ -124,8 +128,6 @@ class _EstimatorLines:
 
 
 def _parse_sts_shard(run_id: str, path: Path, shard: int, gamma: int | None):
-    from acceptscope.ingest.sts_shards import load_shard, parse_sts_shard
-
     return parse_sts_shard(load_shard(path), source=str(path), run_id=run_id, shard=shard, gamma=gamma)
 
 
@@ -179,8 +181,6 @@ class _Tail:
                     tries = self._sts_tries[(gen, k)] = self._sts_tries.get((gen, k), 0) + 1
                     if tries < 3:
                         continue
-                    from acceptscope.ingest.rejects import make_reject
-
                     self.sink.put({"rejects": [make_reject(str(path), 0, "$", f"unreadable STS shard: {e}", None, self.run_id)]})
                     self.sts.mark_done(k)
                     self.stats["errors"].append(f"{path}: {e}")
@@ -218,8 +218,6 @@ class _Tail:
 
 def fetch_server_info(base_url: str, timeout_s: float = 60.0, *, max_bytes: int = 1 << 30,
                       until: float | None = None) -> dict:
-    from acceptscope.live.http import fetch
-
     try:
         info = fetch(base_url.rstrip("/") + "/server_info", deadline_s=timeout_s, max_bytes=max_bytes,
                      until=until).json()
@@ -268,8 +266,6 @@ class LiveCapture:
         self.until: float | None = None
 
     def start(self) -> "LiveCapture":
-        from acceptscope.ingest.server_info import RING_CAPACITY, ServerInfoIngestor, run_row_from_server_info
-
         cfg = self.cfg
         self._t0 = time.monotonic()
         # --duration is a hard stop: no request, poll or scrape runs past it (plus a short grace for the last poll)
@@ -450,8 +446,6 @@ def run_sglang_audit(
     policy, ...). ``arm_prompts`` overrides the prompt list of some arms (an
     audit sample: a subset of the same prompts, same indices and seeds).
     """
-    from acceptscope.live.launcher import ServerProcess
-
     if (urls is None) == (specs is None):
         raise ValueError("give exactly one of urls= (attach) or specs= (launch)")
     store = Store(db)

@@ -22,9 +22,11 @@ Two ways, both ending in the ``sps_profile_*`` tables:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +41,7 @@ from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.ingest.sps_profile import ingest_profile_file
 from acceptscope.live.http import fetch
+from acceptscope.live.launcher import SGLangUnavailable
 
 WARMUP_STEPS = 8
 PROFILER_MODULE = "sglang.benchmark.dspark_sps_profiler"
@@ -104,12 +107,7 @@ class SglangProfilerCommand:
 
     def run(self, timeout_s: float | None = None, log_path: str | Path | None = None) -> int:
         """Run it (sglang must be importable here); returns the exit code."""
-        import importlib.util
-        import subprocess
-
         if importlib.util.find_spec("sglang") is None:
-            from acceptscope.live.launcher import SGLangUnavailable
-
             raise SGLangUnavailable("SGLang's SPS profiler needs sglang installed; use `acceptscope live sps-profile` (own sweep) instead")
         out = open(log_path, "ab") if log_path else None
         try:
