@@ -14,7 +14,7 @@ from acceptscope.engine import PROFILE_DIR, EngineConfig, resolve_cost_profile, 
 from acceptscope.engine import gpu_profile as gp
 from acceptscope.engine import profiler
 from acceptscope.engine import sps as sps_mod
-from acceptscope.engine.workloads import load_prompts
+from acceptscope.engine.workloads import disjoint_prompts, load_prompts
 from acceptscope.ingest.sps import parse_sps_table
 from acceptscope.reader import Reader
 from tests._engine_tiny import save_tiny_pair
@@ -132,6 +132,18 @@ def test_calibration_split_is_disjoint():
     assert not {(p.workload, p.prompt_index) for p in audit} & {(p.workload, p.prompt_index) for p in cal}
     assert {p.prompt_index for p in cal if p.workload == "math"} == {16, 17}
     assert [p.text for p in load_prompts("math", 6)][4:] == [p.text for p in load_prompts("math", 2, offset=4)]
+
+
+def test_calibration_split_is_text_disjoint():
+    """The generators repeat texts (chat has under 300 distinct prompts): the split skips audited texts."""
+    audit = {p.text for p in load_prompts("chat,poetry", 60)}
+    naive = load_prompts("chat,poetry", 40, offset=60)
+    assert any(p.text in audit for p in naive)  # what index-disjointness alone lets through
+    cal, pool = disjoint_prompts("chat,poetry", 40, 60)
+    assert len(cal) == 40 and not {p.text for p in cal} & audit and len({p.text for p in cal}) == 40
+    assert sum(p.workload == "chat" for p in cal) == 20 and min(p.prompt_index for p in cal) >= 60
+    served = {(p.workload, p.prompt_index): p.text for p in load_prompts("chat,poetry", pool, offset=60)}
+    assert all(served[(p.workload, p.prompt_index)] == p.text for p in cal)
 
 
 def test_engine_virtual_clock_charges_the_profile_for_executed_tokens(tmp_path):
