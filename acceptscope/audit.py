@@ -166,6 +166,9 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
     workload = keep.get("workload", cfg.workload)
     # disjoint by text, not only by prompt index: the generators and cycled files repeat texts
     prompts, pool = disjoint_prompts(workload, n, int(n_audit))
+    if not prompts:
+        raise ValueError(f"workload {workload!r}: every prompt text is already among the {n_audit} audited ones, "
+                         "so no calibration split is left (serve fewer requests, a larger prompt file, or --sts none)")
     n = len(prompts)
     cb = None if progress is None else (lambda n_done, _t: progress("calibration", n_done, n))
     run_engine(_engine_config(cfg, AUDIT_ARM, group, keep, run_id=run_id, audit_group=f"{group}/calibration",

@@ -289,3 +289,13 @@ def test_profile_cli_measures_a_shape_and_writes_both_formats(tmp_path):
     assert isinstance(sps_mod.load_sps(tmp_path / "tiny.1d.json"), sps_mod.SpsTable1D)
     bad = CliRunner().invoke(app, ["profile", "--device", "cpu", "--shape", "qwen9", "--out", str(out)])
     assert bad.exit_code == 2 and "unknown shape" in bad.output
+
+
+def test_calibration_split_of_an_exhausted_prompt_file_is_empty(tmp_path):
+    """A short file cycled past its end offers no new text: the split is empty (the audit then says so)."""
+    f = tmp_path / "tiny.jsonl"
+    f.write_text("".join(json.dumps({"turns": [f"prompt {i}"]}) + "\n" for i in range(3)), encoding="utf-8")
+    cal, _ = disjoint_prompts(str(f), 4, 3)
+    assert cal == []
+    cal, _ = disjoint_prompts(str(f), 4, 2)
+    assert [p.text for p in cal] == ["prompt 2"]
