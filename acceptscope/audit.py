@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from acceptscope import audit_sampling, live
 from acceptscope.engine import EngineConfig, run_engine
-from acceptscope.engine.workloads import BUILTIN, load_prompts, parse_spec
+from acceptscope.engine.workloads import BUILTIN, disjoint_prompts, load_prompts, parse_spec
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_OK
 from acceptscope.parity import check_parity
 from acceptscope.reader import Reader
@@ -163,9 +163,17 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
     keep = {k: v for k, v in opts.items() if k not in ("sts", "num_requests", "request_keys", "window_replay_run",
                                                          "run_id", "audit_group", "prompt_offset")}
     run_id = f"{group}-calibration"
+    workload = keep.get("workload", cfg.workload)
+    # disjoint by text, not only by prompt index: the generators and cycled files repeat texts
+    prompts, pool = disjoint_prompts(workload, n, int(n_audit))
+    if not prompts:
+        raise ValueError(f"workload {workload!r}: every prompt text is already among the {n_audit} audited ones, "
+                         "so no calibration split is left (serve fewer requests, a larger prompt file, or --sts none)")
+    n = len(prompts)
     cb = None if progress is None else (lambda n_done, _t: progress("calibration", n_done, n))
     run_engine(_engine_config(cfg, AUDIT_ARM, group, keep, run_id=run_id, audit_group=f"{group}/calibration",
-                              num_requests=n, prompt_offset=int(n_audit)), progress=cb)
+                              num_requests=pool, prompt_offset=int(n_audit),
+                              request_keys=[(p.workload, p.prompt_index) for p in prompts]), progress=cb)
     rs = Store(cfg.db, read_only=True).read_table("request_steps", run_id=run_id)
     data = calibration_data(rs, label="realized")
     cal = StsCalibrator("smooth-nll").fit(data.z, data.y)
@@ -174,9 +182,8 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
                                        extra={"calibration_run": run_id, "prompt_offset": int(n_audit)}),
                     encoding="utf-8")
 
-    # disjoint by prompt index; texts can still repeat (templated generators, a cycled short JSONL file): count them
-    seen = {p.text for p in load_prompts(keep.get("workload", cfg.workload), int(n_audit))}
-    overlap = sum(p.text in seen for p in load_prompts(keep.get("workload", cfg.workload), n, offset=int(n_audit)))
+    seen = {p.text for p in load_prompts(workload, int(n_audit))}
+    overlap = sum(p.text in seen for p in prompts)  # 0 by construction; stated in the report
     return {"run_id": run_id, "path": str(path), "temperatures": cal.temperatures_, "samples": int(len(data.z)),
             "prompts_shared_with_audit": int(overlap),
             "ece_before_in_sample": cal.ece_before_, "ece_after_in_sample": cal.ece_after_}

@@ -14,7 +14,7 @@ from acceptscope.engine import PROFILE_DIR, EngineConfig, resolve_cost_profile, 
 from acceptscope.engine import gpu_profile as gp
 from acceptscope.engine import profiler
 from acceptscope.engine import sps as sps_mod
-from acceptscope.engine.workloads import load_prompts
+from acceptscope.engine.workloads import disjoint_prompts, load_prompts
 from acceptscope.ingest.sps import parse_sps_table
 from acceptscope.reader import Reader
 from tests._engine_tiny import save_tiny_pair
@@ -132,6 +132,18 @@ def test_calibration_split_is_disjoint():
     assert not {(p.workload, p.prompt_index) for p in audit} & {(p.workload, p.prompt_index) for p in cal}
     assert {p.prompt_index for p in cal if p.workload == "math"} == {16, 17}
     assert [p.text for p in load_prompts("math", 6)][4:] == [p.text for p in load_prompts("math", 2, offset=4)]
+
+
+def test_calibration_split_is_text_disjoint():
+    """The generators repeat texts (chat has under 300 distinct prompts): the split skips audited texts."""
+    audit = {p.text for p in load_prompts("chat,poetry", 60)}
+    naive = load_prompts("chat,poetry", 40, offset=60)
+    assert any(p.text in audit for p in naive)  # what index-disjointness alone lets through
+    cal, pool = disjoint_prompts("chat,poetry", 40, 60)
+    assert len(cal) == 40 and not {p.text for p in cal} & audit and len({p.text for p in cal}) == 40
+    assert sum(p.workload == "chat" for p in cal) == 20 and min(p.prompt_index for p in cal) >= 60
+    served = {(p.workload, p.prompt_index): p.text for p in load_prompts("chat,poetry", pool, offset=60)}
+    assert all(served[(p.workload, p.prompt_index)] == p.text for p in cal)
 
 
 def test_engine_virtual_clock_charges_the_profile_for_executed_tokens(tmp_path):
@@ -277,3 +289,13 @@ def test_profile_cli_measures_a_shape_and_writes_both_formats(tmp_path):
     assert isinstance(sps_mod.load_sps(tmp_path / "tiny.1d.json"), sps_mod.SpsTable1D)
     bad = CliRunner().invoke(app, ["profile", "--device", "cpu", "--shape", "qwen9", "--out", str(out)])
     assert bad.exit_code == 2 and "unknown shape" in bad.output
+
+
+def test_calibration_split_of_an_exhausted_prompt_file_is_empty(tmp_path):
+    """A short file cycled past its end offers no new text: the split is empty (the audit then says so)."""
+    f = tmp_path / "tiny.jsonl"
+    f.write_text("".join(json.dumps({"turns": [f"prompt {i}"]}) + "\n" for i in range(3)), encoding="utf-8")
+    cal, _ = disjoint_prompts(str(f), 4, 3)
+    assert cal == []
+    cal, _ = disjoint_prompts(str(f), 4, 2)
+    assert [p.text for p in cal] == ["prompt 2"]

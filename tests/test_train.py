@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -52,6 +53,27 @@ def test_corpus_is_seeded_mixed_and_has_the_workloads():
     assert f"{n} of {corpus.V_ECHO_OF[n]}" in poem.lower()
     with pytest.raises(ValueError, match="unknown workloads"):
         corpus.build_corpus(0, 1000, {"poems": 1.0})
+
+
+def test_math_problems_are_worked_correctly_and_vary():
+    """The harder math generator: every worked step's arithmetic is right, the answer is the last result,
+    and the drafter faces mixed magnitudes, two phrasings per step and multi-step problems."""
+    rng = random.Random(3)
+    probs = [corpus.math_problem(rng) for _ in range(400)]
+    for q, a in probs:
+        for expr, r in re.findall(r"((?:\d+ [-+*/] )+\d+) = (\d+)", a):
+            # digits and operators only (the regex); "/" is integer division (a 25% discount on $90 is
+            # written as 22: the generator has always floored, and the shipped pair was trained on it)
+            assert eval(expr.replace("/", "//")) == int(r), a
+        work, boxed = a.rsplit("The answer is", 1)
+        last = re.findall(r"\d+", work)[-1]
+        assert boxed == f" \\boxed{{{last}}}." and q.endswith(corpus.MATH_SUFFIX)
+    answers = "\n".join(a for _, a in probs)
+    assert "That leaves" in answers and "So " in answers  # both phrasings of a step occur
+    assert sum("Then " in q for q, _ in probs) > 100  # the extra step
+    assert max(int(n) for n in re.findall(r"\d+", answers)) > 10_000  # operands at 10x
+    big = corpus.math_problem(random.Random(0), scale=1)[0]
+    assert max(int(n) for n in re.findall(r"\d+", big)) <= 600
 
 
 def test_eval_prompts_are_disjoint_from_training_files():

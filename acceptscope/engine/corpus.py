@@ -47,6 +47,8 @@ WORKLOADS = ("math", "code", "chat", "verse")
 EVAL_WORKLOADS = ("math", "code", "code-stdlib", "chat", "verse")
 DEFAULT_MIX = {"code": 0.40, "math": 0.30, "chat": 0.15, "verse": 0.15}
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+MATH_SCALES = (1, 3, 10)  # operand-range multipliers a math problem draws from
+MATH_EXTRA_STEP = 0.5  # share of math problems with one more step on the result
 HELDOUT_PERCENT = 5  # stdlib files whose path hash falls below this go to evaluation only
 
 
@@ -117,63 +119,96 @@ def _pron(name: str) -> tuple[str, str, str]:
 # math
 
 
-def math_problem(rng: random.Random) -> tuple[str, str]:
-    """One word problem and its worked answer (templated steps, final ``\\boxed{n}``)."""
+def math_problem(rng: random.Random, scale: int | None = None) -> tuple[str, str]:
+    """One word problem and its worked answer (worked steps, final ``\\boxed{n}``).
+
+    Harder for the drafter than a fixed template, as real GSM8K is: operands of mixed magnitude (``scale``
+    drawn from ``MATH_SCALES`` unless given: results the tiny pair cannot memorise), every worked step in one of
+    two phrasings (a near-tie the target breaks its own way, which a parallel drafter can only guess), and
+    ``MATH_EXTRA_STEP`` of the problems take one more step on the previous result.
+    """
     kind = rng.randrange(7)
     name = rng.choice(NAMES)
     P, p, poss = _pron(name)
+    m = int(scale) if scale else rng.choice(MATH_SCALES)
+
+    def alt(*options: str) -> str:
+        return rng.choice(options)
+
     if kind == 0:
-        a = rng.randint(12, 60); b = rng.randint(1, 6); c = rng.randint(1, 6); price = rng.randint(2, 9)
+        a = rng.randint(12 * m, 60 * m); b = rng.randint(1, 6 * m); c = rng.randint(1, 6 * m)
+        price = rng.randint(2, 9 * m)
         animal = rng.choice(ANIMALS)
         q = (f"{name}'s {animal}s lay {a} eggs per day. {P} eats {b} for breakfast every morning and bakes with "
              f"{c} every day. {P} sells the rest for ${price} per egg. How much money does {p} make every day?")
         used, left = b + c, a - b - c
-        ans = (f"{name} uses {b} + {c} = {used} eggs every day.\nSo {p} has {a} - {used} = {left} eggs left to sell.\n"
-               f"{P} makes {left} * {price} = {left * price} dollars every day.\n")
+        ans = (alt(f"{name} uses {b} + {c} = {used} eggs every day.\n", f"Every day {p} uses {b} + {c} = {used} eggs.\n")
+               + alt(f"So {p} has {a} - {used} = {left} eggs left to sell.\n",
+                     f"That leaves {a} - {used} = {left} eggs to sell.\n")
+               + alt(f"{P} makes {left} * {price} = {left * price} dollars every day.\n",
+                     f"Selling them earns {left} * {price} = {left * price} dollars a day.\n"))
         final = left * price
     elif kind == 1:
         i1, i2 = rng.sample(ITEMS, 2)
-        a = rng.randint(2, 12); pa = rng.randint(1, 15); b = rng.randint(2, 12); pb = rng.randint(1, 15)
+        a = rng.randint(2, 12 * m); pa = rng.randint(1, 15 * m); b = rng.randint(2, 12 * m); pb = rng.randint(1, 15 * m)
         q = (f"{name} buys {a} {i1}s for ${pa} each and {b} {i2}s for ${pb} each. "
              f"How much does {p} spend in total?")
-        ans = (f"The {i1}s cost {a} * {pa} = {a * pa} dollars.\nThe {i2}s cost {b} * {pb} = {b * pb} dollars.\n"
-               f"In total {p} spends {a * pa} + {b * pb} = {a * pa + b * pb} dollars.\n")
+        ans = (alt(f"The {i1}s cost {a} * {pa} = {a * pa} dollars.\n", f"For the {i1}s {p} pays {a} * {pa} = {a * pa} dollars.\n")
+               + alt(f"The {i2}s cost {b} * {pb} = {b * pb} dollars.\n", f"For the {i2}s {p} pays {b} * {pb} = {b * pb} dollars.\n")
+               + alt(f"In total {p} spends {a * pa} + {b * pb} = {a * pa + b * pb} dollars.\n",
+                     f"Together that is {a * pa} + {b * pb} = {a * pa + b * pb} dollars.\n"))
         final = a * pa + b * pb
     elif kind == 2:
-        per = rng.randint(5, 40); days = rng.randint(2, 14); total = per * days + rng.randint(10, 200)
+        per = rng.randint(5, 40 * m); days = rng.randint(2, 14 * m); total = per * days + rng.randint(10, 200 * m)
         q = (f"{name} reads {per} pages every day. {P} is reading a book with {total} pages. "
              f"How many pages are left after {days} days?")
-        ans = (f"In {days} days {name} reads {per} * {days} = {per * days} pages.\n"
-               f"The pages left are {total} - {per * days} = {total - per * days}.\n")
+        ans = (alt(f"In {days} days {name} reads {per} * {days} = {per * days} pages.\n",
+                   f"{name} reads {per} * {days} = {per * days} pages in {days} days.\n")
+               + alt(f"The pages left are {total} - {per * days} = {total - per * days}.\n",
+                     f"So {total} - {per * days} = {total - per * days} pages are left.\n"))
         final = total - per * days
     elif kind == 3:
-        k = rng.randint(2, 9); each = rng.randint(2, 15); item = rng.choice(ITEMS)
+        k = rng.randint(2, 9 * m); each = rng.randint(2, 15 * m); item = rng.choice(ITEMS)
         tot = k * each
         q = (f"{name} has {tot} {item}s and shares them equally among {k} friends. "
              f"How many {item}s does each friend get?")
-        ans = f"Each friend gets {tot} / {k} = {each} {item}s.\n"
+        ans = alt(f"Each friend gets {tot} / {k} = {each} {item}s.\n", f"{tot} / {k} = {each}, so each friend gets {each}.\n")
         final = each
     elif kind == 4:
-        price = rng.randint(2, 30) * 10; pct = rng.choice([10, 20, 25, 50]); item = rng.choice(ITEMS)
+        price = rng.randint(2, 30 * m) * 10; pct = rng.choice([10, 20, 25, 50]); item = rng.choice(ITEMS)
         off = price * pct // 100
         q = f"A {item} costs ${price}. It is on sale for {pct}% off. What is the sale price in dollars?"
-        ans = (f"The discount is {price} * {pct} / 100 = {off} dollars.\n"
-               f"The sale price is {price} - {off} = {price - off} dollars.\n")
+        ans = (alt(f"The discount is {price} * {pct} / 100 = {off} dollars.\n", f"{pct}% of {price} is {off} dollars.\n")
+               + alt(f"The sale price is {price} - {off} = {price - off} dollars.\n",
+                     f"So the {item} costs {price} - {off} = {price - off} dollars.\n"))
         final = price - off
     elif kind == 5:
-        other = rng.choice([n for n in NAMES if n != name]); a = rng.randint(5, 40); d = rng.randint(1, 15)
-        y = rng.randint(1, 10)
+        other = rng.choice([n for n in NAMES if n != name]); a = rng.randint(5, 40 * m); d = rng.randint(1, 15 * m)
+        y = rng.randint(1, 10 * m)
         q = (f"{name} is {a} years old. {other} is {d} years older than {name}. "
              f"What will be the sum of their ages in {y} years?")
         b = a + d
-        ans = (f"{other} is {a} + {d} = {b} years old.\nIn {y} years {name} will be {a} + {y} = {a + y} and "
-               f"{other} will be {b} + {y} = {b + y}.\nThe sum is {a + y} + {b + y} = {a + b + 2 * y}.\n")
+        ans = (alt(f"{other} is {a} + {d} = {b} years old.\n", f"{other}'s age is {a} + {d} = {b}.\n")
+               + alt(f"In {y} years {name} will be {a} + {y} = {a + y} and {other} will be {b} + {y} = {b + y}.\n",
+                     f"After {y} years they will be {a} + {y} = {a + y} and {b} + {y} = {b + y}.\n")
+               + f"The sum is {a + y} + {b + y} = {a + b + 2 * y}.\n")
         final = a + b + 2 * y
     else:
-        a = rng.randint(2, 50); b = rng.randint(2, 20); c = rng.randint(2, 9)
+        a = rng.randint(2, 50 * m); b = rng.randint(2, 20 * m); c = rng.randint(2, 9 * m)
         q = f"What is {a} + {b} * {c}?"
-        ans = f"First multiply: {b} * {c} = {b * c}.\nThen add: {a} + {b * c} = {a + b * c}.\n"
+        ans = alt(f"First multiply: {b} * {c} = {b * c}.\nThen add: {a} + {b * c} = {a + b * c}.\n",
+                  f"Multiplication comes first: {b} * {c} = {b * c}.\nAdding {a} gives {a + b * c}.\n")
         final = a + b * c
+    if rng.random() < MATH_EXTRA_STEP:  # one more step on the result: multi-step like GSM8K
+        t = rng.randint(2, 4 * m + 2)
+        if rng.random() < 0.5:
+            q += f" Then multiply that by {t}."
+            ans += alt(f"Multiplying by {t}: {final} * {t} = {final * t}.\n", f"Then {final} * {t} = {final * t}.\n")
+            final *= t
+        else:
+            q += f" Then add {t} to that."
+            ans += alt(f"Adding {t}: {final} + {t} = {final + t}.\n", f"Then {final} + {t} = {final + t}.\n")
+            final += t
     ans += f"The answer is \\boxed{{{final}}}."
     return q + MATH_SUFFIX, ans
 

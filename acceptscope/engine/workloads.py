@@ -147,3 +147,31 @@ def load_prompts(spec: str, num_requests: int, offset: int = 0) -> list[Prompt]:
             if i < len(texts):
                 out.append(Prompt(label, offset + i, texts[i]))
     return out
+
+
+def disjoint_prompts(spec: str, num_requests: int, offset: int) -> tuple[list[Prompt], int]:
+    """A split of about ``num_requests`` prompts after ``offset`` whose texts the first ``offset`` do not hold.
+
+    Templated generators and cycled short files repeat texts, so disjoint prompt indices alone would let
+    a calibration split see audited prompts. Per workload this takes, in order, the prompts past the offset
+    whose text is new (not audited, not taken yet), up to that workload's share of ``num_requests``; a
+    workload whose texts run out gives fewer. Returns the prompts and the request count whose
+    ``load_prompts(spec, count, offset)`` holds them all (serve them by their (workload, prompt_index) keys).
+    """
+    seen = {p.text for p in load_prompts(spec, offset)} if offset > 0 else set()
+    quota: dict[str, int] = {}
+    for p in load_prompts(spec, num_requests, offset=offset):
+        quota[p.workload] = quota.get(p.workload, 0) + 1
+    m = num_requests
+    while True:
+        taken: dict[str, list[Prompt]] = {w: [] for w in quota}
+        texts = set(seen)
+        for p in load_prompts(spec, m, offset=offset):
+            if len(taken[p.workload]) < quota[p.workload] and p.text not in texts:
+                taken[p.workload].append(p)
+                texts.add(p.text)
+        if all(len(taken[w]) == quota[w] for w in quota) or m >= 64 * max(num_requests, 1):
+            break
+        m *= 2
+    chosen = {(p.workload, p.prompt_index) for ps in taken.values() for p in ps}
+    return [p for p in load_prompts(spec, m, offset=offset) if (p.workload, p.prompt_index) in chosen], m
