@@ -59,7 +59,7 @@ from pyarrow.compute import is_null as pc_is_null
 
 from acceptscope import schema
 from acceptscope.arrow_columns import one_array
-from acceptscope.ingest import server_info_fast as fast
+from acceptscope.ingest import server_info_columns as fast
 from acceptscope.ingest import stream
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
 from acceptscope.ingest.rejects import (
