@@ -1,6 +1,6 @@
 """The fast path's decoder must agree with a plain reference decode, or decline (None).
 
-``server_info._dec_chunk`` + ``server_info_fast.records_table`` are the hot path of /server_info
+``server_info_records.CHUNK_DECODER`` + ``server_info_columns.records_table`` are the hot path of /server_info
 ingest; when they decline, the exact per-record path takes over. A silent disagreement would
 corrupt telemetry, so every mutated record is checked against the reference: Python's json, SGLang's
 declared defaults filled in, and Arrow's type-checked conversion into the same schema.
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acceptscope.ingest import synth
-from acceptscope.ingest.server_info import _dec_chunk
+from acceptscope.ingest.server_info_records import CHUNK_DECODER as _dec_chunk
 from acceptscope.ingest.server_info_columns import RECORD_SCHEMA, records_table
 
 

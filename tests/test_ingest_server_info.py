@@ -407,7 +407,7 @@ def test_chunked_fast_path_matches_exact_path():
                                   st.sampled_from([1.5, -0.1, float("nan"), 0.0, 1.0, 0.999])), max_size=4))
 def test_vector_float_rows_match_the_row_rules(seed, n, gamma, corrupt):
     """``_bad_float_rows`` (whole-matrix checks first) flags exactly the rows of the per-row formula."""
-    from acceptscope.ingest.server_info_columns import _bad_float_rows
+    from acceptscope.ingest.server_info_checks import bad_float_rows as _bad_float_rows
 
     rng = np.random.default_rng(seed)
     c = np.round(rng.uniform(0.2, 1.0, (n, gamma)), 4)
