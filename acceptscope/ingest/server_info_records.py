@@ -90,11 +90,9 @@ class StepRecord(msgspec.Struct):
     target_verify_gpu_ms: Optional[float] = None
 
 
-class _StepRecordRaw(StepRecord):
-    reqs: msgspec.Raw = None  # type: ignore[assignment]  (msgspec: Raw cannot sit in a Union)
-
-
 class _StepRecordObj(StepRecord):
+    """A record of the exact fallback: its ``reqs`` left as builtins, each ReqDetail converted on its own."""
+
     reqs: Any = None
 
 
@@ -154,16 +152,13 @@ def _document_structs() -> tuple[Any, Any]:
     return top, payload
 
 
-# The exact fallback decodes the document (a skeleton, or the whole of an irregular one) with records
-# raw and each record on its own; the fast path decodes a chunk of records in one typed pass.
+# The document (a skeleton, or the whole of an irregular one) decodes with its records raw; the fast path
+# decodes a chunk of records in one typed pass, the exact fallback one record at a time (:meth:`State.obj`).
 _TopRaw, _PayloadRaw = _document_structs()
 TOP_DECODER = msgspec.json.Decoder(_TopRaw)
 PAYLOAD_DECODER = msgspec.json.Decoder(_PayloadRaw)
 CHUNK_DECODER = msgspec.json.Decoder(list[_StepRecordTyped])
-_dec_record = msgspec.json.Decoder(_StepRecordRaw)
-_dec_reqs = msgspec.json.Decoder(list[ReqDetail])
-_dec_raw_list = stream.RAW_LIST
-_dec_req = msgspec.json.Decoder(ReqDetail)
+
 
 def null_raw(raw: Any) -> Any:
     """A decoded ``msgspec.Raw`` holding JSON null -> None."""
@@ -237,8 +232,7 @@ class State:
         """Decode record j's header (cached while its chunk is); raises msgspec.ValidationError/DecodeError."""
         h = self._headers.get(j)
         if h is None:
-            item = self.records[j]
-            h = _dec_record.decode(item) if self.is_raw else convert_checked(item, _StepRecordObj, skip="reqs")
+            h = convert_checked(self.obj(j), _StepRecordObj, skip="reqs")
             if len(self._headers) > 100_000:
                 self._headers.clear()
             self._headers[j] = h
@@ -281,33 +275,34 @@ class State:
             return lo
         return None
 
+    def obj(self, j: int) -> Any:
+        """Record j as builtins, the exact fallback's one reading: a raw item is parsed leniently (``NaN``
+        survives to be named by its field); raises msgspec.DecodeError when it is not JSON at all."""
+        item = self.records[j]
+        if not isinstance(item, (msgspec.Raw, bytes, bytearray)):
+            return item
+        try:
+            return loads_lenient(bytes(item))
+        except (ValueError, RecursionError) as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+            raise msgspec.DecodeError(f"malformed record: {type(e).__name__}: {e}") from None
+
     def decode_reqs(self, j: int, h: Any, reject: Optional[Callable[[int, Exception, Any], None]] = None):
-        """Record j's ReqDetail list as (reqs, bad positions); an item that does not decode is None in it and
+        """Record j's ReqDetail list as (reqs, bad positions); an item that does not convert is None in it and
         is handed to ``reject(k, error, item)``. Raises msgspec.ValidationError when ``reqs`` is not a list."""
-        raw = null_raw(h.reqs) if self.is_raw else h.reqs
+        raw = h.reqs
         if raw is None:
             return None, []
-        if self.is_raw:
-            try:
-                return _dec_reqs.decode(raw), []
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                pass
-            items = _dec_raw_list.decode(raw)  # the record decoded, so this is valid JSON
-            conv = _dec_req.decode
-        else:
-            if not isinstance(raw, list):
-                raise msgspec.ValidationError(f"Expected `array | null`, got `{type(raw).__name__}` - at `$.reqs`")
-            try:
-                return msgspec.convert(raw, list[ReqDetail]), []
-            except (msgspec.ValidationError, UnicodeEncodeError):
-                pass
-            items = raw
-            conv = lambda x: convert_checked(x, ReqDetail)  # noqa: E731
+        if not isinstance(raw, list):
+            raise msgspec.ValidationError(f"Expected `array | null`, got `{type(raw).__name__}` - at `$.reqs`")
+        try:
+            return msgspec.convert(raw, list[ReqDetail]), []
+        except (msgspec.ValidationError, UnicodeEncodeError):
+            pass
         out: list[Optional[ReqDetail]] = []
         bad = []
-        for k, it in enumerate(items):
+        for k, it in enumerate(raw):
             try:
-                out.append(conv(it))
+                out.append(convert_checked(it, ReqDetail))
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 out.append(None)
                 bad.append(k)
@@ -324,12 +319,10 @@ class State:
 
     def convert_req(self, item: Any) -> ReqDetail:
         """One ReqDetail item (raw JSON or builtins) as the struct; raises msgspec.ValidationError/DecodeError."""
-        return _dec_req.decode(item) if self.is_raw else msgspec.convert(item, ReqDetail)
+        return convert_checked(item, ReqDetail)
 
     def item(self, j: int, k: int) -> Any:
-        """ReqDetail k of record j as it came (raw JSON bytes or builtins)."""
-        if self.is_raw:
-            return bytes(_dec_raw_list.decode(null_raw(self.header(j).reqs))[k])
+        """ReqDetail k of record j as builtins."""
         return self.header(j).reqs[k]
 
     def count_reqs(self, lo: int, hi: int) -> int:
