@@ -31,9 +31,16 @@ Translation decisions (documented here because readers depend on them):
   are not gaps.
 * Reading: a document is scanned once for its skeleton (everything but the records arrays)
   and its records' chunk boundaries (:mod:`acceptscope.ingest.stream`), then translated a chunk
-  at a time: one typed msgspec pass + vectorised checks (:mod:`acceptscope.ingest.server_info_columns`),
-  or, for a chunk that pass declines, the exact per-record path below. A document the scan
-  cannot cut (repeated keys, malformed JSON, NaN tokens) is read whole and takes the exact path.
+  at a time. Two paths, no more: the fast path (one typed msgspec pass of the chunk,
+  :mod:`~acceptscope.ingest.server_info_columns` builds and checks its columns) and, for a chunk it
+  declines, the exact fallback (each record as builtins, ``State.obj``: a lenient parse, then
+  ``msgspec.convert`` with poisoned values found by field; the rules of
+  :mod:`~acceptscope.ingest.server_info_checks`). A document the scan cannot cut (repeated keys,
+  malformed JSON, NaN tokens) is read whole and takes the exact fallback; so does a dict payload.
+* Where things live: this module walks documents, states and chunks;
+  :mod:`~acceptscope.ingest.server_info_records` (structs, decoders, a rank's records),
+  :mod:`~acceptscope.ingest.server_info_ranks` (which rank a state is),
+  :mod:`~acceptscope.ingest.server_info_run` (the ``runs`` row).
 * Bad input never aborts: the smallest invalid unit (one ReqDetail, one step
   header, one component name, one state) goes to ``rejects`` with its field
   path, and every valid sibling is kept.
