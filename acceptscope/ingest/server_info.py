@@ -39,6 +39,7 @@ Translation decisions (documented here because readers depend on them):
   malformed JSON, NaN tokens) is read whole and takes the exact fallback; so does a dict payload.
 * Where things live: this module walks documents, states and chunks;
   :mod:`~acceptscope.ingest.server_info_records` (structs, decoders, a rank's records),
+  :mod:`~acceptscope.ingest.server_info_payload` (payload shapes and headers -> one state per rank),
   :mod:`~acceptscope.ingest.server_info_ranks` (which rank a state is),
   :mod:`~acceptscope.ingest.server_info_run` (the ``runs`` row).
 * Bad input never aborts: the smallest invalid unit (one ReqDetail, one step
@@ -59,32 +60,29 @@ import numpy as np
 import pyarrow as pa
 from pyarrow.compute import is_null as pc_is_null
 
-from acceptscope import schema
 from acceptscope.arrow_columns import one_array
 from acceptscope.ingest import server_info_columns as fast
 from acceptscope.ingest import stream
 from acceptscope.ingest.batch import IngestBatch, table_from_columns
+from acceptscope.ingest.jsontext import defuse_deep
 from acceptscope.ingest.rejects import (
     INT64_MAX,
     MAX_DEPTH,
     join_path,
     make_reject,
     msgspec_error_path,
-    safe_text,
 )
 from acceptscope.ingest.server_info_checks import check_req, check_step
 from acceptscope.ingest.server_info_columns import Columns
+from acceptscope.ingest.server_info_payload import KNOWN_COMPONENTS, PayloadReader, PayloadRejected, SlowPath
 from acceptscope.ingest.server_info_ranks import Rank, Seen, fingerprint, fp, match_states, rids_of
 from acceptscope.ingest.server_info_records import (
-    ARG_KEYS,
     CHUNK_DECODER,
-    PAYLOAD_DECODER,
     TOP_DECODER,
     ReqDetail,
     State,
     StepRecord,
     loads_lenient,
-    null_raw,
 )
 from acceptscope.ingest.server_info_run import run_row, run_row_from_server_info
 
@@ -99,20 +97,7 @@ __all__ = [
 ]
 
 RING_CAPACITY = 200_000  # SGLang INFO_DUMP_MAX_RECORDS
-_MAX_GAMMA = 1024  # far above any draft block SGLang runs; a larger one is a corrupt header, not a setting
-_EMPTY_STATES = "empty: no DP rank reported a DSpark dump (is this a DSpark server with SGLANG_DSPARK_DEBUG_DUMP set?)"
-KNOWN_COMPONENTS = frozenset(
-    {"core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs"}
-)
-_SENTINEL_FIELDS = (
-    "bs",
-    "num_running_reqs",
-    "num_verify_tokens",
-    "verify_tokens_local",
-    "verify_tokens_dp_synced",
-    "verify_tokens_graph_key",
-)
-_TIME_FIELDS = ("step_cpu_ms", "step_gpu_ms", "draft_gpu_ms", "target_verify_gpu_ms")
+
 
 @contextmanager
 def _gc_paused():
@@ -135,7 +120,7 @@ def _gc_paused():
 # ---------------------------------------------------------------------------
 # the ingestor
 # ---------------------------------------------------------------------------
-class ServerInfoIngestor:
+class ServerInfoIngestor(PayloadReader):
     """Stateful translator of successive /server_info payloads of one run.
 
     ``feed(payload_dict)``, ``feed_bytes(json_bytes)`` (the live poller) and
@@ -236,7 +221,7 @@ class ServerInfoIngestor:
         self.polls += 1
         try:
             states, startup = self._states_from_obj(payload, src, line, batch)
-        except _PayloadRejected:
+        except PayloadRejected:
             return batch
         self._ingest(states, startup, src, line, batch)
         return batch
@@ -262,8 +247,6 @@ class ServerInfoIngestor:
                 batch.reject(make_reject(source or self.source, line, "$",
                                          f"payload could not be ingested: {type(e).__name__}: {e}", None, self.run_id))
                 return batch
-            from acceptscope.ingest.jsontext import defuse_deep
-
             fixed, n = defuse_deep(doc.read_all(), MAX_DEPTH)
             note = make_reject(source or self.source, line, "$",
                                f"{n} value(s) nested deeper than {MAX_DEPTH} levels replaced before decoding; "
@@ -297,9 +280,9 @@ class ServerInfoIngestor:
             batch = IngestBatch()
             try:
                 states = self._states_from_raw(top, data, src, line, batch, chunked)
-            except _SlowPath:
+            except SlowPath:
                 states = None
-            except _PayloadRejected:
+            except PayloadRejected:
                 self.polls += 1
                 return batch
             if states is not None:
@@ -316,147 +299,6 @@ class ServerInfoIngestor:
             batch.reject(make_reject(src, line, "$", f"malformed or truncated JSON: {e}", data, self.run_id))
             return batch
         return self._feed(obj, source=src, line=line)
-
-    # -- payload shapes -----------------------------------------------------
-    def _states_from_obj(self, payload: Any, src: str, line: int, batch: IngestBatch):
-        if not isinstance(payload, dict):
-            batch.reject(make_reject(src, line, "$", f"expected a JSON object, got {type(payload).__name__}",
-                                     payload, self.run_id))
-            raise _PayloadRejected
-        top_args = {k: payload[k] for k in ARG_KEYS if k in payload}
-        if "internal_states" in payload:
-            sts = payload["internal_states"]
-            if not isinstance(sts, list):
-                batch.reject(make_reject(src, line, "internal_states", "expected a list", sts, self.run_id))
-                raise _PayloadRejected
-            items = [(i, f"internal_states[{i}]", s) for i, s in enumerate(sts)]
-            if not items:
-                batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(None), None, self.run_id))
-                raise _PayloadRejected
-        elif "dspark_info_record" in payload:
-            items = [(0, "", payload)]
-        elif "records" in payload:
-            items = [(0, "", {"dspark_info_record": payload})]
-        else:
-            batch.reject(make_reject(src, line, "$", "no internal_states / dspark_info_record in payload",
-                                     _clip(payload), self.run_id))
-            raise _PayloadRejected
-        states = []
-        for i, prefix, s in items:
-            if not isinstance(s, dict):
-                batch.reject(make_reject(src, line, prefix or "$", "expected an object", s, self.run_id))
-                continue
-            dump = s.get("dspark_info_record")
-            args = dict(top_args)
-            args.update({k: s[k] for k in ARG_KEYS if k in s})
-            st = self._make_state(i, prefix, dump, args, False, src, line, batch)
-            if st is not None:
-                states.append(st)
-        return states, payload.get("startup_time")
-
-    def _states_from_raw(self, top: Any, data: bytes, src: str, line: int, batch: IngestBatch,
-                         chunked: Optional[dict] = None):
-        """States of a decoded document (records raw; ``chunked``: the records arrays the stream
-        scan cut out of it, by :class:`acceptscope.ingest.stream.Scan` key); raises _SlowPath on
-        anything irregular."""
-        top_args = {k: getattr(top, k) for k in ARG_KEYS if getattr(top, k) is not None}
-        if top.internal_states is not None:
-            items = []
-            for i, st in enumerate(top.internal_states):
-                args = dict(top_args)
-                args.update({k: getattr(st, k) for k in ARG_KEYS if getattr(st, k) is not None})
-                items.append((i, f"internal_states[{i}]", st.dspark_info_record, args))
-            if not items:
-                batch.reject(make_reject(src, line, "internal_states", _empty_states_reason(data), None, self.run_id))
-                raise _PayloadRejected
-        elif top.dspark_info_record is not None:
-            items = [("top", "", top.dspark_info_record, top_args)]
-        elif null_raw(top.records) is not None:
-            try:
-                items = [(None, "", PAYLOAD_DECODER.decode(data), top_args)]
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                raise _SlowPath from None
-        else:
-            batch.reject(make_reject(src, line, "$", "no internal_states / dspark_info_record in payload",
-                                     None, self.run_id))
-            raise _PayloadRejected
-        states = []
-        for key, prefix, dump, args in items:
-            s = self._make_state(key if isinstance(key, int) else 0, prefix, dump, args, True, src, line, batch)
-            if s is not None:
-                if chunked and key in chunked:
-                    s.records = chunked[key]
-                states.append(s)
-        return states
-
-    def _make_state(self, i, prefix, dump, args, is_raw, src, line, batch) -> Optional[State]:
-        """Validate a payload header; return a State or reject it (whole state)."""
-        pfx = (prefix + ".") if prefix else ""
-        rej = lambda f, why, raw=None: batch.reject(make_reject(src, line, pfx + f, why, raw, self.run_id))  # noqa: E731
-        if dump is None:
-            rej("dspark_info_record", "missing (DSpark info dump not enabled: set SGLANG_DSPARK_DEBUG_DUMP)")
-            return None
-        get = (lambda k: getattr(dump, k)) if is_raw else (lambda k: dump.get(k))
-        if not is_raw and not isinstance(dump, dict):
-            rej("dspark_info_record", "expected an object", dump)
-            return None
-        gamma, vndt, mode = get("gamma"), get("verify_num_draft_tokens"), get("mode")
-        comps, records, sim = get("components"), get("records"), get("simulate_acc_len")
-        # A corrupt payload-level field falls back to what the run (the server's other snapshots,
-        # or the store) establishes; the field is rejected, the snapshot's records are kept.
-        known = self.gamma
-        vndt_ok = _is_int(vndt) and vndt >= 2
-        if not _is_int(gamma) or not 1 <= gamma <= _MAX_GAMMA:  # (beyond: a corrupt header, e.g. 2**70)
-            shown = _show(gamma)
-            if known is None or (vndt_ok and vndt != known + 1):
-                rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got {shown}")
-                return None
-            rej("gamma", f"expected a positive int up to {_MAX_GAMMA}, got {shown}: using the run's gamma {known}")
-            gamma = known
-        elif known is not None and gamma != known:
-            if not (vndt_ok and vndt == known + 1):
-                rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {known}")
-                return None
-            rej("gamma", f"gamma {gamma} != run {self.run_id!r} gamma {known} (verify_num_draft_tokens "
-                         f"{vndt} agrees with the run): using {known}")
-            gamma = known
-        if not _is_int(vndt) or vndt != gamma + 1:
-            rej("verify_num_draft_tokens", f"{vndt!r} != gamma+1 ({gamma + 1})" +
-                (": using gamma+1" if known is not None else ""))
-            if known is None:
-                return None
-            vndt = gamma + 1
-        if mode not in schema.ARMS:
-            if self.arm is None:
-                rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)})")
-                return None
-            rej("mode", f"unknown mode {mode!r} (expected one of {list(schema.ARMS)}): using the run's "
-                        f"mode {self.arm!r}")
-            mode = self.arm
-        if self.arm is not None and mode != self.arm:
-            rej("mode", f"mode {mode!r} != run {self.run_id!r} arm {self.arm!r}")
-            return None
-        if records is None:
-            records = []
-        if not isinstance(records, list):
-            rej("records", f"expected a list, got {type(records).__name__}")
-            return None
-        comp_list: list[str] = []
-        if comps is not None and not isinstance(comps, list):
-            rej("components", f"expected a list, got {comps!r}")
-        for k, c in enumerate(comps or []):
-            if c not in KNOWN_COMPONENTS:
-                rej(f"components[{k}]", f"unknown info-dump component {c!r} (known: {sorted(KNOWN_COMPONENTS)})")
-            else:
-                comp_list.append(c)
-        if sim is not None and not (isinstance(sim, float) and math.isfinite(sim)
-                                    or _is_int(sim) and abs(sim) <= INT64_MAX):  # (math.isfinite(10**400) raises)
-            rej("simulate_acc_len", f"expected a number or null, got {safe_text(repr(sim))[:80]}"
-                if not isinstance(sim, int) or abs(sim) <= INT64_MAX else "integer outside int64")
-            sim = None
-        self.gamma = gamma
-        self.arm = mode
-        return State(i, prefix, gamma, vndt, mode, comp_list, sim, args, records, is_raw)
 
     # -- matching, gaps, translation ---------------------------------------
     def _ingest(self, states: list[State], startup: Any, src: str, line: int, batch: IngestBatch) -> None:
@@ -821,41 +663,3 @@ class ServerInfoIngestor:
                 step_idx.append(i)
         if keep:
             cols.add_reqs(rank.slot, fcts, s.mode, gamma, keep, rids, step_idx)
-
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _clip(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: ("..." if isinstance(v, (list, dict)) else v) for k, v in list(obj.items())[:20]}
-    return obj
-
-
-
-def _show(v: Any) -> str:
-    """repr of a header value for a reject; an int past int64 as such (its repr may not even exist)."""
-    if _is_int(v) and abs(v) > INT64_MAX:
-        return "an integer outside int64"
-    try:
-        return safe_text(repr(v))[:120]
-    except (ValueError, RecursionError):
-        return f"a {type(v).__name__}"
-
-
-def _empty_states_reason(data: Optional[bytes]) -> str:
-    why = _EMPTY_STATES
-    if data is not None and data.count(b'"internal_states"') > 1:
-        why += ("; the document repeats the top-level key 'internal_states' and JSON decoders keep the last "
-                "(empty) one")
-    return why
-
-
-class _PayloadRejected(Exception):
-    pass
-
-
-class _SlowPath(Exception):
-    pass
