@@ -474,7 +474,7 @@ class ServerInfoIngestor(PayloadReader):
             try:
                 reqs, _bad = s.decode_reqs(j, h, lambda k, e, it, j=j: batch.reject(make_reject(
                     src, line, join_path(f"{pfx}records[{j}].reqs[{k}]", msgspec_error_path(e)[0]),
-                    msgspec_error_path(e)[1], it, self.run_id)))
+                    msgspec_error_path(e)[1], s.item(j, k), self.run_id)))
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 path, why = msgspec_error_path(e)
                 batch.reject(make_reject(src, line, join_path(where, path), why, s.records[j], self.run_id))
@@ -566,9 +566,10 @@ class ServerInfoIngestor(PayloadReader):
 
     def _explain(self, s: State, j: int, k: int) -> Optional[tuple[str, str, Any]]:
         """Why ReqDetail k of record j is invalid: (sub-path, reason, raw), or None if it is valid."""
+        item = None
         try:
-            item = s.item(j, k)
-            r = s.convert_req(item)
+            item = s.item(j, k)  # (quoted as it came)
+            r = s.convert_req(s.header(j).reqs[k])
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             path, why = msgspec_error_path(e)
             sub = join_path("", path)

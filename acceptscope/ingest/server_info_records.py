@@ -121,6 +121,13 @@ class _StepRecordTyped(StepRecord, gc=False):
     reqs: Optional[list[ReqRawLists]] = None
 
 
+class _RawReqs(msgspec.Struct):
+    """A record's ReqDetails as their JSON texts (only to quote one in a reject)."""
+
+    reqs: Optional[list[msgspec.Raw]] = None
+
+
+_dec_raw_reqs = msgspec.json.Decoder(_RawReqs)
 _ARG_FIELDS = [(k, Any, None) for k in ARG_KEYS]
 
 
@@ -318,11 +325,20 @@ class State:
             return None
 
     def convert_req(self, item: Any) -> ReqDetail:
-        """One ReqDetail item (raw JSON or builtins) as the struct; raises msgspec.ValidationError/DecodeError."""
+        """One ReqDetail item (builtins) as the struct; raises msgspec.ValidationError."""
         return convert_checked(item, ReqDetail)
 
     def item(self, j: int, k: int) -> Any:
-        """ReqDetail k of record j as builtins."""
+        """ReqDetail k of record j for a reject's ``raw``: its text as it came when the record is JSON text
+        (located by a raw-list decode, not parsed), else the builtins."""
+        it = self.records[j]
+        if isinstance(it, (msgspec.Raw, bytes, bytearray)):
+            try:
+                reqs = _dec_raw_reqs.decode(it).reqs
+                if reqs is not None and 0 <= k < len(reqs):
+                    return bytes(reqs[k])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                pass
         return self.header(j).reqs[k]
 
     def count_reqs(self, lo: int, hi: int) -> int:
