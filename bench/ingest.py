@@ -20,6 +20,8 @@ records at a time, so building a 10M request-step dump (3.3 GB) takes no more me
      set up as ``acceptscope ingest`` sets up its own: ``tune_allocator_for_bulk_ingest()``
      (glibc malloc thresholds, before the clock; see its docstring) -- the other kinds run
      with glibc's defaults;
+   * ``ours-nosummaries`` (``--kinds`` only): ``ours`` with the store's per-run summaries update
+     (``summaries.add``) made a no-op: what the summaries cost the ingest, side by side;
    * ``ours-parse``: the ServerInfoIngestor alone, reading the file a chunk of records at a time and
      dropping each chunk's rows (no store write);
    * ``ours+write_arrow``: the parse, then ``Store.write_arrow`` of the batch (no ingest_paths around it;
@@ -86,10 +88,14 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
     import pyarrow  # noqa: F401
     import pandas  # noqa: F401  (imported by the store anyway; keep it out of the timing)
 
-    if kind == "ours":  # the process setup of the ``acceptscope ingest`` command
+    if kind in ("ours", "ours-nosummaries"):  # the process setup of the ``acceptscope ingest`` command
         from acceptscope.ingest import tune_allocator_for_bulk_ingest
 
         tune_allocator_for_bulk_ingest()
+    if kind == "ours-nosummaries":  # what the store's per-run summaries cost an ingest: their update a no-op
+        from acceptscope import summaries
+
+        summaries.add = lambda *a, **k: None
     n = 0
     floor_table = None
     if kind == "duckdb-append-floor":  # parse and table creation before the clock starts
@@ -107,7 +113,7 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
         n = con.execute("INSERT INTO request_steps SELECT * FROM _parsed").fetchall()[0][0]
         con.execute("COMMIT")
         con.close()
-    elif kind == "ours":
+    elif kind in ("ours", "ours-nosummaries"):
         store = Store(db)
         s = ingest_paths([dump], store, run_id="bench", progress=False)
         n = s["tables"]["request_steps"]["written"]

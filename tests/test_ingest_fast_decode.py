@@ -1,6 +1,6 @@
 """The fast path's decoder must agree with a plain reference decode, or decline (None).
 
-``server_info._dec_chunk`` + ``server_info_fast.records_table`` are the hot path of /server_info
+``server_info_records.CHUNK_DECODER`` + ``server_info_columns.records_table`` are the hot path of /server_info
 ingest; when they decline, the exact per-record path takes over. A silent disagreement would
 corrupt telemetry, so every mutated record is checked against the reference: Python's json, SGLang's
 declared defaults filled in, and Arrow's type-checked conversion into the same schema.
@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acceptscope.ingest import synth
-from acceptscope.ingest.server_info import _dec_chunk
-from acceptscope.ingest.server_info_fast import RECORD_SCHEMA, records_table
+from acceptscope.ingest.server_info_records import CHUNK_DECODER as _dec_chunk
+from acceptscope.ingest.server_info_columns import RECORD_SCHEMA, records_table
 
 
 def _lines(records: list[dict]) -> list[bytes]:
@@ -103,7 +103,7 @@ def test_mutated_records_agree_or_decline(seed, mutation, which):
 )
 def test_parse_number_lists_parses_or_declines(texts, value_type, want):
     """Compact arrays go through the fast tokenizer, spaced ones through the general one; the rest is declined."""
-    from acceptscope.ingest.server_info_fast import parse_number_lists
+    from acceptscope.ingest.server_info_columns import parse_number_lists
 
     got = parse_number_lists(texts, value_type)
     if want is None:
@@ -129,7 +129,7 @@ def test_parse_number_lists_matches_msgspec(rows, floats, spaced):
     """
     import msgspec
 
-    from acceptscope.ingest.server_info_fast import parse_number_lists
+    from acceptscope.ingest.server_info_columns import parse_number_lists
 
     vt = pa.float64() if floats else pa.int64()
     vals = [None if r is None else [x / 8 if floats else x for x in r] for r in rows]

@@ -407,7 +407,7 @@ def test_chunked_fast_path_matches_exact_path():
                                   st.sampled_from([1.5, -0.1, float("nan"), 0.0, 1.0, 0.999])), max_size=4))
 def test_vector_float_rows_match_the_row_rules(seed, n, gamma, corrupt):
     """``_bad_float_rows`` (whole-matrix checks first) flags exactly the rows of the per-row formula."""
-    from acceptscope.ingest.server_info_fast import _bad_float_rows
+    from acceptscope.ingest.server_info_checks import bad_float_rows as _bad_float_rows
 
     rng = np.random.default_rng(seed)
     c = np.round(rng.uniform(0.2, 1.0, (n, gamma)), 4)
@@ -421,3 +421,21 @@ def test_vector_float_rows_match_the_row_rules(seed, n, gamma, corrupt):
         want |= (np.abs(s - np.cumprod(c, axis=1)) > 5e-5 * (np.arange(gamma) + 2) + 1e-6).any(axis=1)
     got = _bad_float_rows(c.copy(), s.copy(), gamma)
     assert np.array_equal(np.zeros(n, bool) if got is None else got, want)
+
+
+@pytest.mark.parametrize("bad", ["range", "type"])
+def test_request_reject_quotes_its_text_as_it_came(bad):
+    """A bad ReqDetail in a JSON document is rejected alone, named by field, and its reject quotes the
+    item's own text (spaced JSON stays spaced) on the fast path's explanation ("range": the chunk decodes,
+    a column check flags the row) and on the exact fallback's ("type": the chunk's typed decode fails)."""
+    p = make_server_info(ranks=1, n_steps=6, bs=3, gamma=4, mode="cap-accept", seed=5)
+    q = p["internal_states"][0]["dspark_info_record"]["records"][2]["reqs"][1]
+    q["verify_len"] = 99 if bad == "range" else "x"
+    data = json.dumps(p).encode()  # (", " and ": " separators: not what msgspec would re-encode)
+    ing = ServerInfoIngestor("r", source="dump.json")
+    b = ing.feed_bytes(data, line=1)
+    assert b.n("request_steps") == 6 * 3 - 1  # every valid sibling kept
+    (rej,) = b.rejects
+    assert rej["field"] == "internal_states[0].records[2].reqs[1].verify_len"
+    assert rej["raw"] == json.dumps(q)
+    assert format_reject(rej).startswith("dump.json:1: internal_states[0].records[2].reqs[1].verify_len: ")

@@ -72,8 +72,18 @@ def link_run_tables(store: Any, this_ingest: Iterable[str] = (), *, run_dirs: Op
             updates[rid]["temperature"] = float(temperature)
     for rid, values in updates.items():
         store.update_run(rid, values)
-    if this_ingest and hasattr(store, "fill_temperatures"):
+    if this_ingest and hasattr(store, "fill_temperatures") and _has_temperature(store, sorted(this_ingest)):
         n = store.fill_temperatures(sorted(this_ingest))
         if n:
             notes.append(f"temperature filled on {n} request-steps (from request records or --temperature)")
     return notes
+
+
+def _has_temperature(store: Any, run_ids: list[str]) -> bool:
+    """Whether a request record or a run of ``run_ids`` carries a temperature: else filling them
+    would scan every request-step of the runs (two UPDATE joins) to change nothing."""
+    got = store.query_arrow(
+        "SELECT EXISTS (SELECT 1 FROM requests WHERE temperature IS NOT NULL AND run_id IN (SELECT UNNEST(?))) "
+        "OR EXISTS (SELECT 1 FROM runs WHERE temperature IS NOT NULL AND run_id IN (SELECT UNNEST(?))) AS t",
+        [run_ids, run_ids])
+    return bool(got.column("t")[0].as_py())

@@ -30,16 +30,18 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any, Optional, Sequence
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from acceptscope import schema
 from acceptscope.arrow_columns import one_array
+from acceptscope.ingest.batch import table_from_columns
+from acceptscope.ingest.server_info_checks import bad_float_rows
+from acceptscope.ingest.server_info_records import SENTINEL_FIELDS, TIME_FIELDS, ReqDetail, ReqRawLists, StepRecord
 
 __all__ = ["records_table", "translate", "request_steps_table", "parse_number_lists", "ReqRawLists",
-           "RECORD_SCHEMA", "FastResult"]
+           "RECORD_SCHEMA", "FastResult", "Columns"]
 
 _I = pa.int64()
 _I32_MAX = 2**31 - 1  # the store's int32 columns (rejects.INT32_MAX)
@@ -51,10 +53,9 @@ REQ_TYPE = pa.struct([
 ])
 _REQUIRED = ("req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts", "cap_trim",
              "bonus_token", "draft_tokens")
-SENTINELS = ("bs", "num_running_reqs", "num_verify_tokens", "verify_tokens_local",
-             "verify_tokens_dp_synced", "verify_tokens_graph_key")
+SENTINELS = SENTINEL_FIELDS
 OPT_INTS = ("budget", "lag_steps")
-TIMES = ("step_cpu_ms", "step_gpu_ms", "draft_gpu_ms", "target_verify_gpu_ms", "predicted_step_ms")
+TIMES = TIME_FIELDS + ("predicted_step_ms",)
 RECORD_SCHEMA = pa.schema(
     [("forward_ct", _I), ("mode", pa.string())]
     + [(f, _I) for f in SENTINELS + OPT_INTS]
@@ -174,7 +175,7 @@ def translate(tbl: pa.Table, *, gamma: int, mode: str, watermark: int) -> Option
             s = _gather_fixed(surv, idx, gamma)
             if c is None or s is None:
                 return None
-            rb = _bad_float_rows(c, s, gamma)
+            rb = bad_float_rows(c, s, gamma)
             if rb is not None:
                 bad[idx[rb]] = True
     # duplicate (record, rid) pairs: later occurrences
@@ -210,31 +211,6 @@ def _gather_fixed(lists: pa.Array, idx: np.ndarray, g: int) -> Optional[np.ndarr
     return _np(vals).astype(np.float64, copy=False).reshape(len(idx), g)
 
 
-def _bad_float_rows(c: np.ndarray, s: np.ndarray, gamma: int) -> Optional[np.ndarray]:
-    """Rows of (confidence, survival) matrices that ``check_req`` rejects; None when there is none.
-
-    Each rule is first checked on the whole matrix (one reduction, no per-row mask); the
-    per-row masks are only built for a rule that some row breaks (valid dumps: never).
-    NaN fails every comparison, so it fails the range rules as in ``check_req``.
-    """
-    rb = None
-    with np.errstate(invalid="ignore"):
-        for m in (c, s):
-            lo, hi = m.min(), m.max()
-            if not (lo >= 0 and hi <= 1):
-                r = ~((m >= 0) & (m <= 1)).all(axis=1)
-                rb = r if rb is None else rb | r
-        if (s[:, 0] > 1).any() or (s[:, 1:] > s[:, :-1]).any():  # non-increasing from 1.0
-            r = (np.diff(s, axis=1, prepend=1.0) > 0).any(axis=1)
-            rb = r if rb is None else rb | r
-        tol = 5e-5 * (np.arange(gamma) + 2) + 1e-6
-        dev = np.cumprod(c, axis=1)
-        np.subtract(s, dev, out=dev)
-        np.abs(dev, out=dev)
-        if (dev > tol).any():
-            r = (dev > tol).any(axis=1)
-            rb = r if rb is None else rb | r
-    return rb
 
 
 def _steps_columns(tbl: pa.Table) -> pa.Table:
@@ -312,20 +288,6 @@ def request_steps_table(
 # ---------------------------------------------------------------------------
 # decoding: structs with raw lists -> RECORD_SCHEMA
 # ---------------------------------------------------------------------------
-class ReqRawLists(msgspec.Struct, gc=False):
-    """ReqDetail with its per-position lists kept as raw JSON text."""
-
-    req_pool_index: int
-    prefix_len: int
-    verify_len: int
-    acc_len: int
-    correct_drafts: int
-    cap_trim: int
-    bonus_token: int
-    draft_tokens: msgspec.Raw
-    rid: Optional[str] = None
-    confidence: msgspec.Raw = None  # type: ignore[assignment]
-    survival: msgspec.Raw = None  # type: ignore[assignment]
 
 
 _INTS = ("req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts", "cap_trim", "bonus_token")
@@ -498,3 +460,129 @@ def records_table(recs: Sequence[Any]) -> Optional[pa.Table]:
     cols["reqs"] = pa.ListArray.from_arrays(pa.array(roffs), struct,
                                             mask=None if has.all() else pa.array(~has))
     return pa.Table.from_arrays([cols[f.name] for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
+
+
+# ---------------------------------------------------------------------------
+# columnar accumulation (no per-row dicts)
+# ---------------------------------------------------------------------------
+def _none_if_sentinel(v: int) -> Optional[int]:
+    return None if v == -1 else v
+
+
+class Columns:
+    def __init__(self) -> None:
+        self.step_rank: list[int] = []
+        self.steps: list[StepRecord] = []
+        self.req_rank: list[int] = []
+        self.req_fct: list[int] = []
+        self.req_mode: list[str] = []
+        self.reqs: list[ReqDetail] = []
+        self.rids: list[str] = []
+        self.step_idx: list[int] = []
+        self.gamma = 0
+        self.fast_steps: list[pa.Table] = []
+        self.fast_reqs: list[pa.Table] = []
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def n_reqs(self) -> int:
+        return len(self.reqs)
+
+    def add_step(self, rank: int, h: StepRecord) -> None:
+        self.step_rank.append(rank)
+        self.steps.append(h)
+
+    def add_reqs(self, rank, fcts, mode, gamma, keep, rids, step_idx) -> None:
+        m = len(keep)
+        self.req_rank.extend([rank] * m)
+        self.req_fct.extend(fcts)
+        self.req_mode.extend([mode] * m)
+        self.reqs.extend(keep)
+        self.rids.extend(rids)
+        self.step_idx.extend(step_idx)
+        self.gamma = gamma
+
+    def steps_table(self, run_id: str, epoch: int) -> pa.Table:
+        st = self.steps
+        n = len(st)
+        cols: dict[str, Any] = {
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "rank": self.step_rank,
+            "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
+            "forward_ct": [h.forward_ct for h in st],
+            "mode": [h.mode or None for h in st],
+        }
+        for f in SENTINEL_FIELDS:
+            cols[f] = [_none_if_sentinel(getattr(h, f)) for h in st]
+        for f in ("budget", "lag_steps", "predicted_step_ms", "predicted_theta") + TIME_FIELDS:
+            cols[f] = [getattr(h, f) for h in st]
+        return table_from_columns("steps", cols, n)
+
+    def reqs_table(self, run_id: str, epoch: int) -> pa.Table:
+        rq = self.reqs
+        n = len(rq)
+        g = self.gamma
+        vlen = np.fromiter((r.verify_len for r in rq), dtype=np.int32, count=n)
+        cd = np.fromiter((r.correct_drafts for r in rq), dtype=np.int32, count=n)
+        ct = np.fromiter((r.cap_trim for r in rq), dtype=np.int32, count=n)
+        mode = self.req_mode
+        cap = np.fromiter((m == "cap-accept" for m in mode), dtype=bool, count=n)
+        static = np.fromiter((m == "static" for m in mode), dtype=bool, count=n)
+        ceiling = np.where(cap, cd + ct, cd)
+        ceiling_mask = ~(cap | static)
+        gamma_offsets = pa.array(np.arange(0, (n + 1) * g, g, dtype=np.int32))
+        drafts = pa.ListArray.from_arrays(
+            gamma_offsets,
+            pa.array(np.fromiter(chain.from_iterable(r.draft_tokens for r in rq), dtype=np.int64, count=n * g)),
+        )
+        conf = _optional_f32_lists([r.confidence for r in rq], g)
+        surv = _optional_f32_lists([r.survival for r in rq], g)
+        # committed = drafts[:cd] + [bonus]
+        lens = cd.astype(np.int64) + 1
+        offs = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offs[1:])
+        committed_vals = np.fromiter(
+            chain.from_iterable(r.draft_tokens[: r.correct_drafts] + [r.bonus_token] for r in rq),
+            dtype=np.int64, count=int(offs[-1]),
+        )
+        committed = pa.ListArray.from_arrays(pa.array(offs.astype(np.int32)), pa.array(committed_vals))
+        cols = {
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "rank": pa.array(np.asarray(self.req_rank, dtype=np.int32)),
+            "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
+            "forward_ct": pa.array(np.asarray(self.req_fct, dtype=np.int64)),
+            "rid": pa.array(self.rids, pa.string()),
+            "req_pool_index": pa.array(np.fromiter((r.req_pool_index for r in rq), dtype=np.int64, count=n)).cast(pa.int32()),
+            "step_index": pa.array(np.asarray(self.step_idx, dtype=np.int32)),
+            "prefix_len": pa.array(np.fromiter((r.prefix_len for r in rq), dtype=np.int64, count=n)).cast(pa.int32()),
+            "verify_len": pa.array(vlen),
+            "window": pa.array(vlen - 1),
+            "correct_drafts": pa.array(cd),
+            "acc_len": pa.array(np.fromiter((r.acc_len for r in rq), dtype=np.int32, count=n)),
+            "cap_trim": pa.array(ct),
+            "bonus_token": pa.array(np.fromiter((r.bonus_token for r in rq), dtype=np.int64, count=n)),
+            "draft_tokens": drafts,
+            "confidence": conf,
+            "survival": surv,
+            "committed_tokens": committed,
+            "ceiling": pa.array(ceiling.astype(np.int32), mask=ceiling_mask),
+        }
+        return table_from_columns("request_steps", cols, n)
+
+
+def _optional_f32_lists(rows: list[Optional[list[float]]], g: int) -> pa.Array:
+    """Fixed-length (g) float lists, some NULL, as an Arrow list<float32> without per-row objects."""
+    n = len(rows)
+    present = np.fromiter((r is not None for r in rows), dtype=bool, count=n)
+    k = int(present.sum())
+    if k == 0:
+        return pa.nulls(n, schema.F32_LIST)
+    vals = np.fromiter(chain.from_iterable(r for r in rows if r is not None), dtype=np.float32, count=k * g)
+    offs = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(present.astype(np.int32) * g, out=offs[1:])
+    mask = None if k == n else pa.array(~present)
+    return pa.ListArray.from_arrays(pa.array(offs), pa.array(vals), mask=mask)
+
