@@ -63,6 +63,8 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("acceptscope.live", "acceptscope.live.driver"): "the [live] extra (requests)",
     ("acceptscope.live", "acceptscope.live.session"): "the [live] extra (requests, prometheus_client)",
     ("acceptscope.live.launcher", "torch"): "the [engine] extra; the GPU preflight falls back to nvidia-smi",
+    # `.pt` shards are read with torch.load; a core install (no torch) still ingests every other artifact
+    ("acceptscope.ingest.sts_shards", "torch"): "the [engine] extra; +5.7 s after `import acceptscope.ingest`",
     # run_all imports estimators.validation (batch_band); only the binomial reading needs scipy.stats
     # (scipy.special.bdtr is not bit-equal to binom.cdf)
     ("estimators.validation", "scipy.stats"): "+3.0 s on `import estimators.validation`",
@@ -88,18 +90,6 @@ NOT_YET_HOISTED: dict[str, tuple[str, ...]] = {
     "acceptscope/engine/train.py": ("acceptscope.engine", "acceptscope.engine.eval_acceptance",
                                     "acceptscope.engine.runner", "dataclasses", "os", "sys", "transformers"),
     "acceptscope/engine/workloads.py": ("acceptscope.engine.corpus",),
-    "acceptscope/ingest/__init__.py": ("acceptscope.console", "acceptscope.ingest.estimator_jsonl",
-                                       "acceptscope.ingest.meta_info", "acceptscope.ingest.server_info",
-                                       "acceptscope.ingest.sps", "acceptscope.ingest.sps_profile",
-                                       "acceptscope.ingest.stream", "acceptscope.ingest.sts_table", "ctypes",
-                                       "ctypes.util", "os", "platform", "rich.progress", "stat"),
-    "acceptscope/ingest/batch.py": ("acceptscope.ingest.rejects",),
-    "acceptscope/ingest/detect.py": ("acceptscope.ingest.rejects",),
-    "acceptscope/ingest/identity.py": ("acceptscope.ingest.stream",),
-    "acceptscope/ingest/jsontext.py": ("acceptscope.ingest.rejects",),
-    "acceptscope/ingest/meta_info.py": ("acceptscope.ingest.jsontext", "acceptscope.ingest.rejects"),
-    "acceptscope/ingest/server_info.py": ("acceptscope.ingest.jsontext", "acceptscope.ingest.rejects"),
-    "acceptscope/ingest/sts_shards.py": ("torch",),
     "estimators/__init__.py": ("acceptscope.engine.sps", "acceptscope.ingest.links", "acceptscope.schema",
                                "estimators.bracket", "estimators.calibration", "estimators.cost",
                                "estimators.frame", "estimators.planner", "estimators.stream", "estimators.tail",

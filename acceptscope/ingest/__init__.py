@@ -22,19 +22,34 @@ client responses       :mod:`acceptscope.ingest.meta_info`         requests
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
+import platform
 import re
+import stat
 import time
 from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from acceptscope.console import console
+from acceptscope.ingest import stream
 from acceptscope.ingest import sts_shards as sts  # noqa: F401  (``from acceptscope.ingest import sts``)
 from acceptscope.ingest.batch import ArrowRows, IngestBatch
 from acceptscope.ingest.detect import detect
+from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
 from acceptscope.ingest.identity import SERVER_SIDE_KINDS, assign_runs
 from acceptscope.ingest.links import link_run_tables
+from acceptscope.ingest.meta_info import parse_responses
 from acceptscope.ingest.rejects import format_reject, make_reject
+from acceptscope.ingest.server_info import ServerInfoIngestor
+from acceptscope.ingest.sps import parse_sps_table
+from acceptscope.ingest.sps_profile import ingest_profile_file
+from acceptscope.ingest.sts_table import parse_sts_table
 
 __all__ = ["ingest_paths", "ingest_file", "IngestBatch", "ArrowRows", "detect", "format_reject", "iter_files",
            "tune_allocator_for_bulk_ingest"]
@@ -61,10 +76,6 @@ def tune_allocator_for_bulk_ingest() -> bool:
     run side by side on the same core (so both saw the same neighbours; one after the other
     the ±0.2 s noise of the shared box hides it). A no-op (False) off glibc.
     """
-    import ctypes
-    import ctypes.util
-    import platform
-
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -101,8 +112,6 @@ def iter_files(paths: Iterable[str | Path]) -> list[Path]:
 
 def _walk(root: Path) -> list[Path]:
     """Entries of ``root`` that are not directories, recursively, following directory symlinks once."""
-    import os
-
     found: list[Path] = []
     visited: set[str] = set()
     for d, dirs, files in os.walk(root, followlinks=True):
@@ -121,9 +130,6 @@ def not_regular(path: Path) -> Optional[str]:
 
     ``stat`` follows symlinks and never blocks, unlike ``open`` on a FIFO.
     """
-    import os
-    import stat
-
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
@@ -141,8 +147,6 @@ _WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
 def ingest_server_info_file(path: Path, ingestor, source: Optional[str] = None) -> IngestBatch:
     """One saved /server_info response (JSON) or successive polls (JSON lines) into ``ingestor``,
     read a chunk of records at a time (:mod:`acceptscope.ingest.stream`)."""
-    from acceptscope.ingest import stream
-
     path = Path(path)
     src = source or str(path)
     lines, first = stream.first_document(path)
@@ -178,8 +182,6 @@ class _Context:
                 pass
 
     def server_info_ingestor(self, run_id: str):
-        from acceptscope.ingest.server_info import ServerInfoIngestor
-
         ing = self.ingestors.get(run_id)
         if ing is None:
             ing = self.ingestors[run_id] = ServerInfoIngestor(
@@ -211,26 +213,16 @@ def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = No
         ctx.learn(run_id)
         return b
     if kind == "estimator_jsonl":
-        from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
-
         return parse_estimator_jsonl(path.read_bytes(), source=str(path), run_id=run_id, gamma=gamma)
     if kind == "sts_shard":
         return sts.ingest_sts_shard(path, run_id=run_id, gamma=gamma)
     if kind == "sts_table":
-        from acceptscope.ingest.sts_table import parse_sts_table
-
         return parse_sts_table(path.read_bytes(), source=str(path), gamma=gamma, run_id=run_id)
     if kind == "sps_table":
-        from acceptscope.ingest.sps import parse_sps_table
-
         return parse_sps_table(path.read_bytes(), source=str(path), run_id=run_id)
     if kind in ("sps_profile_records", "sps_profile_rounds", "sps_profile_manifest"):
-        from acceptscope.ingest.sps_profile import ingest_profile_file
-
         return ingest_profile_file(path, kind, run_id=run_id)
     if kind == "responses":
-        from acceptscope.ingest.meta_info import parse_responses
-
         return parse_responses(path.read_bytes(), source=str(path), run_id=run_id)
     b = IngestBatch()
     b.reject(make_reject(str(path), 0, "$", f"unrecognised artifact (kind {kind!r}); see acceptscope.ingest.detect",
@@ -310,10 +302,6 @@ def ingest_paths(
     writer = _bulk_writer(store) if has_writer else None
     bar = None
     if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        from acceptscope.console import console
-
         bar = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        TextColumn("{task.description}"), console=console, transient=True)
         bar.start()

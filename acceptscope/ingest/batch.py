@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from acceptscope import schema
+from acceptscope.ingest.rejects import make_reject
 
 
 class ArrowRows(Sequence):
@@ -185,8 +186,6 @@ class IngestBatch:
         failing the conversion of every row of the file. The parsers reject such values first, by
         their input field; this is the net under them. Bad rows are found by bisection, so a large
         table with one bad row costs O(log n) conversions, not n."""
-        from acceptscope.ingest.rejects import make_reject
-
         moved: list[dict] = []
         for t in schema.ALL_TABLES:
             rows = self.tables.get(t.name)

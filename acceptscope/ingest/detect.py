@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from acceptscope.ingest.rejects import safe_text
+
 KINDS = (
     "server_info",
     "estimator_jsonl",
@@ -88,8 +90,6 @@ def detect(path: str | Path) -> str:
 
 def run_id_for(path: str | Path) -> str:
     """Default run id of an artifact: its file name up to the first dot (``capacc.server_info.json`` -> ``capacc``)."""
-    from acceptscope.ingest.rejects import safe_text
-
     name = safe_text(Path(path).name)  # (a file name of undecodable bytes holds lone surrogates)
     stem = name.split(".", 1)[0]
     return stem or name

@@ -38,6 +38,7 @@ from typing import Any, Optional
 import msgspec
 
 from acceptscope import schema
+from acceptscope.ingest import stream
 from acceptscope.ingest.detect import run_id_for
 
 # launch fields that tell servers apart (all are resolved server args in /server_info)
@@ -148,8 +149,6 @@ def identity_of_file(path: Path) -> Optional[ServerIdentity]:
     """The identity of a dump's first document (the whole file, or the first of JSON lines), read through
     its skeleton (:func:`acceptscope.ingest.stream.scan`: the records are not held); a document the scan
     cannot cut is read whole."""
-    from acceptscope.ingest import stream
-
     try:
         _, doc = stream.first_document(path)
         sc = stream.scan(doc)

@@ -13,13 +13,13 @@ from typing import Any, Optional
 
 import msgspec
 
+from acceptscope.ingest.rejects import find_poison
+
 
 def decode_document(text: bytes) -> Any:
     """Parse ``text``; raises ValueError (or UnicodeDecodeError) when it is not JSON at all, is nested
     too deeply, or holds a value no table can hold (an int outside int64, a lone surrogate): the
     message then names the field."""
-    from acceptscope.ingest.rejects import find_poison
-
     try:
         try:
             obj = msgspec.json.decode(text)

@@ -25,7 +25,8 @@ from typing import Any, Iterator, Optional
 import msgspec
 
 from acceptscope.ingest.batch import IngestBatch
-from acceptscope.ingest.rejects import decode_failure, describe_number, find_poison, make_reject
+from acceptscope.ingest.jsontext import defuse_deep
+from acceptscope.ingest.rejects import MAX_DEPTH, decode_failure, describe_number, find_poison, make_reject
 
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_cap_length", "spec_block_accept_length",
@@ -55,9 +56,6 @@ def documents(data: bytes) -> Iterator[tuple[int, Any, bytes]]:
     try:
         doc = json.loads(data)
     except RecursionError:  # one value nested too deeply: replace it, so only its response is rejected
-        from acceptscope.ingest.jsontext import defuse_deep
-        from acceptscope.ingest.rejects import MAX_DEPTH
-
         fixed, _ = defuse_deep(data, MAX_DEPTH)
         try:
             doc = json.loads(fixed) if fixed is not None else None
