@@ -52,7 +52,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from estimators.bootstrap import aggregate_stats, group_codes, request_stats, row_request_keys, shift_sums, uniforms
+from estimators.bootstrap import (add_sums, aggregate_from_sums, aggregate_stats, group_codes, replicate_sums,
+                                  request_stats, row_request_keys, shift_sums, uniforms)
 from estimators.tail import observation_statement
 
 GROUPINGS = ((), ("workload",), ("band",))
@@ -62,6 +63,21 @@ TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "p
 ORDER = "run_id, rid, epoch, forward_ct"
 PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
 DUCKDB_MEMORY = "384MB"  # DuckDB's share while sorting by request (it spills beyond)
+FOLD_CHUNKS = 32  # per-chunk group sums (utilization, windows, refit shifts) are added up every this many chunks
+
+
+def aggregate_specs(n_boot: int, seed: int) -> list[tuple]:
+    """The tail aggregates (grouping, n_boot, target, seed) the results read: the tail summary (400
+    replicates, seed 0), the figures (200, seed 0) and the utilization intervals per grouping. A
+    big run keeps only these, as per-replicate partial sums (memory flat in its rows)."""
+    return sorted({((), 400, "run", 0), *((g, 200, "run", 0) for g in GROUPINGS),
+                   *((g, n_boot, "run", seed) for g in GROUPINGS)})
+
+
+def _fold(parts: list[pd.DataFrame], by: list[str]) -> list[pd.DataFrame]:
+    """Per-group sum rows of several chunks as one frame (bounded memory over many chunks)."""
+    d = pd.concat(parts, ignore_index=True)
+    return [d.groupby(by, dropna=False, sort=False).sum().reset_index() if by else d.sum().to_frame().T]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,12 +202,13 @@ class StreamTail:
     """The tail estimator's result over a streamed run: sums, not blocks (see module docstring)."""
 
     counts: dict
-    stats: dict  # grouping (tuple) -> per-(group, request) statistics
+    stats: dict  # grouping (tuple) -> per-(group, request) statistics (runs up to ``sample_rows``)
     shifts: dict  # grouping -> per-group hazard-refit shifts (or absent)
     gamma: int
     levels: tuple
     hazard_info: dict
     notes: list[str] = field(default_factory=list)
+    sums: dict = field(default_factory=dict)  # (grouping, n_boot, target, seed) -> [replicate partial sums]
 
     def summary(self) -> dict:
         c = self.counts
@@ -211,8 +228,12 @@ class StreamTail:
                   target: str = "run", seed: int = 0) -> pd.DataFrame:
         by = [by] if isinstance(by, str) else list(by or [])
         key = tuple(by)
+        spec = (key, n_boot, target, seed)
+        if spec in self.sums:
+            return aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(key))
         if key not in self.stats:
-            raise ValueError(f"streamed tail results keep the groupings {[list(g) for g in self.stats]}, not {by}")
+            raise ValueError(f"streamed tail results keep the groupings {[list(g) for g in self.stats]} and the "
+                             f"aggregates (grouping, n_boot, target, seed) {sorted(self.sums)}, not {spec}")
         return aggregate_stats(self.stats[key], by, level=level, n_boot=n_boot, target=target, seed=seed,
                                shift=self.shifts.get(key))
 
@@ -224,7 +245,8 @@ class _RunAcc:
     """Sums of one run over its chunks."""
 
     def __init__(self, run_id: str, gamma: int, est, exact: bool, steps: pd.DataFrame, hazard_boot: int, seed: int,
-                 cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None, keep_per_request: bool = True):
+                 cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None, keep_per_request: bool = True,
+                 specs=(), keep_stats: bool = True):
         self.run_id, self.G, self.est, self.exact = run_id, gamma, est, exact
         self.steps, self.hazard_boot, self.seed = steps, hazard_boot, seed
         self.cal_fraction, self.temperatures = cal_fraction, temperatures
@@ -238,6 +260,10 @@ class _RunAcc:
         self.per_request: list[pd.DataFrame] = []
         self.labels: dict[str, dict] = {}  # group column -> label -> code (see _compact)
         self.keep_per_request = keep_per_request
+        # the keyed bootstrap: per-replicate partial sums of ``specs`` added chunk by chunk (memory flat in
+        # rows); the per-(group, request) statistics too only when ``keep_stats`` (any aggregate, small runs)
+        self.specs, self.keep_stats = tuple(specs), keep_stats
+        self.sums: dict = {}
         self.trim = dict(request_steps=0, trimmed=0, regret=0, window_tokens=0, delivered=0, ceiling_tokens=0.0)
         self.cal: list = []
         self.notes: list[str] = []
@@ -288,11 +314,20 @@ class _RunAcc:
             ceil = b["mean"].to_numpy(float)
             reach = (1 - np.cumsum(tail.pmf, 1)[:, :G]).sum(0)
         acc = frame.correct + 1
+        fold = self.chunks % FOLD_CHUNKS == 0
         for g in GROUPINGS:
             by = list(g)
-            self.stats[g].append(self._compact(request_stats(b, by, keys=keys), g))
+            st = request_stats(b, by, keys=keys)
+            for sp in self.specs:
+                if sp[0] == g:
+                    part = replicate_sums(st, by, n_boot=sp[1], target=sp[2], seed=sp[3])
+                    self.sums[sp] = [add_sums(self.sums[sp] + [part]) if sp in self.sums else part]
+            if self.keep_stats:
+                self.stats[g].append(self._compact(st, g))
             if deltas is not None:
                 self.shifts[g].append(shift_sums(b, by, deltas))
+                if fold:
+                    self.shifts[g] = _fold(self.shifts[g], by)
             gc, groups = group_codes(b, by)
             ng = len(groups)
             u = groups.copy() if by else pd.DataFrame(index=range(ng))
@@ -300,6 +335,8 @@ class _RunAcc:
                             ("correct", frame.correct)):
                 u[name] = np.bincount(gc, weights=w, minlength=ng)
             self.util[g].append(u)
+            if fold:
+                self.util[g] = _fold(self.util[g], by)
         self.pos[0] += (np.arange(G)[None, :] < frame.correct[:, None]).sum(0)
         self.pos[1] += reach
         self.pos[2] += (np.arange(G)[None, :] < frame.window[:, None]).sum(0)
@@ -307,6 +344,8 @@ class _RunAcc:
                              "workload": b["workload"].to_numpy(), "window": frame.window, "acc_len": acc,
                              "ceiling": ceil})
         self.windows.append(base.groupby(["workload", "window"], dropna=False).size().rename("count").reset_index())
+        if fold:
+            self.windows = _fold(self.windows, ["workload", "window"])
         pr = base.groupby(["run_id", "rid"], sort=False).agg(n=("acc_len", "size"), committed=("acc_len", "sum"),
                                                               ceiling_tokens=("ceiling", "sum"), mean_window=("window", "mean"))
         pr["ceiling_tokens"] += pr["n"]
@@ -364,14 +403,15 @@ class _RunAcc:
 
     # -- results ---------------------------------------------------------
     def tail_result(self, info: dict, notes: list[str]) -> StreamTail:
-        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items()}
+        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items() if v}
         shifts = {}
         for g, v in self.shifts.items():
             if v:
                 d = pd.concat(v, ignore_index=True)
                 shifts[g] = d.groupby(list(g), dropna=False).sum().reset_index() if g else d.sum().to_frame().T
         return StreamTail(counts=self.counts, stats=stats, shifts=shifts, gamma=self.G,
-                          levels=tuple(self.est.levels), hazard_info=info, notes=list(self.notes) + notes)
+                          levels=tuple(self.est.levels), hazard_info=info, notes=list(self.notes) + notes,
+                          sums=dict(self.sums))
 
     def utilization_result(self, tail: StreamTail, n_boot: int, seed: int):
         from estimators.utilization import UtilizationResult
@@ -521,7 +561,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
             step_rows = store.query_df("SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps "
                                        "WHERE run_id = ? GROUP BY ALL", [rid])
         acc = _RunAcc(rid, int(m.gamma), est, bool(m.n_truth == m.n_rows), data["steps"], hazard_boot, seed,
-                      frac, data["sts_temperatures"], step_rows, keep_per_request=int(m.n_rows) <= sample_rows)
+                      frac, data["sts_temperatures"], step_rows, keep_per_request=int(m.n_rows) <= sample_rows,
+                      specs=aggregate_specs(n_boot, seed), keep_stats=int(m.n_rows) <= sample_rows)
         side[rid] = dict(data=data, notes=notes, skipped=side_skips)
         return acc
 

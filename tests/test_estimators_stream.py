@@ -115,3 +115,23 @@ def test_logistic_hazard_fit_on_distinct_rows_equals_the_row_by_row_fit():
             return (wd[keep] * ll).sum() / wd[keep].sum() + c @ c / (2 * 10.0 * wd[keep].sum())
 
         assert objective(coef) == pytest.approx(objective(lr.coef_[0]), rel=1e-6)
+
+
+def test_big_run_keeps_replicate_sums_not_per_request_statistics(store, monkeypatch):
+    """Past ``sample_rows`` a run keeps only the keyed bootstrap's per-replicate partial sums, added
+    chunk by chunk (memory flat in rows): the same aggregates as the per-request statistics."""
+    kept = run_all_stream(store, n_boot=40, chunk_rows=250)
+    monkeypatch.setattr("estimators.stream.FOLD_CHUNKS", 2)  # per-chunk group sums folded as they come
+    flat = run_all_stream(store, n_boot=40, chunk_rows=250, sample_rows=100)  # every run "big" here
+    for rid in ("syn-cap", "syn-c"):
+        t, k = flat[rid]["tail"], kept[rid]["tail"]
+        assert t.stats == {} and len(t.sums) >= 4 and all(len(v) == 1 for v in t.sums.values())
+        pd.testing.assert_frame_equal(t.aggregate(), k.aggregate(), check_exact=False, rtol=1e-12)
+        for by in ("workload", "band"):
+            pd.testing.assert_frame_equal(t.aggregate(by=by, n_boot=200), k.aggregate(by=by, n_boot=200),
+                                          check_exact=False, rtol=1e-12)
+        ua = pd.DataFrame(to_jsonable(flat[rid])["utilization"]["by_group"])
+        ub = pd.DataFrame(to_jsonable(kept[rid])["utilization"]["by_group"])
+        pd.testing.assert_frame_equal(ua, ub, check_exact=False, rtol=1e-12)
+        with pytest.raises(ValueError, match="aggregates"):
+            t.aggregate(by="workload", n_boot=60, target="population")
