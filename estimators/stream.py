@@ -100,9 +100,11 @@ def _configure(con, duckdb_memory: str | None) -> None:
 
 
 def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",
-                   params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY) -> Iterator[tuple[str, pa.Table]]:
+                   params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY,
+                   whole_runs: bool = False) -> Iterator[tuple[str, pa.Table]]:
     """``(run_id, table)`` pieces of ``request_steps`` holding whole requests of one run, about
-    ``chunk_rows`` rows each (a request longer than that is one piece), in one ordered scan."""
+    ``chunk_rows`` rows each (a request longer than that is one piece), in one ordered scan.
+    ``whole_runs``: cut only between runs (each run is one piece, however long)."""
     from acceptscope.store import fetch_arrow_reader
 
     cols = ", ".join(f'"{c}"' for c in columns)
@@ -110,14 +112,14 @@ def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUM
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
         reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []), batch_rows=min(chunk_rows, 1 << 16))
-        for tbl in whole_requests(reader, chunk_rows):
+        for tbl in whole_requests(reader, chunk_rows, whole_runs):
             yield from _split_runs(tbl)
 
 
-def whole_requests(batches, chunk_rows: int) -> Iterator[pa.Table]:
+def whole_requests(batches, chunk_rows: int, whole_runs: bool = False) -> Iterator[pa.Table]:
     """Regroup record batches sorted by (run_id, rid) into tables of about ``chunk_rows`` rows that
-    never split a request (a request longer than that is one table). Shared by this module's store
-    pass and the Spark executors' partition pass."""
+    never split a request (a request longer than that is one table), nor a run with ``whole_runs``.
+    Shared by this module's store pass and the Spark executors' partition pass."""
     pending: list[pa.RecordBatch] = []
     size = 0
     for batch in batches:
@@ -128,7 +130,7 @@ def whole_requests(batches, chunk_rows: int) -> Iterator[pa.Table]:
         if size < chunk_rows:
             continue
         tbl = pa.Table.from_batches(pending)
-        cut = _last_request_start(tbl)
+        cut = _last_request_start(tbl, whole_runs)
         if cut == 0:  # one request so far: keep reading
             continue
         yield tbl.slice(0, cut)
@@ -138,11 +140,12 @@ def whole_requests(batches, chunk_rows: int) -> Iterator[pa.Table]:
         yield pa.Table.from_batches(pending)
 
 
-def _last_request_start(tbl: pa.Table) -> int:
-    """Index of the first row of the table's last (run_id, rid) (rows sorted by run_id, rid)."""
+def _last_request_start(tbl: pa.Table, whole_runs: bool = False) -> int:
+    """Index of the first row of the table's last (run_id, rid), or last run_id with ``whole_runs``
+    (rows sorted by run_id, rid)."""
     n = tbl.num_rows
     run, rid = tbl.column("run_id"), tbl.column("rid")
-    same = pc.and_(pc.equal(rid, rid[n - 1]), pc.equal(run, run[n - 1]))
+    same = pc.equal(run, run[n - 1]) if whole_runs else pc.and_(pc.equal(rid, rid[n - 1]), pc.equal(run, run[n - 1]))
     return int(pc.index(same, True).as_py())
 
 
@@ -522,10 +525,11 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
                    chunk_rows: int = 1 << 17, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
                    duckdb_memory: str | None = DUCKDB_MEMORY, progress=None,
-                   hazards_from: str | None = None) -> dict[str, Any]:
+                   hazards_from: str | None = None, whole_runs: bool = False) -> dict[str, Any]:
     """:func:`estimators.run_all` for every run in ``run_ids`` (default: all) in one ordered pass
     over ``request_steps``; see the module docstring. Returns ``{run_id: results}``; a run that
-    cannot be estimated maps to its ``ValueError``."""
+    cannot be estimated maps to its ``ValueError``. ``whole_runs``: every run is one chunk (small
+    runs: then the results are :func:`estimators.run_all`'s in-memory ones)."""
     from estimators import load_run, sts_in_force
 
     if run_ids is None:
@@ -576,7 +580,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
             progress(rid)
 
     current = None
-    for rid, tbl in request_chunks(store, meta.run_id.tolist(), chunk_rows=chunk_rows, duckdb_memory=duckdb_memory):
+    for rid, tbl in request_chunks(store, meta.run_id.tolist(), chunk_rows=chunk_rows, duckdb_memory=duckdb_memory,
+                                   whole_runs=whole_runs):
         try:
             if rid != current:
                 if current in accs:

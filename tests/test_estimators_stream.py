@@ -135,3 +135,36 @@ def test_big_run_keeps_replicate_sums_not_per_request_statistics(store, monkeypa
         pd.testing.assert_frame_equal(ua, ub, check_exact=False, rtol=1e-12)
         with pytest.raises(ValueError, match="aggregates"):
             t.aggregate(by="workload", n_boot=60, target="population")
+
+
+def _assert_same(a, b, path=""):
+    """Equal JSON documents; floats to 1e-12 relative (summation order: the utilization sums)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), path
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-12, nan_ok=True), path
+    else:
+        assert a == b, path
+
+
+def test_many_runs_in_one_ordered_pass_equal_run_all_one_run_at_a_time(store, monkeypatch):
+    """``run_all_runs``: one scan of ``request_steps`` for every (small) run, each run one chunk: the
+    same JSON as ``run_all`` per run (calibration fit time aside; utilization sums to 1e-12: summation
+    order); an unknown run maps to its error."""
+    import estimators.stream as stream
+    from estimators import run_all_runs
+
+    scans = []
+    real = stream.request_chunks
+    monkeypatch.setattr(stream, "request_chunks", lambda *a, **k: scans.append(list(a[1])) or real(*a, **k))
+    many = run_all_runs(store, ["syn-cap", "syn-c", "nope"], n_boot=40)
+    assert scans == [["syn-c", "syn-cap"]] or scans == [["syn-cap", "syn-c"]]
+    for rid in ("syn-cap", "syn-c"):
+        _assert_same(_drop_timings(to_jsonable(many[rid])), _drop_timings(to_jsonable(run_all(store, rid, n_boot=40))))
+    assert isinstance(many["nope"], KeyError) and "nope" in str(many["nope"])
