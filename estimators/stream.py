@@ -61,6 +61,7 @@ TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "p
                 "cap_trim", "bonus_token", "draft_tokens", "confidence", "confidence_logit", "draft_logprob",
                 "target_logprob", "committed_tokens", "ceiling", "temperature", "workload", "finished")
 ORDER = "run_id, rid, epoch, forward_ct"
+S_ORDER = "s.run_id, s.rid, s.epoch, s.forward_ct"
 PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
 DUCKDB_MEMORY = "384MB"  # DuckDB's share while sorting by request (it spills beyond)
 FOLD_CHUNKS = 32  # per-chunk group sums (utilization, windows, refit shifts) are added up every this many chunks
@@ -99,6 +100,22 @@ def _configure(con, duckdb_memory: str | None) -> None:
         pass
 
 
+def _select(con, columns, run_ids) -> tuple[str, str]:
+    """SELECT list and FROM clause over ``request_steps s`` with ``temperature`` filled as
+    :func:`estimators.load_run` fills it (the request's own from ``requests``, else the run's: SGLang
+    dumps carry none), joined only when some row of these runs lacks one."""
+    cols = [f's."{c}"' for c in columns]
+    if "temperature" not in columns or not con.execute(
+            "SELECT count(*) FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) AND temperature IS NULL",
+            [list(run_ids)]).fetchall()[0][0]:
+        return ", ".join(cols), "request_steps s"
+    cols[list(columns).index("temperature")] = \
+        'CAST(coalesce(s.temperature, q.temperature, r.temperature) AS DOUBLE) AS "temperature"'
+    return ", ".join(cols), ("request_steps s LEFT JOIN (SELECT run_id, rid, temperature FROM requests WHERE "
+                             "temperature IS NOT NULL) q ON s.run_id = q.run_id AND s.rid = q.rid "
+                             "LEFT JOIN runs r ON s.run_id = r.run_id")
+
+
 def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",
                    params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY,
                    whole_runs: bool = False) -> Iterator[tuple[str, pa.Table]]:
@@ -107,10 +124,10 @@ def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUM
     ``whole_runs``: cut only between runs (each run is one piece, however long)."""
     from acceptscope.store import fetch_arrow_reader
 
-    cols = ", ".join(f'"{c}"' for c in columns)
-    sql = f"SELECT {cols} FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) {where} ORDER BY {ORDER}"
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
+        cols, src = _select(con, columns, run_ids)
+        sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) {where} ORDER BY {S_ORDER}"
         reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []), batch_rows=min(chunk_rows, 1 << 16))
         for tbl in whole_requests(reader, chunk_rows, whole_runs):
             yield from _split_runs(tbl)
@@ -182,16 +199,16 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
     from acceptscope.store import fetch_arrow
 
     sel = _sample_requests(store, run_ids, max_rows, seed)
-    cols = ", ".join(f's."{c}"' for c in columns)
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
+        cols, src = _select(con, columns, run_ids)
         if sel is None:
-            sql = f"SELECT {cols} FROM request_steps s WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {ORDER}"
+            sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {S_ORDER}"
             return fetch_arrow(con, sql, [list(run_ids)])
         con.register("_acceptscope_sample", sel)
         try:
-            sql = (f"SELECT {cols} FROM request_steps s SEMI JOIN _acceptscope_sample k "
-                   f"ON s.run_id = k.run_id AND s.rid = k.rid ORDER BY {ORDER}")
+            sql = (f"SELECT {cols} FROM {src} SEMI JOIN _acceptscope_sample k "
+                   f"ON s.run_id = k.run_id AND s.rid = k.rid ORDER BY {S_ORDER}")
             return fetch_arrow(con, sql)
         finally:
             con.unregister("_acceptscope_sample")
@@ -653,11 +670,11 @@ def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: i
     last = upto.index[-1] if len(upto) else per.index[0]
     from acceptscope.store import fetch_arrow
 
-    cols = ", ".join(f'"{c}"' for c in TAIL_COLUMNS)
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
-        tbl = fetch_arrow(con, f"SELECT {cols} FROM request_steps WHERE run_id = ? AND (epoch < ? OR (epoch = ? AND "
-                               f"forward_ct <= ?)) ORDER BY {ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
+        cols, src = _select(con, TAIL_COLUMNS, [acc.run_id])
+        tbl = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? AND (s.epoch < ? OR (s.epoch = ? AND "
+                               f"s.forward_ct <= ?)) ORDER BY {S_ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
     frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
     p = audit(frame, steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto.index if len(upto) else [last])],
               table, ceiling_estimate=None)

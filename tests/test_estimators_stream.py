@@ -168,3 +168,25 @@ def test_many_runs_in_one_ordered_pass_equal_run_all_one_run_at_a_time(store, mo
     for rid in ("syn-cap", "syn-c"):
         _assert_same(_drop_timings(to_jsonable(many[rid])), _drop_timings(to_jsonable(run_all(store, rid, n_boot=40))))
     assert isinstance(many["nope"], KeyError) and "nope" in str(many["nope"])
+
+
+def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path):
+    """SGLang dumps carry no temperature: the streamed pass fills it from ``requests`` / ``runs`` in its
+    query, as ``load_run`` does, so the one-pass JSON equals ``run_all``'s on the ingested fixtures."""
+    from typer.testing import CliRunner
+
+    from acceptscope.cli import app
+    from acceptscope.engine import REPO_ROOT
+    from estimators import run_all_runs
+
+    db = tmp_path / "sgl.duckdb"
+    res = CliRunner().invoke(app, ["ingest", str(REPO_ROOT / "fixtures" / "sglang"), "--db", str(db), "--json",
+                                   "--temperature", "0"])  # the run's temperature: greedy walks resolve tails
+    assert res.exit_code == 0, res.output
+    st = Store(db, read_only=True)
+    ids = st.runs().run_id.tolist()
+    assert st.query_df("SELECT count(*) AS n FROM request_steps WHERE temperature IS NULL").n.iloc[0] > 0
+    many = run_all_runs(st, ids, n_boot=40)
+    for rid in ids:
+        one = run_all(st, rid, n_boot=40)
+        _assert_same(_drop_timings(to_jsonable(many[rid])), _drop_timings(to_jsonable(one)))
