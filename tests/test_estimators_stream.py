@@ -180,9 +180,10 @@ def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path
     from estimators import run_all_runs
 
     db = tmp_path / "sgl.duckdb"
-    res = CliRunner().invoke(app, ["ingest", str(REPO_ROOT / "fixtures" / "sglang"), "--db", str(db), "--json",
-                                   "--temperature", "0"])  # the run's temperature: greedy walks resolve tails
+    res = CliRunner().invoke(app, ["ingest", str(REPO_ROOT / "fixtures" / "sglang"), "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output
+    with Store(db).connect() as con:  # one run served greedy (a run-level temperature, none per request-step)
+        con.execute("UPDATE runs SET temperature = 0 WHERE run_id = (SELECT min(run_id) FROM runs)")
     st = Store(db, read_only=True)
     ids = st.runs().run_id.tolist()
     assert st.query_df("SELECT count(*) AS n FROM request_steps WHERE temperature IS NULL").n.iloc[0] > 0
