@@ -19,6 +19,14 @@ carry the parent's peak over ``execve``):
   (:func:`acceptscope.ingest.synth.make_server_info`) of about the same number of request-steps,
   for sizes up to ``--ingest-max``.
 
+``--many-runs N``: a store of N small runs instead (copies, inside DuckDB, of a synthetic audit pair
+``syn-cap`` / ``syn-c`` of ``--many-requests`` requests each, every table's run ids suffixed, one
+audit group per copy); ``estimate`` over all of them, timed side by side in child processes: one
+:func:`estimators.run_all` per run (``per-run``: the path before issue 15) and
+:func:`estimators.run_all_runs` (``one-pass``: one ordered scan of ``request_steps`` for every run,
+the side tables read once per table); seconds per run, CPU seconds, peak RSS, and whether the two
+give the same JSON.
+
 Rows are JSON lines on stdout (and in ``--out``); the table at the end fits ``time = a * rows^b``
 and ``peak = c + d * rows`` per command on the measured sizes and extrapolates to 100M
 request-steps (an extrapolation, labelled as such).
@@ -27,6 +35,7 @@ Usage::
 
     .venv/bin/python bench/scale.py --sizes 100000,300000,1000000,3000000,10000000 --workdir /tmp/scale \
         [--out scale.jsonl] [--timeout 900] [--skip report,ingest]
+    .venv/bin/python bench/scale.py --many-runs 200 --workdir /tmp/scale
 """
 
 from __future__ import annotations
@@ -87,6 +96,31 @@ ts.sort()
 print(json.dumps({"seconds": ts[len(ts) // 2], "best_s": ts[0], "worst_s": ts[-1], "peak_mb": int(hwm) / 1024, "rc": 0}))
 """
 
+_MANY = r"""
+import json, sys, time, os
+db, mode, n_boot = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from acceptscope.store import Store
+import estimators
+st = Store(db, read_only=True)
+ids = sorted(st.runs().run_id)
+t0, c0 = time.perf_counter(), time.process_time()
+if mode == "per-run":
+    out = {}
+    for r in ids:
+        try:
+            out[r] = estimators.to_jsonable(estimators.run_all(st, r, n_boot=n_boot))
+        except (ValueError, KeyError) as e:
+            out[r] = {"error": str(e)}
+else:
+    out = {r: {"error": str(v)} if isinstance(v, Exception) else estimators.to_jsonable(v)
+           for r, v in estimators.run_all_runs(st, ids, n_boot=n_boot).items()}
+sec, cpu = time.perf_counter() - t0, time.process_time() - c0
+json.dump(out, open(sys.argv[4], "w"), sort_keys=True, default=str)
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"seconds": sec, "cpu_seconds": cpu, "runs": len(ids), "s_per_run": sec / len(ids),
+                  "cpu_s_per_run": cpu / len(ids), "peak_mb": int(hwm) / 1024, "rc": 0}))
+"""
+
 PANELS = ("run_summary", "window_distribution", "position_acceptance", "utilization_by_workload", "step_costs",
           "requests", "data_quality", "reliability_bins", "sampling_inference")
 
@@ -128,6 +162,80 @@ def build_base(db: Path) -> int:
     n = con.execute("SELECT count(*) FROM base_request_steps").fetchone()[0]
     con.close()
     return n
+
+
+def build_many(db: Path, copies: int, n_requests: int) -> int:
+    """A store of ``2 * copies`` small runs: an audit pair (truth ``syn-cap``, compact ``syn-c``) copied
+    inside DuckDB with every table's run ids (and the audit group) suffixed ``.<copy>``; returns the runs."""
+    import duckdb
+
+    from acceptscope.store import Store
+    from estimators.synthetic import compact_view, simulate
+
+    st = Store(db)
+    a = dict(simulate(n_requests=n_requests, seed=1).tables)
+    a["runs"] = a["runs"].assign(audit_group="g")
+    st.append(a)
+    t = dict(simulate(n_requests=n_requests, seed=2, run_id="syn-c").tables)
+    t["request_steps"], t["runs"] = compact_view(t["request_steps"]), t["runs"].assign(arm="compact", audit_group="g")
+    st.append(t)
+    del st
+    con = duckdb.connect(str(db))
+    tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.columns WHERE column_name = 'run_id' "
+                                        "AND table_schema = 'main'").fetchall()]
+    for tb in tables:
+        con.execute(f"CREATE TEMP TABLE base_{tb} AS SELECT * FROM {tb}")
+        con.execute(f"DELETE FROM {tb}")
+        rep = "run_id || '.' || c.i AS run_id" + (", audit_group || '.' || c.i AS audit_group" if tb == "runs" else "")
+        con.execute(f"INSERT INTO {tb} SELECT s.* REPLACE ({rep}) FROM base_{tb} s, range(0, {copies}) c(i)")
+    con.execute("CHECKPOINT")
+    n = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    con.close()
+    return n
+
+
+def _worst_difference(a, b) -> str:
+    """Whether two JSON documents match: their non-numbers equal, and the worst relative difference of their numbers."""
+    worst, bad = 0.0, []
+
+    def go(x, y, p):
+        nonlocal worst
+        if isinstance(x, dict) and isinstance(y, dict) and sorted(x) == sorted(y):
+            for k in x:
+                if "seconds" not in k:  # timings
+                    go(x[k], y[k], f"{p}/{k}")
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for i, (u, v) in enumerate(zip(x, y)):
+                go(u, v, f"{p}[{i}]")
+        elif isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
+            worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-300))
+        elif x != y:
+            bad.append(p)
+
+    go(a, b, "")
+    return f"{len(bad)} differing non-numbers {bad[:3]}, worst relative difference {worst:.1e}"
+
+
+def many_runs(a) -> None:
+    """``--many-runs``: estimate over a store of many small runs, per run vs one pass (module docstring)."""
+    db = a.workdir / "many.duckdb"
+    for p in (db, Path(str(db) + ".wal")):
+        p.unlink(missing_ok=True)
+    sys.path.insert(0, str(ROOT))
+    t0 = time.perf_counter()
+    n = build_many(db, max(1, a.many_runs // 2), a.many_requests)
+    print(json.dumps({"what": "build (DuckDB copy)", "runs": n, "seconds": time.perf_counter() - t0}), flush=True)
+    res = {}
+    for mode in ("per-run", "one-pass"):
+        res[mode] = _child(_MANY, [str(db), mode, str(a.many_boot), str(a.workdir / f"many-{mode}.json")], a.timeout)
+        print(json.dumps({"what": f"estimate {mode}", **res[mode]}), flush=True)
+    if all(r.get("rc") == 0 for r in res.values()):
+        same = _worst_difference(json.loads((a.workdir / "many-per-run.json").read_text()),
+                                 json.loads((a.workdir / "many-one-pass.json").read_text()))
+        b, o = res["per-run"], res["one-pass"]
+        print(f"\n{n} runs: per-run {b['s_per_run']:.3f} s/run ({b['cpu_s_per_run']:.3f} CPU-s, {b['peak_mb']:.0f} MB) | "
+              f"one-pass {o['s_per_run']:.3f} s/run ({o['cpu_s_per_run']:.3f} CPU-s, {o['peak_mb']:.0f} MB) | "
+              f"x{b['seconds'] / o['seconds']:.2f} wall, x{b['cpu_seconds'] / o['cpu_seconds']:.2f} CPU | JSON: {same}")
 
 
 def grow(db: Path, copies_now: int, copies_to: int) -> None:
@@ -210,7 +318,13 @@ def main() -> None:
     ap.add_argument("--panel-repeats", type=int, default=5)
     ap.add_argument("--ingest-max", type=int, default=1_000_000)
     ap.add_argument("--report-max", type=int, default=1_000_000)
+    ap.add_argument("--many-runs", type=int, default=0, help="instead: estimate over a store of N small runs")
+    ap.add_argument("--many-requests", type=int, default=12, help="requests per run with --many-runs")
+    ap.add_argument("--many-boot", type=int, default=200, help="bootstrap replicates with --many-runs")
     a = ap.parse_args()
+    if a.many_runs:
+        a.workdir.mkdir(parents=True, exist_ok=True)
+        return many_runs(a)
     skip = set(filter(None, a.skip.split(",")))
     a.workdir.mkdir(parents=True, exist_ok=True)
     db = a.workdir / "scale.duckdb"

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["run_all", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility", "hazard_runs",
+__all__ = ["run_all", "run_all_runs", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility", "hazard_runs",
            "read_training"]
 
 RUN_KEYS = ("arm", "engine", "gamma", "temperature", "sts_hash", "sps_hash")  # the run row in run_all's results
@@ -293,6 +293,29 @@ def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: 
     else:
         res["skipped"]["planner"] = "no SPS table recorded and no step timings to fit one"
     return res
+
+
+def run_all_runs(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
+                 progress=None) -> dict[str, Any]:
+    """:func:`run_all` for many runs without a query per run: one ordered scan of ``request_steps`` for
+    every run up to :data:`STREAM_ROWS` request-steps (each run one chunk, so the results equal
+    ``run_all``'s in-memory ones) and one streamed pass for the bigger runs (as ``run_all`` streams
+    them). Why: a store of thousands of small runs cost ~0.84 s a run estimated one at a time.
+    Returns ``{run_id: results}``; a run that cannot be estimated maps to its exception."""
+    from estimators.stream import run_all_stream
+
+    ids = store.runs().run_id.tolist() if run_ids is None else list(run_ids)
+    n = store.query_df("SELECT run_id, count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) "
+                       "GROUP BY run_id", [ids]).set_index("run_id")["n"]
+    big = [r for r in ids if n.get(r, 0) > STREAM_ROWS]
+    small = [r for r in ids if r not in set(big)]
+    out = {}
+    kw = dict(n_boot=n_boot, hazard_boot=hazard_boot, seed=seed, progress=progress)
+    if small:
+        out.update(run_all_stream(store, small, chunk_rows=STREAM_ROWS, whole_runs=True, **kw))
+    if big:
+        out.update(run_all_stream(store, big, **kw))
+    return {r: out[r] for r in ids}
 
 
 def sglang_bracket(data: dict, trim: dict, gamma: int) -> "_Table":

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 TAIL_STATS = ("n", "n_censored", "sum_mean", "sum_var", "sum_below", "sum_above", "sum_truth", "n_truth")
+_SUMS = ("n", "sum_mean", "n_censored", "sum_below", "sum_above", "n_truth", "sum_truth")  # per group, with the replicates
 KEY = "req_key"  # uint64 stable hash of (run_id, rid)
 
 _U64 = np.uint64
@@ -291,31 +292,42 @@ def replicate_sums(stats: pd.DataFrame, by: list[str] | None = None, *, n_boot: 
             num[i] = np.bincount(g, weights=noisy, minlength=ng)
     out = dict(labels=labels[:ng], by=by, num=num, den=den, target=target,
                values=[[_label(v) for v in groups[c]][:ng] for c in by])
-    for c in ("n", "sum_mean", "n_censored", "sum_below", "sum_above", "n_truth", "sum_truth"):
+    for c in _SUMS:
         out[c] = np.bincount(g, weights=stats[c].to_numpy(float), minlength=ng)
     return out
 
 
-def aggregate_from_sums(parts: list[dict], *, level: float = 0.95, shift: pd.DataFrame | None = None) -> pd.DataFrame:
-    """:func:`aggregate_stats`' table from :func:`replicate_sums` of disjoint sets of requests."""
+def add_sums(parts: list[dict]) -> dict:
+    """One :func:`replicate_sums` part from several of disjoint sets of requests (groups matched by
+    label, in label order): what a pass keeps between chunks instead of per-request statistics."""
     by, target = parts[0]["by"], parts[0]["target"]
     labels = np.array(sorted({lab for p in parts for lab in p["labels"]}), dtype=object)
     ng, n_boot = len(labels), parts[0]["num"].shape[0]
     at = {lab: j for j, lab in enumerate(labels)}
     values = [[None] * ng for _ in by]
-    acc = {c: np.zeros(ng) for c in ("n", "sum_mean", "n_censored", "sum_below", "sum_above", "n_truth", "sum_truth")}
+    out = {c: np.zeros(ng) for c in _SUMS}
     num = np.zeros((n_boot, ng))
     den = np.zeros((n_boot, ng)) if target == "population" else None
     for p in parts:
         j = np.array([at[lab] for lab in p["labels"]], np.int64)
-        for c in acc:
-            np.add.at(acc[c], j, p[c])
+        for c in _SUMS:
+            np.add.at(out[c], j, p[c])
         np.add.at(num.T, j, p["num"].T)
         if den is not None:
             np.add.at(den.T, j, p["den"].T)
         for col, vals in zip(values, p["values"]):
             for jj, v in zip(j, vals):
                 col[jj] = v
+    out.update(labels=labels, by=by, num=num, den=den, target=target, values=values)
+    return out
+
+
+def aggregate_from_sums(parts: list[dict], *, level: float = 0.95, shift: pd.DataFrame | None = None) -> pd.DataFrame:
+    """:func:`aggregate_stats`' table from :func:`replicate_sums` of disjoint sets of requests."""
+    s = add_sums(parts)
+    by, target, labels, values, num, den = s["by"], s["target"], s["labels"], s["values"], s["num"], s["den"]
+    ng, n_boot = len(labels), num.shape[0]
+    acc = s
     n_g = acc["n"]
     sh = None
     if shift is not None and len(shift):

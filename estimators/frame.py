@@ -94,7 +94,10 @@ def _request_codes(df: pd.DataFrame) -> np.ndarray:
 def _col(df: pd.DataFrame, name: str, fill, dtype) -> np.ndarray:
     if name not in df.columns:
         return np.full(len(df), fill, dtype=dtype)
-    s = pd.to_numeric(df[name], errors="coerce")
+    s = df[name]
+    if s.dtype.kind in "iubf" and not s.hasnans:  # numeric, no NULL: no coercion
+        return s.to_numpy(dtype=dtype)
+    s = pd.to_numeric(s, errors="coerce")
     return s.fillna(fill).to_numpy(dtype=dtype)
 
 

@@ -303,7 +303,11 @@ class HazardModel:
         """``_design(k, x, st) @ coef`` (to float rounding) read off the one-hot structure, without
         building the ``(n, 2G + 2S)`` design matrix."""
         G, S = self.gamma_, self.NSTATE
-        return coef[k] + coef[2 * G + st] + x * (coef[G + k] + coef[2 * G + S + st])
+        # per (k, state) cell: intercept and slope tables (G x S), one take each (same sums, bit for bit)
+        cell = k * S + st
+        a = (coef[:G, None] + coef[None, 2 * G:2 * G + S]).reshape(-1)
+        b = (coef[G:2 * G, None] + coef[None, 2 * G + S:2 * G + 2 * S]).reshape(-1)
+        return a.take(cell) + x * b.take(cell)
 
     def _flat_coef(self, accepted: float, total: float) -> np.ndarray:
         """Logistic coefficients of a constant hazard (accepted + 0.5) / (total + 1) at every position."""
@@ -414,7 +418,14 @@ class HazardModel:
         for gg in (False, True):
             m = g[:, 0] == gg
             coef = self.coef_.get(gg, self.coef_.get(not gg))
-            out[m] = 1 / (1 + np.exp(-self._linear(k[m], x[m], st[m], coef)))
+            if m.all():  # one kind of row (the usual case): no masked copies
+                z = self._linear(k, x, st, coef)
+                np.negative(z, out=z)
+                np.exp(z, out=z)
+                z += 1
+                return np.divide(1, z, out=z)
+            if m.any():
+                out[m] = 1 / (1 + np.exp(-self._linear(k[m], x[m], st[m], coef)))
         return out
 
     def refit(self, request_weights: np.ndarray) -> "HazardModel":

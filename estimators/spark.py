@@ -46,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema
-from estimators.stream import TAIL_COLUMNS, StreamTail, _RunAcc, whole_requests
+from estimators.stream import TAIL_COLUMNS, StreamTail, _RunAcc, aggregate_specs, whole_requests
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")
@@ -562,14 +562,6 @@ class _LakeTail(StreamTail):
             raise ValueError(f"the lake's tail result keeps the aggregates (grouping, n_boot, target, seed) "
                              f"{sorted(self.sums)}, not {spec}")
         return aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(tuple(by)))
-
-
-def aggregate_specs(n_boot: int, seed: int) -> list[tuple]:
-    """The aggregates ``run_lake``'s results read: the tail summary (400 replicates, seed 0), the
-    utilization intervals per grouping, the workload figure."""
-    from estimators.stream import GROUPINGS
-
-    return sorted({((), 400, "run", 0), (("workload",), 200, "run", 0), *((g, n_boot, "run", seed) for g in GROUPINGS)})
 
 
 def _reduce_partition(batches, est, refits, kw: dict, specs, chunk_rows: int):

@@ -52,7 +52,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from estimators.bootstrap import aggregate_stats, group_codes, request_stats, row_request_keys, shift_sums, uniforms
+from estimators.bootstrap import (add_sums, aggregate_from_sums, aggregate_stats, group_codes, replicate_sums,
+                                  request_stats, row_request_keys, shift_sums, uniforms)
 from estimators.tail import observation_statement
 
 GROUPINGS = ((), ("workload",), ("band",))
@@ -60,8 +61,24 @@ TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "p
                 "cap_trim", "bonus_token", "draft_tokens", "confidence", "confidence_logit", "draft_logprob",
                 "target_logprob", "committed_tokens", "ceiling", "temperature", "workload", "finished")
 ORDER = "run_id, rid, epoch, forward_ct"
+S_ORDER = "s.run_id, s.rid, s.epoch, s.forward_ct"
 PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
 DUCKDB_MEMORY = "384MB"  # DuckDB's share while sorting by request (it spills beyond)
+FOLD_CHUNKS = 32  # per-chunk group sums (utilization, windows, refit shifts) are added up every this many chunks
+
+
+def aggregate_specs(n_boot: int, seed: int) -> list[tuple]:
+    """The tail aggregates (grouping, n_boot, target, seed) the results read: the tail summary (400
+    replicates, seed 0), the figures (200, seed 0) and the utilization intervals per grouping. A
+    big run keeps only these, as per-replicate partial sums (memory flat in its rows)."""
+    return sorted({((), 400, "run", 0), *((g, 200, "run", 0) for g in GROUPINGS),
+                   *((g, n_boot, "run", seed) for g in GROUPINGS)})
+
+
+def _fold(parts: list[pd.DataFrame], by: list[str]) -> list[pd.DataFrame]:
+    """Per-group sum rows of several chunks as one frame (bounded memory over many chunks)."""
+    d = pd.concat(parts, ignore_index=True)
+    return [d.groupby(by, dropna=False, sort=False).sum().reset_index() if by else d.sum().to_frame().T]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -83,25 +100,43 @@ def _configure(con, duckdb_memory: str | None) -> None:
         pass
 
 
+def _select(con, columns, run_ids) -> tuple[str, str]:
+    """SELECT list and FROM clause over ``request_steps s`` with ``temperature`` filled as
+    :func:`estimators.load_run` fills it (the request's own from ``requests``, else the run's: SGLang
+    dumps carry none), joined only when some row of these runs lacks one."""
+    cols = [f's."{c}"' for c in columns]
+    if "temperature" not in columns or not con.execute(
+            "SELECT count(*) FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) AND temperature IS NULL",
+            [list(run_ids)]).fetchall()[0][0]:
+        return ", ".join(cols), "request_steps s"
+    cols[list(columns).index("temperature")] = \
+        'CAST(coalesce(s.temperature, q.temperature, r.temperature) AS DOUBLE) AS "temperature"'
+    return ", ".join(cols), ("request_steps s LEFT JOIN (SELECT run_id, rid, temperature FROM requests WHERE "
+                             "temperature IS NOT NULL) q ON s.run_id = q.run_id AND s.rid = q.rid "
+                             "LEFT JOIN runs r ON s.run_id = r.run_id")
+
+
 def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",
-                   params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY) -> Iterator[tuple[str, pa.Table]]:
+                   params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY,
+                   whole_runs: bool = False) -> Iterator[tuple[str, pa.Table]]:
     """``(run_id, table)`` pieces of ``request_steps`` holding whole requests of one run, about
-    ``chunk_rows`` rows each (a request longer than that is one piece), in one ordered scan."""
+    ``chunk_rows`` rows each (a request longer than that is one piece), in one ordered scan.
+    ``whole_runs``: cut only between runs (each run is one piece, however long)."""
     from acceptscope.store import fetch_arrow_reader
 
-    cols = ", ".join(f'"{c}"' for c in columns)
-    sql = f"SELECT {cols} FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) {where} ORDER BY {ORDER}"
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
+        cols, src = _select(con, columns, run_ids)
+        sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) {where} ORDER BY {S_ORDER}"
         reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []), batch_rows=min(chunk_rows, 1 << 16))
-        for tbl in whole_requests(reader, chunk_rows):
+        for tbl in whole_requests(reader, chunk_rows, whole_runs):
             yield from _split_runs(tbl)
 
 
-def whole_requests(batches, chunk_rows: int) -> Iterator[pa.Table]:
+def whole_requests(batches, chunk_rows: int, whole_runs: bool = False) -> Iterator[pa.Table]:
     """Regroup record batches sorted by (run_id, rid) into tables of about ``chunk_rows`` rows that
-    never split a request (a request longer than that is one table). Shared by this module's store
-    pass and the Spark executors' partition pass."""
+    never split a request (a request longer than that is one table), nor a run with ``whole_runs``.
+    Shared by this module's store pass and the Spark executors' partition pass."""
     pending: list[pa.RecordBatch] = []
     size = 0
     for batch in batches:
@@ -112,7 +147,7 @@ def whole_requests(batches, chunk_rows: int) -> Iterator[pa.Table]:
         if size < chunk_rows:
             continue
         tbl = pa.Table.from_batches(pending)
-        cut = _last_request_start(tbl)
+        cut = _last_request_start(tbl, whole_runs)
         if cut == 0:  # one request so far: keep reading
             continue
         yield tbl.slice(0, cut)
@@ -122,11 +157,12 @@ def whole_requests(batches, chunk_rows: int) -> Iterator[pa.Table]:
         yield pa.Table.from_batches(pending)
 
 
-def _last_request_start(tbl: pa.Table) -> int:
-    """Index of the first row of the table's last (run_id, rid) (rows sorted by run_id, rid)."""
+def _last_request_start(tbl: pa.Table, whole_runs: bool = False) -> int:
+    """Index of the first row of the table's last (run_id, rid), or last run_id with ``whole_runs``
+    (rows sorted by run_id, rid)."""
     n = tbl.num_rows
     run, rid = tbl.column("run_id"), tbl.column("rid")
-    same = pc.and_(pc.equal(rid, rid[n - 1]), pc.equal(run, run[n - 1]))
+    same = pc.equal(run, run[n - 1]) if whole_runs else pc.and_(pc.equal(rid, rid[n - 1]), pc.equal(run, run[n - 1]))
     return int(pc.index(same, True).as_py())
 
 
@@ -163,16 +199,16 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
     from acceptscope.store import fetch_arrow
 
     sel = _sample_requests(store, run_ids, max_rows, seed)
-    cols = ", ".join(f's."{c}"' for c in columns)
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
+        cols, src = _select(con, columns, run_ids)
         if sel is None:
-            sql = f"SELECT {cols} FROM request_steps s WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {ORDER}"
+            sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {S_ORDER}"
             return fetch_arrow(con, sql, [list(run_ids)])
         con.register("_acceptscope_sample", sel)
         try:
-            sql = (f"SELECT {cols} FROM request_steps s SEMI JOIN _acceptscope_sample k "
-                   f"ON s.run_id = k.run_id AND s.rid = k.rid ORDER BY {ORDER}")
+            sql = (f"SELECT {cols} FROM {src} SEMI JOIN _acceptscope_sample k "
+                   f"ON s.run_id = k.run_id AND s.rid = k.rid ORDER BY {S_ORDER}")
             return fetch_arrow(con, sql)
         finally:
             con.unregister("_acceptscope_sample")
@@ -186,12 +222,13 @@ class StreamTail:
     """The tail estimator's result over a streamed run: sums, not blocks (see module docstring)."""
 
     counts: dict
-    stats: dict  # grouping (tuple) -> per-(group, request) statistics
+    stats: dict  # grouping (tuple) -> per-(group, request) statistics (runs up to ``sample_rows``)
     shifts: dict  # grouping -> per-group hazard-refit shifts (or absent)
     gamma: int
     levels: tuple
     hazard_info: dict
     notes: list[str] = field(default_factory=list)
+    sums: dict = field(default_factory=dict)  # (grouping, n_boot, target, seed) -> [replicate partial sums]
 
     def summary(self) -> dict:
         c = self.counts
@@ -211,8 +248,12 @@ class StreamTail:
                   target: str = "run", seed: int = 0) -> pd.DataFrame:
         by = [by] if isinstance(by, str) else list(by or [])
         key = tuple(by)
+        spec = (key, n_boot, target, seed)
+        if spec in self.sums:
+            return aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(key))
         if key not in self.stats:
-            raise ValueError(f"streamed tail results keep the groupings {[list(g) for g in self.stats]}, not {by}")
+            raise ValueError(f"streamed tail results keep the groupings {[list(g) for g in self.stats]} and the "
+                             f"aggregates (grouping, n_boot, target, seed) {sorted(self.sums)}, not {spec}")
         return aggregate_stats(self.stats[key], by, level=level, n_boot=n_boot, target=target, seed=seed,
                                shift=self.shifts.get(key))
 
@@ -224,7 +265,8 @@ class _RunAcc:
     """Sums of one run over its chunks."""
 
     def __init__(self, run_id: str, gamma: int, est, exact: bool, steps: pd.DataFrame, hazard_boot: int, seed: int,
-                 cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None, keep_per_request: bool = True):
+                 cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None, keep_per_request: bool = True,
+                 specs=(), keep_stats: bool = True):
         self.run_id, self.G, self.est, self.exact = run_id, gamma, est, exact
         self.steps, self.hazard_boot, self.seed = steps, hazard_boot, seed
         self.cal_fraction, self.temperatures = cal_fraction, temperatures
@@ -238,6 +280,10 @@ class _RunAcc:
         self.per_request: list[pd.DataFrame] = []
         self.labels: dict[str, dict] = {}  # group column -> label -> code (see _compact)
         self.keep_per_request = keep_per_request
+        # the keyed bootstrap: per-replicate partial sums of ``specs`` added chunk by chunk (memory flat in
+        # rows); the per-(group, request) statistics too only when ``keep_stats`` (any aggregate, small runs)
+        self.specs, self.keep_stats = tuple(specs), keep_stats
+        self.sums: dict = {}
         self.trim = dict(request_steps=0, trimmed=0, regret=0, window_tokens=0, delivered=0, ceiling_tokens=0.0)
         self.cal: list = []
         self.notes: list[str] = []
@@ -288,11 +334,20 @@ class _RunAcc:
             ceil = b["mean"].to_numpy(float)
             reach = (1 - np.cumsum(tail.pmf, 1)[:, :G]).sum(0)
         acc = frame.correct + 1
+        fold = self.chunks % FOLD_CHUNKS == 0
         for g in GROUPINGS:
             by = list(g)
-            self.stats[g].append(self._compact(request_stats(b, by, keys=keys), g))
+            st = request_stats(b, by, keys=keys)
+            for sp in self.specs:
+                if sp[0] == g:
+                    part = replicate_sums(st, by, n_boot=sp[1], target=sp[2], seed=sp[3])
+                    self.sums[sp] = [add_sums(self.sums[sp] + [part]) if sp in self.sums else part]
+            if self.keep_stats:
+                self.stats[g].append(self._compact(st, g))
             if deltas is not None:
                 self.shifts[g].append(shift_sums(b, by, deltas))
+                if fold:
+                    self.shifts[g] = _fold(self.shifts[g], by)
             gc, groups = group_codes(b, by)
             ng = len(groups)
             u = groups.copy() if by else pd.DataFrame(index=range(ng))
@@ -300,6 +355,8 @@ class _RunAcc:
                             ("correct", frame.correct)):
                 u[name] = np.bincount(gc, weights=w, minlength=ng)
             self.util[g].append(u)
+            if fold:
+                self.util[g] = _fold(self.util[g], by)
         self.pos[0] += (np.arange(G)[None, :] < frame.correct[:, None]).sum(0)
         self.pos[1] += reach
         self.pos[2] += (np.arange(G)[None, :] < frame.window[:, None]).sum(0)
@@ -307,6 +364,8 @@ class _RunAcc:
                              "workload": b["workload"].to_numpy(), "window": frame.window, "acc_len": acc,
                              "ceiling": ceil})
         self.windows.append(base.groupby(["workload", "window"], dropna=False).size().rename("count").reset_index())
+        if fold:
+            self.windows = _fold(self.windows, ["workload", "window"])
         pr = base.groupby(["run_id", "rid"], sort=False).agg(n=("acc_len", "size"), committed=("acc_len", "sum"),
                                                               ceiling_tokens=("ceiling", "sum"), mean_window=("window", "mean"))
         pr["ceiling_tokens"] += pr["n"]
@@ -364,14 +423,15 @@ class _RunAcc:
 
     # -- results ---------------------------------------------------------
     def tail_result(self, info: dict, notes: list[str]) -> StreamTail:
-        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items()}
+        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items() if v}
         shifts = {}
         for g, v in self.shifts.items():
             if v:
                 d = pd.concat(v, ignore_index=True)
                 shifts[g] = d.groupby(list(g), dropna=False).sum().reset_index() if g else d.sum().to_frame().T
         return StreamTail(counts=self.counts, stats=stats, shifts=shifts, gamma=self.G,
-                          levels=tuple(self.est.levels), hazard_info=info, notes=list(self.notes) + notes)
+                          levels=tuple(self.est.levels), hazard_info=info, notes=list(self.notes) + notes,
+                          sums=dict(self.sums))
 
     def utilization_result(self, tail: StreamTail, n_boot: int, seed: int):
         from estimators.utilization import UtilizationResult
@@ -482,10 +542,11 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
                    chunk_rows: int = 1 << 17, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
                    duckdb_memory: str | None = DUCKDB_MEMORY, progress=None,
-                   hazards_from: str | None = None) -> dict[str, Any]:
+                   hazards_from: str | None = None, whole_runs: bool = False) -> dict[str, Any]:
     """:func:`estimators.run_all` for every run in ``run_ids`` (default: all) in one ordered pass
     over ``request_steps``; see the module docstring. Returns ``{run_id: results}``; a run that
-    cannot be estimated maps to its ``ValueError``."""
+    cannot be estimated maps to its ``ValueError``. ``whole_runs``: every run is one chunk (small
+    runs: then the results are :func:`estimators.run_all`'s in-memory ones)."""
     from estimators import load_run, sts_in_force
 
     if run_ids is None:
@@ -521,7 +582,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
             step_rows = store.query_df("SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps "
                                        "WHERE run_id = ? GROUP BY ALL", [rid])
         acc = _RunAcc(rid, int(m.gamma), est, bool(m.n_truth == m.n_rows), data["steps"], hazard_boot, seed,
-                      frac, data["sts_temperatures"], step_rows, keep_per_request=int(m.n_rows) <= sample_rows)
+                      frac, data["sts_temperatures"], step_rows, keep_per_request=int(m.n_rows) <= sample_rows,
+                      specs=aggregate_specs(n_boot, seed), keep_stats=int(m.n_rows) <= sample_rows)
         side[rid] = dict(data=data, notes=notes, skipped=side_skips)
         return acc
 
@@ -535,7 +597,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
             progress(rid)
 
     current = None
-    for rid, tbl in request_chunks(store, meta.run_id.tolist(), chunk_rows=chunk_rows, duckdb_memory=duckdb_memory):
+    for rid, tbl in request_chunks(store, meta.run_id.tolist(), chunk_rows=chunk_rows, duckdb_memory=duckdb_memory,
+                                   whole_runs=whole_runs):
         try:
             if rid != current:
                 if current in accs:
@@ -607,11 +670,11 @@ def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: i
     last = upto.index[-1] if len(upto) else per.index[0]
     from acceptscope.store import fetch_arrow
 
-    cols = ", ".join(f'"{c}"' for c in TAIL_COLUMNS)
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
-        tbl = fetch_arrow(con, f"SELECT {cols} FROM request_steps WHERE run_id = ? AND (epoch < ? OR (epoch = ? AND "
-                               f"forward_ct <= ?)) ORDER BY {ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
+        cols, src = _select(con, TAIL_COLUMNS, [acc.run_id])
+        tbl = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? AND (s.epoch < ? OR (s.epoch = ? AND "
+                               f"s.forward_ct <= ?)) ORDER BY {S_ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
     frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
     p = audit(frame, steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto.index if len(upto) else [last])],
               table, ceiling_estimate=None)

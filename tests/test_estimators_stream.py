@@ -115,3 +115,79 @@ def test_logistic_hazard_fit_on_distinct_rows_equals_the_row_by_row_fit():
             return (wd[keep] * ll).sum() / wd[keep].sum() + c @ c / (2 * 10.0 * wd[keep].sum())
 
         assert objective(coef) == pytest.approx(objective(lr.coef_[0]), rel=1e-6)
+
+
+def test_big_run_keeps_replicate_sums_not_per_request_statistics(store, monkeypatch):
+    """Past ``sample_rows`` a run keeps only the keyed bootstrap's per-replicate partial sums, added
+    chunk by chunk (memory flat in rows): the same aggregates as the per-request statistics."""
+    kept = run_all_stream(store, n_boot=40, chunk_rows=250)
+    monkeypatch.setattr("estimators.stream.FOLD_CHUNKS", 2)  # per-chunk group sums folded as they come
+    flat = run_all_stream(store, n_boot=40, chunk_rows=250, sample_rows=100)  # every run "big" here
+    for rid in ("syn-cap", "syn-c"):
+        t, k = flat[rid]["tail"], kept[rid]["tail"]
+        assert t.stats == {} and len(t.sums) >= 4 and all(len(v) == 1 for v in t.sums.values())
+        pd.testing.assert_frame_equal(t.aggregate(), k.aggregate(), check_exact=False, rtol=1e-12)
+        for by in ("workload", "band"):
+            pd.testing.assert_frame_equal(t.aggregate(by=by, n_boot=200), k.aggregate(by=by, n_boot=200),
+                                          check_exact=False, rtol=1e-12)
+        ua = pd.DataFrame(to_jsonable(flat[rid])["utilization"]["by_group"])
+        ub = pd.DataFrame(to_jsonable(kept[rid])["utilization"]["by_group"])
+        pd.testing.assert_frame_equal(ua, ub, check_exact=False, rtol=1e-12)
+        with pytest.raises(ValueError, match="aggregates"):
+            t.aggregate(by="workload", n_boot=60, target="population")
+
+
+def _assert_same(a, b, path=""):
+    """Equal JSON documents; floats to 1e-12 relative (summation order: the utilization sums)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), path
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-12, nan_ok=True), path
+    else:
+        assert a == b, path
+
+
+def test_many_runs_in_one_ordered_pass_equal_run_all_one_run_at_a_time(store, monkeypatch):
+    """``run_all_runs``: one scan of ``request_steps`` for every (small) run, each run one chunk: the
+    same JSON as ``run_all`` per run (calibration fit time aside; utilization sums to 1e-12: summation
+    order); an unknown run maps to its error."""
+    import estimators.stream as stream
+    from estimators import run_all_runs
+
+    scans = []
+    real = stream.request_chunks
+    monkeypatch.setattr(stream, "request_chunks", lambda *a, **k: scans.append(list(a[1])) or real(*a, **k))
+    many = run_all_runs(store, ["syn-cap", "syn-c", "nope"], n_boot=40)
+    assert scans == [["syn-c", "syn-cap"]] or scans == [["syn-cap", "syn-c"]]
+    for rid in ("syn-cap", "syn-c"):
+        _assert_same(_drop_timings(to_jsonable(many[rid])), _drop_timings(to_jsonable(run_all(store, rid, n_boot=40))))
+    assert isinstance(many["nope"], KeyError) and "nope" in str(many["nope"])
+
+
+def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path):
+    """SGLang dumps carry no temperature: the streamed pass fills it from ``requests`` / ``runs`` in its
+    query, as ``load_run`` does, so the one-pass JSON equals ``run_all``'s on the ingested fixtures."""
+    from typer.testing import CliRunner
+
+    from acceptscope.cli import app
+    from acceptscope.engine import REPO_ROOT
+    from estimators import run_all_runs
+
+    db = tmp_path / "sgl.duckdb"
+    res = CliRunner().invoke(app, ["ingest", str(REPO_ROOT / "fixtures" / "sglang"), "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    with Store(db).connect() as con:  # one run served greedy (a run-level temperature, none per request-step)
+        con.execute("UPDATE runs SET temperature = 0 WHERE run_id = (SELECT min(run_id) FROM runs)")
+    st = Store(db, read_only=True)
+    ids = st.runs().run_id.tolist()
+    assert st.query_df("SELECT count(*) AS n FROM request_steps WHERE temperature IS NULL").n.iloc[0] > 0
+    many = run_all_runs(st, ids, n_boot=40)
+    for rid in ids:
+        one = run_all(st, rid, n_boot=40)
+        _assert_same(_drop_timings(to_jsonable(many[rid])), _drop_timings(to_jsonable(one)))

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_USAGE)
         import duckdb
 
-        from estimators import run_all, to_jsonable
+        from estimators import run_all, run_all_runs, to_jsonable
 
         if hazards_from is not None and run is None:
             console.print("[red]--hazards-from needs --run (the run whose tail it stands in for)[/red]")
@@ -106,6 +106,16 @@ def register(app: typer.Typer) -> None:
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("estimating", total=len(ids))
             # a run of more than estimators.STREAM_ROWS request-steps is streamed in bounded memory (estimators.stream)
+            if hazards_from is None and len(ids) > 1:  # many runs: one ordered scan for all (estimators.run_all_runs)
+                try:
+                    many = run_all_runs(store, ids, n_boot=n_boot, seed=seed, progress=lambda rid: prog.advance(task))
+                except duckdb.Error as e:  # a file damaged past its header
+                    raise unreadable_db(db, e) from None
+                for rid in ids:
+                    r = many[rid]
+                    out[rid] = {"error": str(r)} if isinstance(r, (ValueError, KeyError)) else to_jsonable(r)
+                    out[rid]["complete"] = rid not in incomplete
+                ids = []
             for rid in ids:
                 prog.update(task, description=f"estimating {rid}")
                 try:
