@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -378,16 +379,13 @@ def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000) -> 
         ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit)])
 
 
-def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> pd.DataFrame:
-    """One row per compact request key with w, a, x and (where audited) y (``audit_sampling.per_request``).
-
-    One join of both runs' request summaries with their keys and one group-by (half the work of
-    aggregating each arm and joining the two)."""
+def _per_request_sql(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> str:
+    """The SELECT of :func:`per_request` (parameters ``$c``, ``$a``), unordered."""
     reqs = _source(con, schema.SUM_REQUESTS, [compact_run, audit_run])
     # a key with a NULL part pairs with nothing (as a join on it would not)
     c = "s.run_id = $c"
     t = "s.run_id = $a AND s.n_ceil > 0 AND q.workload IS NOT NULL AND q.prompt_index IS NOT NULL AND q.seed IS NOT NULL"
-    return _df(con, f"""
+    return f"""
         SELECT q.workload, q.prompt_index, q.seed, sum(s.n) FILTER (WHERE {c})::BIGINT AS w,
                sum(s.sum_acc_len) FILTER (WHERE {c}) / nullif(sum(s.n_acc_len) FILTER (WHERE {c}), 0) AS a,
                sum(s.sum_x) FILTER (WHERE {c}) / nullif(sum(s.n_x) FILTER (WHERE {c}), 0) AS x,
@@ -395,8 +393,45 @@ def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
                sum(s.n_ceil) FILTER (WHERE {t})::BIGINT AS audit_blocks
         FROM {reqs} s JOIN {REQ} q ON q.run_id = s.run_id AND q.rid = s.rid
         WHERE q.run_id IN ($c, $a)
-        GROUP BY ALL HAVING count(*) FILTER (WHERE {c}) > 0
-        ORDER BY q.workload, q.prompt_index, q.seed""", {"c": compact_run, "a": audit_run})
+        GROUP BY ALL HAVING count(*) FILTER (WHERE {c}) > 0"""
+
+
+def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> pd.DataFrame:
+    """One row per compact request key with w, a, x and (where audited) y (``audit_sampling.per_request``).
+
+    One join of both runs' request summaries with their keys and one group-by (half the work of
+    aggregating each arm and joining the two)."""
+    return _df(con, _per_request_sql(con, compact_run, audit_run) + " ORDER BY q.workload, q.prompt_index, q.seed",
+               {"c": compact_run, "a": audit_run})
+
+
+_TERMS = ("w", "w * t", "w * z", "w * z * z", "w * z * t", "w * y")  # audit_sampling's six totals, in its order
+
+
+def per_request_moments(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> dict:
+    """``audit_sampling.Moments`` fields of :func:`per_request`'s rows, summed by DuckDB: full-traffic
+    means, the audited requests' totals and the covariance of their per-request terms (one row back,
+    whatever the number of requests)."""
+    n = len(_TERMS)
+    cov = [f"covar_pop({_TERMS[i]}, {_TERMS[j]}) FILTER (WHERE aud)" for i in range(n) for j in range(i, n)]
+    row = con.execute(f"""
+        WITH p AS ({_per_request_sql(con, compact_run, audit_run)}),
+             v AS (SELECT w, a, x, y - a AS t, greatest(x - a, 0) AS z, y,
+                          (y IS NOT NULL AND x IS NOT NULL AND a IS NOT NULL) AS aud FROM p)
+        SELECT count(*), sum(w * a) / sum(w), sum(w * x) / sum(w), sum(w * greatest(x - a, 0)) / sum(w),
+               count(*) FILTER (WHERE aud), count(*) FILTER (WHERE aud AND t > 1e-9),
+               {", ".join(f"coalesce(sum({e}) FILTER (WHERE aud), 0)::DOUBLE" for e in _TERMS)}, {", ".join(cov)}
+        FROM v""", {"c": compact_run, "a": audit_run}).fetchone()
+    sums = np.array(row[6:6 + n], dtype=float)
+    c = np.zeros((n, n))
+    it = iter(row[6 + n:])
+    for i in range(n):
+        for j in range(i, n):
+            c[i, j] = c[j, i] = float(next(it) or 0.0)
+    nan = float("nan")
+    return {"n_requests": int(row[0]), "abar": nan if row[1] is None else float(row[1]),
+            "xbar": nan if row[2] is None else float(row[2]), "zbar": nan if row[3] is None else float(row[3]),
+            "m": int(row[4]), "n_with_tail": int(row[5]), "sums": sums, "cov": c}
 
 
 def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.DataFrame:
