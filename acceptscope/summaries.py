@@ -85,12 +85,25 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
                           coalesce(sum(executed_verify_tokens), 0)::BIGINT, count(executed_verify_tokens),
                           coalesce(sum(modeled_step_ms), 0)::DOUBLE, count(modeled_step_ms)
                    FROM {src} GROUP BY ALL"""
+    if t is schema.SUM_STEP_BINS:
+        cols = {"bs": "bs", "budget": "budget", "num_verify": "num_verify_tokens",
+                "executed": "executed_verify_tokens", "predicted_ms": "predicted_step_ms",
+                "theta": "predicted_theta", "cpu_ms": "step_cpu_ms", "gpu_ms": "step_gpu_ms",
+                "modeled_ms": "modeled_step_ms"}
+        sums = ", ".join(f"coalesce(sum({c}), 0)::{'BIGINT' if k in _INT_BINS else 'DOUBLE'}, count({c})"
+                         for k, c in cols.items())
+        return f"""SELECT run_id, rank, epoch, (forward_ct // {schema.STEP_BIN})::BIGINT, count(*), max(wall_time_s),
+                          {sums} FROM {src} GROUP BY ALL"""
     raise KeyError(f"{t.name} is not a summary table")
+
+
+_INT_BINS = ("bs", "budget", "num_verify", "executed")
 
 
 _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema.SUM_POSITIONS,
                                    schema.SUM_RELIABILITY),
-       schema.STEPS.name: (schema.SUM_STEPS,)}
+       schema.STEPS.name: (schema.SUM_STEPS, schema.SUM_STEP_BINS)}
+_V2 = tuple(t for t in schema.SUMMARY_TABLES if t is not schema.SUM_STEP_BINS)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -111,10 +124,17 @@ def _upsert_sql(t: schema.Table, select: str) -> str:
     return f"INSERT INTO {_q(t.name)} {select} ON CONFLICT DO UPDATE SET {', '.join(sets)}"
 
 
-def present(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether every summary table exists in this file."""
-    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
-    return all(t.name in have for t in schema.SUMMARY_TABLES)
+def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+
+
+def present(con: duckdb.DuckDBPyConnection, tables: Sequence[schema.Table] = _V2) -> bool:
+    """Whether every summary table of ``tables`` (default: those of schema version 2) exists in this file.
+
+    A version-2 file opened read-only lacks ``sum_step_bins`` only: its other summaries still answer,
+    and step bins come from the raw table (:func:`_source`) until a read-write open adds them."""
+    have = _tables(con)
+    return all(t.name in have for t in tables)
 
 
 def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
@@ -172,14 +192,17 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     return {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)}
 
 
-def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> None:
-    """Recompute the summaries of ``run_ids`` from the raw tables (DuckDB aggregation)."""
+def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+            tables: Sequence[schema.Table] = schema.SUMMARY_TABLES) -> None:
+    """Recompute the summaries ``tables`` of ``run_ids`` from the raw tables (DuckDB aggregation)."""
     ids = list(run_ids)
     if not ids:
         return
     for base, sums in _OF.items():
         src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest($ids)))"
         for t in sums:
+            if t not in tables:
+                continue
             con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
             con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
 
@@ -208,13 +231,19 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     """On a read-write open (the store has created any missing summary table): rebuild stale runs and
     record the schema version.
 
-    Returns the runs rebuilt (a file from before schema version 2 rebuilds every run once).
+    Returns the runs rebuilt (a file from before schema version 2 rebuilds every run once; one from
+    version 2 gets the step bins of every run with steps, from the steps table only).
     """
-    check_version(con, path)
+    v = check_version(con, path)
     con.execute("BEGIN TRANSACTION")
     try:
         stale = sorted(stale_runs(con))
         rebuild(con, stale)
+        if v < 3:  # sum_step_bins is new in version 3: fill it for the runs whose other summaries were kept
+            done = set(stale)
+            bins = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {STEPS}").fetchall() if r not in done]
+            rebuild(con, bins, (schema.SUM_STEP_BINS,))
+            stale = sorted(done | set(bins))
         con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
                     [str(schema.SCHEMA_VERSION)])
         con.execute("COMMIT")
@@ -234,6 +263,8 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if stale is None:
         stale = stale_runs(con, ids) if ids else set()
     fresh = [r for r in ids if r not in stale] if n_bins == RELIABILITY_BINS else []
+    if t is schema.SUM_STEP_BINS and not present(con, (t,)):  # a version-2 file opened read-only
+        fresh = []
     raw = [r for r in ids if r not in fresh]
     cols = ", ".join(_q(c) for c in t.names)
 
@@ -244,7 +275,7 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if fresh:
         parts.append(f"SELECT {cols} FROM {_q(t.name)} WHERE run_id IN (SELECT unnest({lit(fresh)}))")
     if raw or not fresh:
-        base = STEPS if t is schema.SUM_STEPS else RS
+        base = STEPS if t in (schema.SUM_STEPS, schema.SUM_STEP_BINS) else RS
         src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest({lit(raw)})))"
         parts.append(f"SELECT * FROM ({_agg_sql(t, src, n_bins)}) AS x({cols})")
     return "(" + " UNION ALL ".join(parts) + ")"
@@ -362,21 +393,24 @@ def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_b
         FROM {rel} x{_in_workloads(workloads, "x")} GROUP BY ALL ORDER BY run_id, position, variant, bin""")
 
 
-def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000) -> pd.DataFrame:
-    """Requests of one run with their block statistics."""
+def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000, offset: int = 0) -> pd.DataFrame:
+    """One page of a run's requests (``limit`` from ``offset``, in workload, prompt order) with their
+    block statistics: the page is picked first, then only its requests' summary rows are summed."""
     reqs = _source(con, schema.SUM_REQUESTS, [run_id])
     return _df(con, f"""
-        WITH q AS (  -- the page of requests first, then their block statistics
+        WITH q AS (
           SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s
-          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ?)
-        SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
-               b.sum_window / nullif(b.n_window, 0) AS mean_window,
-               b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
-        FROM q LEFT JOIN (SELECT rid, sum(n) AS n, sum(sum_acc_len) AS sum_acc_len, sum(n_acc_len) AS n_acc_len,
-                                 sum(sum_window) AS sum_window, sum(n_window) AS n_window,
-                                 sum(sum_ceil1) AS sum_ceil1, sum(n_ceil) AS n_ceil
-                          FROM {reqs} r GROUP BY rid) b ON b.rid = q.rid
-        ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit)])
+          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ? OFFSET ?)
+        SELECT q.*, sum(b.n) AS blocks, sum(b.sum_acc_len) / nullif(sum(b.n_acc_len), 0) AS mean_acc_len,
+               sum(b.sum_window) / nullif(sum(b.n_window), 0) AS mean_window,
+               sum(b.sum_ceil1) / nullif(sum(b.n_ceil), 0) AS ceiling_accept_len
+        FROM q LEFT JOIN {reqs} b ON b.rid = q.rid
+        GROUP BY ALL ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit), int(offset)])
+
+
+def request_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """Requests of one run (how many pages :func:`requests` has)."""
+    return int(con.execute(f"SELECT count(*) FROM {REQ} WHERE run_id = ?", [run_id]).fetchone()[0])
 
 
 def _per_request_sql(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> str:
@@ -467,25 +501,54 @@ def runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         ORDER BY r.started_at DESC NULLS LAST, r.run_id""")
 
 
-def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_per_run: int | None = None
-               ) -> pd.DataFrame:
-    """Per-step cost telemetry; with ``max_rows_per_run``, every k-th ``forward_ct`` of a longer run
-    (k from the step summaries), so a plot of a 200k-step run reads about that many rows."""
+def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_per_run: int | None = None,
+               means: bool = True) -> pd.DataFrame:
+    """Per-step cost telemetry. With ``max_rows_per_run``, a run with more steps than that is read from
+    the step bins instead (``sum_step_bins``: sums over ``schema.STEP_BIN`` consecutive ``forward_ct``,
+    merged k at a time to at most that many rows): one row per stretch of steps with the same columns
+    holding the stretch's means (``wall_time_s``: its end; ``forward_ct``: its first), and ``steps``
+    the steps it averages (1 for a step row). A 200k-step run costs a few thousand summary rows.
+    ``means=False``: every k-th ``forward_ct`` of a longer run instead (real steps, for per-step error
+    statistics such as the report's step-time error; scans the run's steps)."""
     ids = list(dict.fromkeys(run_ids))
-    where, params = "run_id IN (SELECT unnest(?))", [ids]
+    raw_ids, binned, every = ids, {}, {}
     if max_rows_per_run and ids:
         n = dict(con.execute(f"SELECT run_id, n FROM {_source(con, schema.SUM_STEPS, ids)} s").fetchall())
-        terms, params = [], []
-        for r in ids:
-            k = -(-int(n.get(r, 0)) // int(max_rows_per_run))
-            terms.append("(run_id = ?" + (f" AND forward_ct % {k} = 0)" if k > 1 else ")"))
-            params.append(r)
-        where = "(" + " OR ".join(terms) + ")"
-    sql = f"""
-        SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
-               predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
-        FROM {STEPS} WHERE {where} ORDER BY run_id, rank, epoch, forward_ct"""
-    try:
-        return _df(con, sql.format(modeled=", modeled_step_ms"), params)
-    except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
-        return _df(con, sql.format(modeled=""), params)
+        raw_ids = [r for r in ids if int(n.get(r, 0)) <= int(max_rows_per_run)]
+        long_ = [r for r in ids if r not in raw_ids]
+        if long_ and not means:
+            every = {r: -(-int(n[r]) // int(max_rows_per_run)) for r in long_}
+        elif long_:
+            nb = dict(con.execute(f"SELECT run_id, count(*) FROM {_source(con, schema.SUM_STEP_BINS, long_)} b "
+                                  "GROUP BY run_id").fetchall())
+            binned = {r: max(1, -(-int(nb.get(r, 0)) // int(max_rows_per_run))) for r in long_}
+    parts = []
+    if raw_ids or not binned:
+        terms = ["run_id IN (SELECT unnest(?))"] + [f"(run_id = ? AND forward_ct % {int(k)} = 0)" for k in every.values()]
+        params = [raw_ids, *every]
+        sql = f"""
+            SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
+                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}, 1 AS steps
+            FROM {STEPS} WHERE {" OR ".join(terms)} ORDER BY run_id, rank, epoch, forward_ct"""
+        try:
+            parts.append(_df(con, sql.format(modeled=", modeled_step_ms"), params))
+        except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
+            parts.append(_df(con, sql.format(modeled=""), params))
+    if binned:
+        k = "(" + " UNION ALL ".join(f"SELECT '{r.replace(chr(39), chr(39) * 2)}' AS run_id, {int(g)} AS g"
+                                     for r, g in binned.items()) + ")"
+        bins = _source(con, schema.SUM_STEP_BINS, list(binned))
+
+        def m(c: str) -> str:
+            return f"sum(sum_{c}) / nullif(sum(n_{c}), 0)"
+        parts.append(_df(con, f"""
+            SELECT b.run_id, rank, epoch, min(bin) * {schema.STEP_BIN} AS forward_ct, {m('bs')} AS bs,
+                   {m('budget')} AS budget, {m('num_verify')} AS num_verify_tokens,
+                   {m('executed')} AS executed_verify_tokens, {m('predicted_ms')} AS predicted_step_ms,
+                   {m('theta')} AS predicted_theta, {m('cpu_ms')} AS step_cpu_ms, {m('gpu_ms')} AS step_gpu_ms,
+                   max(max_wall_s) AS wall_time_s, {m('modeled_ms')} AS modeled_step_ms, sum(n) AS steps
+            FROM {bins} b JOIN {k} k USING (run_id)
+            GROUP BY b.run_id, rank, epoch, bin // k.g ORDER BY b.run_id, rank, epoch, forward_ct"""))
+    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return out.sort_values(["run_id", "rank", "epoch", "forward_ct"], kind="stable", ignore_index=True) \
+        if len(parts) > 1 else out
