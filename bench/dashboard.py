@@ -65,7 +65,7 @@ calls = {
     "sampling_inference": lambda: audit_sampling.infer_runs(r, "big-c", "big-cap"),
     "regime_by_workload": lambda: r.regime_by_workload(["big-cap"]),
     "step_costs": lambda: r.step_costs(ids, 20_000),  # app/panels/cost.py's MAX_POINTS
-    "requests": lambda: r.requests("big-cap"),
+    "requests": lambda: (r.request_count("big-cap"), r.requests("big-cap", 1000)),  # drilldown.PAGE
     "request_steps": lambda: r.request_steps("big-cap", rid),
     # the sidebar's workload filter (one workload selected)
     "run_summary[workload]": lambda: r.run_summary(ids, one_workload),
