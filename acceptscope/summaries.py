@@ -35,12 +35,12 @@ RELIABILITY_BINS = 15  # equal-width bins kept by sum_reliability; other bin cou
 RS, STEPS, REQ, RUNS = (schema.REQUEST_STEPS.name, schema.STEPS.name, schema.REQUESTS.name, schema.RUNS.name)
 
 _COUNTS = """count(*) AS n,
-  coalesce(sum(acc_len), 0)::BIGINT, count(acc_len),
-  coalesce(sum("window"), 0)::BIGINT, count("window"),
-  coalesce(sum(correct_drafts), 0)::BIGINT, count(correct_drafts),
-  coalesce(sum(ceiling::BIGINT + 1), 0)::BIGINT, count(ceiling),
-  coalesce(sum(acc_len) FILTER (WHERE ceiling IS NOT NULL), 0)::BIGINT,
-  coalesce(sum(cap_trim), 0)::BIGINT, count(cap_trim)"""
+  coalesce(sum(acc_len), 0)::BIGINT AS sum_acc_len, count(acc_len) AS n_acc_len,
+  coalesce(sum("window"), 0)::BIGINT AS sum_window, count("window") AS n_window,
+  coalesce(sum(correct_drafts), 0)::BIGINT AS sum_correct, count(correct_drafts) AS n_correct,
+  coalesce(sum(ceiling::BIGINT + 1), 0)::BIGINT AS sum_ceil1, count(ceiling) AS n_ceil,
+  coalesce(sum(acc_len) FILTER (WHERE ceiling IS NOT NULL), 0)::BIGINT AS sum_acc_len_ceil,
+  coalesce(sum(cap_trim), 0)::BIGINT AS sum_cap_trim, count(cap_trim) AS n_cap_trim"""
 
 
 def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
@@ -94,7 +94,27 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
                          for k, c in cols.items())
         return f"""SELECT run_id, rank, epoch, (forward_ct // {schema.STEP_BIN})::BIGINT, count(*), max(wall_time_s),
                           {sums} FROM {src} GROUP BY ALL"""
+    if t is schema.SUM_REQUEST_KEYS:  # src: requests rows; their blocks from the raw request_steps
+        per_rid = (f"(SELECT run_id, rid, {_PER_RID} FROM {RS} "
+                   f"WHERE run_id IN (SELECT DISTINCT run_id FROM {src}) GROUP BY run_id, rid)")
+        return _keys_sql(src, per_rid, "LEFT", "count(*)")
     raise KeyError(f"{t.name} is not a summary table")
+
+
+_KEY_SUMS = [c.name for c in schema.SUM_REQUEST_KEYS.columns[6:]]  # n, sum_acc_len, ..., sum_x, n_x
+_PER_RID = _COUNTS + ", coalesce(sum(1 + list_sum(survival)), 0)::DOUBLE AS sum_x, count(1 + list_sum(survival)) AS n_x"
+
+
+def _keys_sql(req: str, per_rid: str, join: str, n_requests: str) -> str:
+    """sum_request_keys rows: requests rows ``req`` joined with per-(run, rid) block sums ``per_rid``
+    (columns named as the summary's), summed per key; NULL key parts become sentinels plus a mask."""
+    sums = ", ".join(f"coalesce(sum(r.{c}), 0)::{'DOUBLE' if c == 'sum_x' else 'BIGINT'}" for c in _KEY_SUMS)
+    return f"""
+        SELECT q.run_id, coalesce(q.workload, ''), coalesce(q.prompt_index, 0)::INTEGER, coalesce(q.seed, 0)::BIGINT,
+               ((q.workload IS NULL)::INT + 2 * (q.prompt_index IS NULL)::INT + 4 * (q.seed IS NULL)::INT),
+               {n_requests}, {sums}
+        FROM {req} q {join} JOIN {per_rid} r ON r.run_id = q.run_id AND r.rid = q.rid
+        GROUP BY ALL"""
 
 
 _INT_BINS = ("bs", "budget", "num_verify", "executed")
@@ -102,8 +122,10 @@ _INT_BINS = ("bs", "budget", "num_verify", "executed")
 
 _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema.SUM_POSITIONS,
                                    schema.SUM_RELIABILITY),
-       schema.STEPS.name: (schema.SUM_STEPS, schema.SUM_STEP_BINS)}
-_V2 = tuple(t for t in schema.SUMMARY_TABLES if t is not schema.SUM_STEP_BINS)  # what a version-2 file has
+       schema.STEPS.name: (schema.SUM_STEPS, schema.SUM_STEP_BINS),
+       schema.REQUESTS.name: (schema.SUM_REQUEST_KEYS,)}  # after request_steps: a rebuild reads sum_requests' base
+_NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -145,8 +167,20 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
     view = f"_summarise_{table}"
     con.register(view, inserted)
     try:
+        keys = schema.SUM_REQUEST_KEYS
         for t in sums:
-            con.execute(_upsert_sql(t, _agg_sql(t, view)))
+            if t is not keys:
+                con.execute(_upsert_sql(t, _agg_sql(t, view)))
+        # request keys: new blocks of requests whose requests row is stored, and new requests rows with the
+        # blocks stored so far (whichever comes second in a transaction sees the first; nothing counts twice)
+        if table == RS:
+            per_rid = f"(SELECT run_id, rid, {_PER_RID} FROM {view} GROUP BY run_id, rid)"
+            con.execute(_upsert_sql(keys, _keys_sql(REQ, per_rid, "", "0")))
+        elif table == REQ:
+            cols = ", ".join(f"sum(s.{c}) AS {c}" for c in _KEY_SUMS)
+            per_rid = (f"(SELECT s.run_id, s.rid, {cols} FROM {schema.SUM_REQUESTS.name} s "
+                       f"JOIN {view} v ON v.run_id = s.run_id AND v.rid = s.rid GROUP BY s.run_id, s.rid)")
+            con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
     finally:
         con.unregister(view)
 
@@ -166,18 +200,23 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     # has, or a requested run has rows but no summary (both checked; the full count settles it).
     ids = [] if run_ids is None else list(run_ids)
     cells, steps = schema.SUM_CELLS.name, schema.SUM_STEPS.name
+    keys = schema.SUM_REQUEST_KEYS.name
+    have_keys = present(con, (schema.SUM_REQUEST_KEYS,))  # version 3: requests rows are counted too
+    req_terms = (f", (SELECT count(*) FROM {REQ}), (SELECT coalesce(sum(n_requests), 0) FROM {keys})"
+                 if have_keys else ", 0, 0")
     try:
-        raw_n, raw_s, sum_n, sum_s, orphans, unsummarised = con.execute(
+        raw_n, raw_s, sum_n, sum_s, orphans, unsummarised, raw_q, sum_q = con.execute(
             f"""SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}),
                        (SELECT coalesce(sum(n), 0) FROM {cells}), (SELECT coalesce(sum(n), 0) FROM {steps}),
-                       (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps})
+                       (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps}
+                                              {f"UNION SELECT run_id FROM {keys}" if have_keys else ""})
                         WHERE run_id NOT IN (SELECT run_id FROM {RUNS})),
                        (SELECT count(*) FROM (SELECT unnest(?::VARCHAR[]) AS run_id) r
                         WHERE run_id NOT IN (SELECT run_id FROM {cells}) AND run_id NOT IN (SELECT run_id FROM {steps})
                           AND (EXISTS (SELECT 1 FROM {RS} x WHERE x.run_id = r.run_id)
-                               OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id)))""",
+                               OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id))){req_terms}""",
             [ids]).fetchone()
-        if (raw_n, raw_s) == (sum_n, sum_s) and not orphans and not unsummarised and present(con):
+        if (raw_n, raw_s, raw_q) == (sum_n, sum_s, sum_q) and not orphans and not unsummarised and present(con):
             return set()
     except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
         pass
@@ -188,8 +227,11 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
         return set(raw_rs) | set(raw_st)
     sum_rs = _counts(con, f"SELECT run_id, sum(n) FROM {schema.SUM_CELLS.name}{where} GROUP BY run_id", p)
     sum_st = _counts(con, f"SELECT run_id, n FROM {schema.SUM_STEPS.name}{where}", p)
-    runs = set(raw_rs) | set(raw_st) | set(sum_rs) | set(sum_st)
-    return {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)}
+    raw_q = _counts(con, f"SELECT run_id, count(*) FROM {REQ}{where} GROUP BY run_id", p) if have_keys else {}
+    sum_q = _counts(con, f"SELECT run_id, sum(n_requests) FROM {keys}{where} GROUP BY run_id", p) if have_keys else {}
+    runs = set(raw_rs) | set(raw_st) | set(sum_rs) | set(sum_st) | set(raw_q) | set(sum_q)
+    return {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)
+            or raw_q.get(r, 0) != sum_q.get(r, 0)}
 
 
 def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
@@ -239,11 +281,12 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     try:
         stale = sorted(stale_runs(con))
         rebuild(con, stale)
-        if v < 3:  # sum_step_bins is new in version 3: fill it for the runs whose other summaries were kept
+        if v < 3:  # step bins and request keys are new in version 3: fill them for the runs kept above
             done = set(stale)
-            bins = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {STEPS}").fetchall() if r not in done]
-            rebuild(con, bins, (schema.SUM_STEP_BINS,))
-            stale = sorted(done | set(bins))
+            todo = [r for (r,) in con.execute(f"SELECT run_id FROM {STEPS} UNION SELECT run_id FROM {REQ}").fetchall()
+                    if r not in done]
+            rebuild(con, todo, _NEW_IN_3)
+            stale = sorted(done | set(todo))
         con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
                     [str(schema.SCHEMA_VERSION)])
         con.execute("COMMIT")
@@ -263,7 +306,7 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if stale is None:
         stale = stale_runs(con, ids) if ids else set()
     fresh = [r for r in ids if r not in stale] if n_bins == RELIABILITY_BINS else []
-    if t is schema.SUM_STEP_BINS and not present(con, (t,)):  # a version-2 file opened read-only
+    if t in _NEW_IN_3 and not present(con, (t,)):  # a version-2 file opened read-only
         fresh = []
     raw = [r for r in ids if r not in fresh]
     cols = ", ".join(_q(c) for c in t.names)
@@ -275,7 +318,7 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if fresh:
         parts.append(f"SELECT {cols} FROM {_q(t.name)} WHERE run_id IN (SELECT unnest({lit(fresh)}))")
     if raw or not fresh:
-        base = STEPS if t in (schema.SUM_STEPS, schema.SUM_STEP_BINS) else RS
+        base = next(b for b, ts in _OF.items() if t in ts)
         src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest({lit(raw)})))"
         parts.append(f"SELECT * FROM ({_agg_sql(t, src, n_bins)}) AS x({cols})")
     return "(" + " UNION ALL ".join(parts) + ")"
@@ -414,20 +457,23 @@ def request_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
 
 
 def _per_request_sql(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> str:
-    """The SELECT of :func:`per_request` (parameters ``$c``, ``$a``), unordered."""
-    reqs = _source(con, schema.SUM_REQUESTS, [compact_run, audit_run])
+    """The SELECT of :func:`per_request` (parameters ``$c``, ``$a``), unordered: one group-by of both
+    runs' request-key summaries (the join with the requests rows was made as they were written)."""
+    keys = _source(con, schema.SUM_REQUEST_KEYS, [compact_run, audit_run])
     # a key with a NULL part pairs with nothing (as a join on it would not)
     c = "s.run_id = $c"
-    t = "s.run_id = $a AND s.n_ceil > 0 AND q.workload IS NOT NULL AND q.prompt_index IS NOT NULL AND q.seed IS NOT NULL"
+    t = "s.run_id = $a AND s.n_ceil > 0 AND s.nulls = 0"
     return f"""
-        SELECT q.workload, q.prompt_index, q.seed, sum(s.n) FILTER (WHERE {c})::BIGINT AS w,
+        SELECT CASE WHEN s.nulls & 1 = 0 THEN s.workload END AS workload,
+               CASE WHEN s.nulls & 2 = 0 THEN s.prompt_index END AS prompt_index,
+               CASE WHEN s.nulls & 4 = 0 THEN s.seed END AS seed, sum(s.n) FILTER (WHERE {c})::BIGINT AS w,
                sum(s.sum_acc_len) FILTER (WHERE {c}) / nullif(sum(s.n_acc_len) FILTER (WHERE {c}), 0) AS a,
                sum(s.sum_x) FILTER (WHERE {c}) / nullif(sum(s.n_x) FILTER (WHERE {c}), 0) AS x,
                sum(s.sum_ceil1) FILTER (WHERE {t}) / sum(s.n_ceil) FILTER (WHERE {t}) AS y,
                sum(s.n_ceil) FILTER (WHERE {t})::BIGINT AS audit_blocks
-        FROM {reqs} s JOIN {REQ} q ON q.run_id = s.run_id AND q.rid = s.rid
-        WHERE q.run_id IN ($c, $a)
-        GROUP BY ALL HAVING count(*) FILTER (WHERE {c}) > 0"""
+        FROM {keys} s
+        WHERE s.run_id IN ($c, $a)
+        GROUP BY s.workload, s.prompt_index, s.seed, s.nulls HAVING sum(s.n) FILTER (WHERE {c}) > 0"""
 
 
 def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> pd.DataFrame:
@@ -435,7 +481,7 @@ def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
 
     One join of both runs' request summaries with their keys and one group-by (half the work of
     aggregating each arm and joining the two)."""
-    return _df(con, _per_request_sql(con, compact_run, audit_run) + " ORDER BY q.workload, q.prompt_index, q.seed",
+    return _df(con, _per_request_sql(con, compact_run, audit_run) + " ORDER BY workload, prompt_index, seed",
                {"c": compact_run, "a": audit_run})
 
 

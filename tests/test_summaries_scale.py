@@ -140,3 +140,60 @@ def test_request_pages_partition_the_run(filled: Store) -> None:
     pages = pd.concat([r.requests("run-b", 7, o) for o in range(0, n, 7)], ignore_index=True)
     pd.testing.assert_frame_equal(pages, whole)
     assert whole["blocks"].sum() == len(filled.read_table("request_steps", "run-b"))
+
+
+def _keys_reference(rs: pd.DataFrame, req: pd.DataFrame, c: str, a: str) -> pd.DataFrame:
+    """per_request by pandas from the raw rows (the join the key summaries make as rows are written)."""
+    rs = rs.assign(c1=rs["ceiling"] + 1, x=1 + rs["survival"].map(lambda v: float(np.sum(v)) if v is not None else np.nan))
+    j = rs.merge(req[["run_id", "rid", "workload", "prompt_index", "seed"]].rename(columns={"workload": "wl"}),
+                 on=["run_id", "rid"])
+    key = ["wl", "prompt_index", "seed"]
+    cj, aj = j[j["run_id"] == c], j[(j["run_id"] == a) & j["ceiling"].notna()].dropna(subset=key)
+    w = cj.groupby(key, dropna=False).agg(w=("rid", "size"), a=("acc_len", "mean"), x=("x", "mean"))
+    y = aj.groupby(key).agg(y=("c1", "mean"), audit_blocks=("c1", "size"))
+    out = w.join(y, how="left").reset_index().rename(columns={"wl": "workload"})
+    return out.sort_values(["workload", "prompt_index", "seed"], ignore_index=True)
+
+
+@pytest.mark.parametrize("order", ["requests-first", "blocks-first", "interleaved"])
+def test_request_keys_equal_the_join_whichever_rows_come_first(tmp_path: Path, order: str) -> None:
+    from tests import _store_helpers as H
+
+    a = H.request_steps(1600, run_id="c", seed=3)
+    b = H.request_steps(1200, run_id="p", seed=4)
+
+    def reqs(rs, skip_seed_every=0):
+        df = rs.select(["run_id", "rid", "workload"]).to_pandas().drop_duplicates(["run_id", "rid"])
+        return [dict(run_id=r.run_id, rid=r.rid, workload=r.workload, prompt_index=i % 50,
+                     seed=None if skip_seed_every and i % skip_seed_every == 0 else 7)
+                for i, r in enumerate(df.itertuples(index=False))]
+
+    qa, qb = reqs(a, 9), reqs(b)
+    s = Store(tmp_path / "k.duckdb")
+    s.append({"runs": [{**H.run_row("c", "compact")}, {**H.run_row("p", "cap-accept")}]})
+    pieces = {
+        "requests-first": [{"requests": qa + qb}, {"request_steps": a}, {"request_steps": b}],
+        "blocks-first": [{"request_steps": a.slice(0, 900)}, {"request_steps": b}, {"requests": qa + qb},
+                         {"request_steps": a}],
+        "interleaved": [{"request_steps": a.slice(0, 700), "requests": qa[:30]}, {"requests": qa + qb[:10]},
+                        {"request_steps": b.slice(0, 600)}, {"request_steps": a, "requests": qb},
+                        {"request_steps": b}],
+    }[order]
+    for p in pieces:
+        s.append(p)
+    r = Reader(s.path)
+    got = audit_sampling.per_request(r, "c", "p")
+    want = _keys_reference(s.read_table("request_steps"), s.read_table("requests"), "c", "p")
+    assert got["seed"].isna().any() and got["y"].notna().any()
+    cols = ["workload", "prompt_index", "seed", "w", "a", "x", "y", "audit_blocks"]
+    num = {c: float for c in cols[1:]}
+    pd.testing.assert_frame_equal(got[cols].astype(num), want[cols].astype(num), rtol=1e-6)  # survival is float32
+    with s.snapshot() as con:
+        assert summaries.stale_runs(con) == set()
+    # a requests row appended past the store makes its run stale (and it is answered from raw rows)
+    con = duckdb.connect(str(s.path))
+    con.execute("INSERT INTO requests (run_id, rid, workload, prompt_index, seed) VALUES ('p', 'extra', 'chat', 999, 7)")
+    con.close()
+    with s.snapshot() as con:
+        assert summaries.stale_runs(con) == {"p"}
+    pd.testing.assert_frame_equal(audit_sampling.per_request(Reader(s.path), "c", "p"), got)
