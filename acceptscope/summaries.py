@@ -559,13 +559,15 @@ def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_
     ids = list(dict.fromkeys(run_ids))
     raw_ids, binned, every = ids, {}, {}
     if max_rows_per_run and ids:
-        n = dict(con.execute(f"SELECT run_id, n FROM {_source(con, schema.SUM_STEPS, ids)} s").fetchall())
+        stale = stale_runs(con, ids)  # once for both summaries read here
+        n = dict(con.execute(f"SELECT run_id, n FROM {_source(con, schema.SUM_STEPS, ids, stale)} s").fetchall())
         raw_ids = [r for r in ids if int(n.get(r, 0)) <= int(max_rows_per_run)]
         long_ = [r for r in ids if r not in raw_ids]
         if long_ and not means:
             every = {r: -(-int(n[r]) // int(max_rows_per_run)) for r in long_}
         elif long_:
-            nb = dict(con.execute(f"SELECT run_id, count(*) FROM {_source(con, schema.SUM_STEP_BINS, long_)} b "
+            bins = _source(con, schema.SUM_STEP_BINS, long_, stale)
+            nb = dict(con.execute(f"SELECT run_id, count(*) FROM {bins} b "
                                   "GROUP BY run_id").fetchall())
             binned = {r: max(1, -(-int(nb.get(r, 0)) // int(max_rows_per_run))) for r in long_}
     parts = []
@@ -583,7 +585,6 @@ def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_
     if binned:
         k = "(" + " UNION ALL ".join(f"SELECT '{r.replace(chr(39), chr(39) * 2)}' AS run_id, {int(g)} AS g"
                                      for r, g in binned.items()) + ")"
-        bins = _source(con, schema.SUM_STEP_BINS, list(binned))
 
         def m(c: str) -> str:
             return f"sum(sum_{c}) / nullif(sum(n_{c}), 0)"
