@@ -158,15 +158,14 @@ def _direct(S, zbar):
 
 # Above this many audited requests the bootstrap replicates' totals are drawn from their normal limit
 # N(S, m Σ) (Σ: the covariance of one request's six terms; a replicate's totals are a sum of m iid draws
-# from the audited requests, so the CLT applies), and infer needs only ~30 numbers that DuckDB computes
-# (summaries.per_request_moments), not one row per request. At and below it, the exact resampling.
+# from the audited requests, so the CLT applies): n_boot x 6 numbers instead of n_boot resamples of m rows.
+# At and below it, the exact resampling.
 EXACT_BOOT_MAX = 2000
 
 
 @dataclass
 class Moments:
-    """What :func:`infer_moments` needs: full-traffic means, the audited requests' totals and either
-    their rows (exact bootstrap) or the covariance of their per-request terms (normal limit)."""
+    """What :func:`infer_moments` needs: full-traffic means and the audited requests' (w, t, z, y)."""
 
     n_requests: int
     abar: float
@@ -175,51 +174,56 @@ class Moments:
     m: int  # audited requests paired with compact
     n_with_tail: int
     sums: np.ndarray  # (6,) S over the audited requests
-    cov: np.ndarray | None = None  # (6, 6) population covariance of (w, wt, wz, wz², wzt, wy)
-    rows: tuple | None = None  # (w, t, z, y) arrays of the audited requests
+    rows: tuple  # (w, t, z, y) arrays of the audited requests
+
+    def cov(self) -> np.ndarray:
+        """(6, 6) population covariance of one audited request's terms (w, wt, wz, wz², wzt, wy)."""
+        w, t, z, y = self.rows
+        return np.cov(np.stack([w, w * t, w * z, w * z * z, w * z * t, w * y]), bias=True)
 
 
-def moments_of(df: pd.DataFrame) -> Moments:
-    """:class:`Moments` of a :func:`per_request` frame (keeps the audited rows for the exact bootstrap)."""
-    if df.empty:
+def moments_of(w_all: np.ndarray, a_all: np.ndarray, x_all: np.ndarray, y_all: np.ndarray) -> Moments:
+    """:class:`Moments` of per-request columns (one entry per compact request; y NaN where not audited)."""
+    w_all, a_all, x_all, y_all = (np.asarray(v, float) for v in (w_all, a_all, x_all, y_all))
+    if len(w_all) == 0:
         raise ValueError("no compact requests to infer from")
-    w_all = df["w"].to_numpy(float)
-    a_all, x_all = df["a"].to_numpy(float), df["x"].to_numpy(float)
     sw = np.sum(w_all)
-    s = df.dropna(subset=["y", "x"])
-    w, a, x, y = (s[c].to_numpy(float) for c in ("w", "a", "x", "y"))
+    s = ~np.isnan(y_all) & ~np.isnan(x_all)
+    w, a, x, y = w_all[s], a_all[s], x_all[s], y_all[s]
     t, z = y - a, np.maximum(x - a, 0)
-    return Moments(n_requests=len(df), abar=float(np.sum(w_all * a_all) / sw), xbar=float(np.sum(w_all * x_all) / sw),
-                   zbar=float(np.sum(w_all * np.maximum(x_all - a_all, 0)) / sw), m=len(s),
+    return Moments(n_requests=len(w_all), abar=float(np.sum(w_all * a_all) / sw),
+                   xbar=float(np.sum(w_all * x_all) / sw),
+                   zbar=float(np.sum(w_all * np.maximum(x_all - a_all, 0)) / sw), m=int(np.sum(s)),
                    n_with_tail=int(np.sum(t > 1e-9)), sums=_sums(w, t, z, y), rows=(w, t, z, y))
 
 
 def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> SamplingInference:
     """Estimates of the full-traffic ceiling and utilization with bootstrap intervals."""
-    return infer_moments(moments_of(df), n_boot=n_boot, level=level, seed=seed)
+    if df.empty:
+        raise ValueError("no compact requests to infer from")
+    return infer_moments(moments_of(*(df[c].to_numpy(float) for c in ("w", "a", "x", "y"))),
+                         n_boot=n_boot, level=level, seed=seed)
 
 
 def _replicates(mom: Moments, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, 6) bootstrap totals: exact resampling of the rows when kept and few, else the normal limit."""
+    """(n_boot, 6) bootstrap totals: exact resampling of few rows, else the normal limit."""
     rng = np.random.default_rng(seed)
-    if mom.rows is not None and (mom.m <= EXACT_BOOT_MAX or mom.cov is None):
+    if mom.m <= EXACT_BOOT_MAX:
         w, t, z, y = mom.rows
         out = np.empty((n_boot, 6))
         for b in range(n_boot):  # one (m,) index draw at a time (no n_boot x m matrix)
             i = rng.integers(0, mom.m, size=mom.m)
             out[b] = _sums(w[i], t[i], z[i], y[i])
         return out
-    return rng.multivariate_normal(mom.sums, mom.m * mom.cov, size=n_boot, method="eigh", check_valid="ignore")
+    return rng.multivariate_normal(mom.sums, mom.m * mom.cov(), size=n_boot, method="eigh", check_valid="ignore")
 
 
 def infer_moments(mom: Moments, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> SamplingInference:
-    """:func:`infer` from :class:`Moments` (what :func:`infer_runs` reads from DuckDB at scale)."""
+    """:func:`infer` from :class:`Moments`."""
     if mom.n_requests == 0:
         raise ValueError("no compact requests to infer from")
     if mom.m < 2:
         raise ValueError(f"need at least 2 audited requests paired with compact, got {mom.m}")
-    if mom.rows is None and mom.cov is None:
-        raise ValueError("Moments need the audited rows or their covariance")
     abar, zbar, S = mom.abar, mom.zbar, mom.sums
     alpha = expanded_alpha((1 - level) / 2, mom.m)
     exhaustive = mom.m == mom.n_requests  # whole traffic audited: no sampling error left
@@ -251,11 +255,12 @@ def infer_moments(mom: Moments, *, n_boot: int = 2000, level: float = 0.95, seed
 
 
 def infer_runs(reader: Any, compact_run: str, audit_run: str, **kw: Any) -> SamplingInference:
-    """:func:`infer` for a pair of runs: DuckDB sums the per-request summaries into :class:`Moments`
-    (one row); one row per request is read only when few audited requests need the exact bootstrap."""
-    mom = Moments(**reader.summary(summaries.per_request_moments, compact_run, audit_run))
-    if 2 <= mom.m <= EXACT_BOOT_MAX and mom.m < mom.n_requests:
-        return infer(per_request(reader, compact_run, audit_run), **kw)
+    """:func:`infer` for a pair of runs from four numeric columns per request (DuckDB joins the two runs'
+    request-key summaries; no frame, no request-step rows). A sample small enough for the exact
+    bootstrap is read again in :func:`per_request`'s order, so its replicates are those of :func:`infer`."""
+    mom = moments_of(*reader.summary(summaries.per_request_columns, compact_run, audit_run))
+    if mom.m <= EXACT_BOOT_MAX and mom.m < mom.n_requests:
+        mom = moments_of(*reader.summary(summaries.per_request_columns, compact_run, audit_run, True))
     return infer_moments(mom, **kw)
 
 

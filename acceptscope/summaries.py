@@ -457,23 +457,20 @@ def request_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
 
 
 def _per_request_sql(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> str:
-    """The SELECT of :func:`per_request` (parameters ``$c``, ``$a``), unordered: one group-by of both
-    runs' request-key summaries (the join with the requests rows was made as they were written)."""
+    """The SELECT of :func:`per_request` (parameters ``$c``, ``$a``), unordered: the compact run's
+    request-key summaries (one row per key) joined with the audit run's on the key; the join with the
+    requests rows was made as they were written."""
     keys = _source(con, schema.SUM_REQUEST_KEYS, [compact_run, audit_run])
     # a key with a NULL part pairs with nothing (as a join on it would not)
-    c = "s.run_id = $c"
-    t = "s.run_id = $a AND s.n_ceil > 0 AND s.nulls = 0"
     return f"""
-        SELECT CASE WHEN s.nulls & 1 = 0 THEN s.workload END AS workload,
-               CASE WHEN s.nulls & 2 = 0 THEN s.prompt_index END AS prompt_index,
-               CASE WHEN s.nulls & 4 = 0 THEN s.seed END AS seed, sum(s.n) FILTER (WHERE {c})::BIGINT AS w,
-               sum(s.sum_acc_len) FILTER (WHERE {c}) / nullif(sum(s.n_acc_len) FILTER (WHERE {c}), 0) AS a,
-               sum(s.sum_x) FILTER (WHERE {c}) / nullif(sum(s.n_x) FILTER (WHERE {c}), 0) AS x,
-               sum(s.sum_ceil1) FILTER (WHERE {t}) / sum(s.n_ceil) FILTER (WHERE {t}) AS y,
-               sum(s.n_ceil) FILTER (WHERE {t})::BIGINT AS audit_blocks
-        FROM {keys} s
-        WHERE s.run_id IN ($c, $a)
-        GROUP BY s.workload, s.prompt_index, s.seed, s.nulls HAVING sum(s.n) FILTER (WHERE {c}) > 0"""
+        SELECT CASE WHEN c.nulls & 1 = 0 THEN c.workload END AS workload,
+               CASE WHEN c.nulls & 2 = 0 THEN c.prompt_index END AS prompt_index,
+               CASE WHEN c.nulls & 4 = 0 THEN c.seed END AS seed, c.n::BIGINT AS w,
+               c.sum_acc_len / nullif(c.n_acc_len, 0) AS a, c.sum_x / nullif(c.n_x, 0) AS x,
+               t.sum_ceil1 / t.n_ceil AS y, t.n_ceil::BIGINT AS audit_blocks
+        FROM (SELECT * FROM {keys} k WHERE run_id = $c AND n > 0) c
+        LEFT JOIN (SELECT * FROM {keys} k WHERE run_id = $a AND n_ceil > 0 AND nulls = 0) t
+          ON t.workload = c.workload AND t.prompt_index = c.prompt_index AND t.seed = c.seed AND c.nulls = 0"""
 
 
 def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> pd.DataFrame:
@@ -485,33 +482,17 @@ def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
                {"c": compact_run, "a": audit_run})
 
 
-_TERMS = ("w", "w * t", "w * z", "w * z * z", "w * z * t", "w * y")  # audit_sampling's six totals, in its order
-
-
-def per_request_moments(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> dict:
-    """``audit_sampling.Moments`` fields of :func:`per_request`'s rows, summed by DuckDB: full-traffic
-    means, the audited requests' totals and the covariance of their per-request terms (one row back,
-    whatever the number of requests)."""
-    n = len(_TERMS)
-    cov = [f"covar_pop({_TERMS[i]}, {_TERMS[j]}) FILTER (WHERE aud)" for i in range(n) for j in range(i, n)]
-    row = con.execute(f"""
-        WITH p AS ({_per_request_sql(con, compact_run, audit_run)}),
-             v AS (SELECT w, a, x, y - a AS t, greatest(x - a, 0) AS z, y,
-                          (y IS NOT NULL AND x IS NOT NULL AND a IS NOT NULL) AS aud FROM p)
-        SELECT count(*), sum(w * a) / sum(w), sum(w * x) / sum(w), sum(w * greatest(x - a, 0)) / sum(w),
-               count(*) FILTER (WHERE aud), count(*) FILTER (WHERE aud AND t > 1e-9),
-               {", ".join(f"coalesce(sum({e}) FILTER (WHERE aud), 0)::DOUBLE" for e in _TERMS)}, {", ".join(cov)}
-        FROM v""", {"c": compact_run, "a": audit_run}).fetchone()
-    sums = np.array(row[6:6 + n], dtype=float)
-    c = np.zeros((n, n))
-    it = iter(row[6 + n:])
-    for i in range(n):
-        for j in range(i, n):
-            c[i, j] = c[j, i] = float(next(it) or 0.0)
-    nan = float("nan")
-    return {"n_requests": int(row[0]), "abar": nan if row[1] is None else float(row[1]),
-            "xbar": nan if row[2] is None else float(row[2]), "zbar": nan if row[3] is None else float(row[3]),
-            "m": int(row[4]), "n_with_tail": int(row[5]), "sums": sums, "cov": c}
+def per_request_columns(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str,
+                        ordered: bool = False) -> tuple[np.ndarray, ...]:
+    """:func:`per_request`'s w, a, x, y as float arrays (NaN for NULL): what sampling inference needs,
+    without building a frame of keys. ``ordered``: in :func:`per_request`'s order (a sort of every
+    request; the exact bootstrap's replicates depend on the order, the totals only to the last bit)."""
+    order = "ORDER BY workload, prompt_index, seed" if ordered else ""
+    got = con.execute(f"""SELECT coalesce(w::DOUBLE, 'NaN'), coalesce(a::DOUBLE, 'NaN'), coalesce(x::DOUBLE, 'NaN'),
+                                 coalesce(y::DOUBLE, 'NaN')
+                          FROM ({_per_request_sql(con, compact_run, audit_run)}) {order}""",
+                      {"c": compact_run, "a": audit_run}).fetchnumpy()
+    return tuple(np.asarray(v, dtype=float) for v in got.values())
 
 
 def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.DataFrame:
