@@ -208,8 +208,7 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
         raw_n, raw_s, sum_n, sum_s, orphans, unsummarised, raw_q, sum_q = con.execute(
             f"""SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}),
                        (SELECT coalesce(sum(n), 0) FROM {cells}), (SELECT coalesce(sum(n), 0) FROM {steps}),
-                       (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps}
-                                              {f"UNION SELECT run_id FROM {keys}" if have_keys else ""})
+                       (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps})
                         WHERE run_id NOT IN (SELECT run_id FROM {RUNS})),
                        (SELECT count(*) FROM (SELECT unnest(?::VARCHAR[]) AS run_id) r
                         WHERE run_id NOT IN (SELECT run_id FROM {cells}) AND run_id NOT IN (SELECT run_id FROM {steps})
@@ -441,14 +440,18 @@ def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000, off
     block statistics: the page is picked first, then only its requests' summary rows are summed."""
     reqs = _source(con, schema.SUM_REQUESTS, [run_id])
     return _df(con, f"""
-        WITH q AS (
+        WITH q AS MATERIALIZED (
           SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s
-          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ? OFFSET ?)
-        SELECT q.*, sum(b.n) AS blocks, sum(b.sum_acc_len) / nullif(sum(b.n_acc_len), 0) AS mean_acc_len,
-               sum(b.sum_window) / nullif(sum(b.n_window), 0) AS mean_window,
-               sum(b.sum_ceil1) / nullif(sum(b.n_ceil), 0) AS ceiling_accept_len
-        FROM q LEFT JOIN {reqs} b ON b.rid = q.rid
-        GROUP BY ALL ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit), int(offset)])
+          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ? OFFSET ?),
+        b AS (SELECT rid, sum(n) AS n, sum(sum_acc_len) AS sum_acc_len, sum(n_acc_len) AS n_acc_len,
+                     sum(sum_window) AS sum_window, sum(n_window) AS n_window, sum(sum_ceil1) AS sum_ceil1,
+                     sum(n_ceil) AS n_ceil
+              FROM {reqs} r WHERE rid IN (SELECT rid FROM q) GROUP BY rid)
+        SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
+               b.sum_window / nullif(b.n_window, 0) AS mean_window,
+               b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
+        FROM q LEFT JOIN b USING (rid)
+        ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit), int(offset)])
 
 
 def request_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
