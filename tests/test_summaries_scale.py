@@ -25,9 +25,11 @@ def filled(template, tmp_path: Path) -> Store:  # noqa: F811
 def test_inference_columns_equal_the_per_request_frame(filled: Store) -> None:
     r = Reader(filled.path)
     df = audit_sampling.per_request(r, "run-a", "run-b")
-    cols = r.summary(summaries.per_request_columns, "run-a", "run-b")
+    cols = r.summary(summaries.per_request_columns, "run-a", "run-b", True)
     for got, c in zip(cols, ("w", "a", "x", "y")):
         np.testing.assert_array_equal(got, df[c].to_numpy(float))
+    unordered = r.summary(summaries.per_request_columns, "run-a", "run-b")
+    np.testing.assert_array_equal(np.sort(unordered[0]), np.sort(cols[0]))
     mom = audit_sampling.moments_of(*cols)
     assert 20 <= mom.m < mom.n_requests  # a sampled audit, with regression
     # infer_runs (few audited requests: the exact bootstrap) is infer on the frame
