@@ -201,7 +201,9 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     ids = [] if run_ids is None else list(run_ids)
     cells, steps = schema.SUM_CELLS.name, schema.SUM_STEPS.name
     keys = schema.SUM_REQUEST_KEYS.name
-    have_keys = present(con, (schema.SUM_REQUEST_KEYS,))  # version 3: requests rows are counted too
+    have = _tables(con)
+    have_keys = keys in have  # version 3: requests rows are counted too
+    v2_present = all(t.name in have for t in _V2)
     req_terms = (f", (SELECT count(*) FROM {REQ}), (SELECT coalesce(sum(n_requests), 0) FROM {keys})"
                  if have_keys else ", 0, 0")
     try:
@@ -215,14 +217,14 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
                           AND (EXISTS (SELECT 1 FROM {RS} x WHERE x.run_id = r.run_id)
                                OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id))){req_terms}""",
             [ids]).fetchone()
-        if (raw_n, raw_s, raw_q) == (sum_n, sum_s, sum_q) and not orphans and not unsummarised and present(con):
+        if (raw_n, raw_s, raw_q) == (sum_n, sum_s, sum_q) and not orphans and not unsummarised and v2_present:
             return set()
     except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
         pass
     where, p = ("", []) if run_ids is None else (" WHERE run_id IN (SELECT unnest(?))", [list(run_ids)])
     raw_rs = _counts(con, f"SELECT run_id, count(*) FROM {RS}{where} GROUP BY run_id", p)
     raw_st = _counts(con, f"SELECT run_id, count(*) FROM {STEPS}{where} GROUP BY run_id", p)
-    if not present(con):
+    if not v2_present:
         return set(raw_rs) | set(raw_st)
     sum_rs = _counts(con, f"SELECT run_id, sum(n) FROM {schema.SUM_CELLS.name}{where} GROUP BY run_id", p)
     sum_st = _counts(con, f"SELECT run_id, n FROM {schema.SUM_STEPS.name}{where}", p)
