@@ -3,7 +3,8 @@
 Why this module exists: with two 5M-row runs selected, panel queries that aggregate
 ``request_steps`` took 0.3-13 s and the dashboard process 7.7 GB. The store instead keeps
 small summary tables (``schema.SUMMARY_TABLES``: sums per run x workload x window, per
-request, per draft position, per calibration bin, per run's steps) in the same transaction
+request, per draft position, per calibration bin, per run's steps, per 64 steps, per request
+key: ``(workload, prompt_index, seed)``, the audit arms' pairing) in the same transaction
 as every append (:func:`add`, called by ``Store.write_arrow``: ingest, the engine's
 writer and live capture all go through it), counting only rows actually inserted. A panel
 reads those (kilobytes) instead of millions of rows.
@@ -153,8 +154,8 @@ def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
 def present(con: duckdb.DuckDBPyConnection, tables: Sequence[schema.Table] = _V2) -> bool:
     """Whether every summary table of ``tables`` (default: those of schema version 2) exists in this file.
 
-    A version-2 file opened read-only lacks ``sum_step_bins`` only: its other summaries still answer,
-    and step bins come from the raw table (:func:`_source`) until a read-write open adds them."""
+    A version-2 file opened read-only lacks only the step bins and request keys: its other summaries
+    still answer, and those two come from the raw tables (:func:`_source`) until a read-write open adds them."""
     have = _tables(con)
     return all(t.name in have for t in tables)
 
