@@ -123,80 +123,145 @@ def expanded_alpha(alpha: float, n: int) -> float:
     return float(ndtr(np.sqrt(n / (n - 1)) * stdtrit(n - 1, alpha)))
 
 
-def _difference(w, t, z, zbar):
-    return float(np.sum(w * t) / np.sum(w))
+# Every estimator is a function of six weighted totals over the audited requests, so an estimate (and
+# each bootstrap replicate) needs only those sums: S = (Σw, Σwt, Σwz, Σwz², Σwzt, Σwy).
+_W, _WT, _WZ, _WZZ, _WZT, _WY = range(6)
 
 
-def _ratio(w, t, z, zbar):
-    den = np.sum(w * z)
-    return float(np.sum(w * t) / den * zbar) if den > 1e-12 else float("nan")
+def _sums(w, t, z, y) -> np.ndarray:
+    return np.array([np.sum(w), np.sum(w * t), np.sum(w * z), np.sum(w * z * z), np.sum(w * z * t), np.sum(w * y)])
 
 
-def _regression(w, t, z, zbar):
-    sw = np.sum(w)
-    zm, tm = np.sum(w * z) / sw, np.sum(w * t) / sw
-    vz = np.sum(w * (z - zm) ** 2)
-    b = np.sum(w * (z - zm) * (t - tm)) / vz if vz > 1e-12 else 0.0
-    return float(tm + b * (zbar - zm))
+def _difference(S, zbar):
+    return S[..., _WT] / S[..., _W]
+
+
+def _ratio(S, zbar):
+    den = S[..., _WZ]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 1e-12, S[..., _WT] / den * zbar, np.nan)
+
+
+def _regression(S, zbar):
+    zm, tm = S[..., _WZ] / S[..., _W], S[..., _WT] / S[..., _W]
+    vz = S[..., _WZZ] - S[..., _WZ] * zm  # Σw(z - z̄)², from raw moments: relative floor against cancellation
+    cov = S[..., _WZT] - S[..., _WZ] * tm
+    ok = vz > np.maximum(1e-12, 1e-9 * np.abs(S[..., _WZZ]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = np.where(ok, cov / np.where(ok, vz, 1.0), 0.0)
+    return tm + b * (zbar - zm)
+
+
+def _direct(S, zbar):
+    return S[..., _WY] / S[..., _W]
+
+
+# Above this many audited requests the bootstrap replicates' totals are drawn from their normal limit
+# N(S, m Σ) (Σ: the covariance of one request's six terms; a replicate's totals are a sum of m iid draws
+# from the audited requests, so the CLT applies): n_boot x 6 numbers instead of n_boot resamples of m rows.
+# At and below it, the exact resampling.
+EXACT_BOOT_MAX = 2000
+
+
+@dataclass
+class Moments:
+    """What :func:`infer_moments` needs: full-traffic means and the audited requests' (w, t, z, y)."""
+
+    n_requests: int
+    abar: float
+    xbar: float
+    zbar: float
+    m: int  # audited requests paired with compact
+    n_with_tail: int
+    sums: np.ndarray  # (6,) S over the audited requests
+    rows: tuple  # (w, t, z, y) arrays of the audited requests
+
+    def cov(self) -> np.ndarray:
+        """(6, 6) population covariance of one audited request's terms (w, wt, wz, wz², wzt, wy)."""
+        w, t, z, y = self.rows
+        return np.cov(np.stack([w, w * t, w * z, w * z * z, w * z * t, w * y]), bias=True)
+
+
+def moments_of(w_all: np.ndarray, a_all: np.ndarray, x_all: np.ndarray, y_all: np.ndarray) -> Moments:
+    """:class:`Moments` of per-request columns (one entry per compact request; y NaN where not audited)."""
+    w_all, a_all, x_all, y_all = (np.asarray(v, float) for v in (w_all, a_all, x_all, y_all))
+    if len(w_all) == 0:
+        raise ValueError("no compact requests to infer from")
+    sw = np.sum(w_all)
+    s = ~np.isnan(y_all) & ~np.isnan(x_all)
+    w, a, x, y = w_all[s], a_all[s], x_all[s], y_all[s]
+    t, z = y - a, np.maximum(x - a, 0)
+    return Moments(n_requests=len(w_all), abar=float(np.sum(w_all * a_all) / sw),
+                   xbar=float(np.sum(w_all * x_all) / sw),
+                   zbar=float(np.sum(w_all * np.maximum(x_all - a_all, 0)) / sw), m=int(np.sum(s)),
+                   n_with_tail=int(np.sum(t > 1e-9)), sums=_sums(w, t, z, y), rows=(w, t, z, y))
 
 
 def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> SamplingInference:
     """Estimates of the full-traffic ceiling and utilization with bootstrap intervals."""
     if df.empty:
         raise ValueError("no compact requests to infer from")
-    w_all = df["w"].to_numpy(float)
-    a_all, x_all = df["a"].to_numpy(float), df["x"].to_numpy(float)
-    abar = float(np.sum(w_all * a_all) / np.sum(w_all))
-    xbar = float(np.sum(w_all * x_all) / np.sum(w_all))
-    zbar = float(np.sum(w_all * np.maximum(x_all - a_all, 0)) / np.sum(w_all))
-    s = df.dropna(subset=["y", "x"])
-    if len(s) < 2:
-        raise ValueError(f"need at least 2 audited requests paired with compact, got {len(s)}")
-    w, a, x, y = (s[c].to_numpy(float) for c in ("w", "a", "x", "y"))
-    t, z = y - a, np.maximum(x - a, 0)
-    m = len(s)
+    return infer_moments(moments_of(*(df[c].to_numpy(float) for c in ("w", "a", "x", "y"))),
+                         n_boot=n_boot, level=level, seed=seed)
 
-    def resamples():  # the same n_boot index draws on every pass, one (m,) array at a time (no n_boot x m matrix)
-        rng = np.random.default_rng(seed)
-        for _ in range(n_boot):
-            yield rng.integers(0, m, size=m)
 
-    alpha = expanded_alpha((1 - level) / 2, len(s))
-    exhaustive = len(s) == len(df)  # whole traffic audited: no sampling error left
+def _replicates(mom: Moments, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, 6) bootstrap totals: exact resampling of few rows, else the normal limit."""
+    rng = np.random.default_rng(seed)
+    if mom.m <= EXACT_BOOT_MAX:
+        w, t, z, y = mom.rows
+        out = np.empty((n_boot, 6))
+        for b in range(n_boot):  # one (m,) index draw at a time (no n_boot x m matrix)
+            i = rng.integers(0, mom.m, size=mom.m)
+            out[b] = _sums(w[i], t[i], z[i], y[i])
+        return out
+    return rng.multivariate_normal(mom.sums, mom.m * mom.cov(), size=n_boot, method="eigh", check_valid="ignore")
 
-    def ceiling(fn) -> Interval | None:
-        point = fn(w, t, z, zbar)
+
+def infer_moments(mom: Moments, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> SamplingInference:
+    """:func:`infer` from :class:`Moments`."""
+    if mom.n_requests == 0:
+        raise ValueError("no compact requests to infer from")
+    if mom.m < 2:
+        raise ValueError(f"need at least 2 audited requests paired with compact, got {mom.m}")
+    abar, zbar, S = mom.abar, mom.zbar, mom.sums
+    alpha = expanded_alpha((1 - level) / 2, mom.m)
+    exhaustive = mom.m == mom.n_requests  # whole traffic audited: no sampling error left
+    boots = None if exhaustive else _replicates(mom, n_boot, seed)
+
+    def interval(fn, tail: bool = True) -> Interval | None:
+        point = float(fn(S, zbar))
         if np.isnan(point):
             return None
-        if exhaustive:
-            lo = hi = point
-        else:
-            boots = np.array([fn(w[i], t[i], z[i], zbar) for i in resamples()])
-            lo, hi = np.nanquantile(boots, [alpha, 1 - alpha])
+        lo = hi = point
+        if boots is not None:
+            lo, hi = (float(v) for v in np.nanquantile(fn(boots, zbar), [alpha, 1 - alpha]))
+        if not tail:
+            return Interval(point, lo, hi)
         # a ceiling is never below what was committed: tails truncate at 0
-        return Interval(abar + max(point, 0.0), abar + max(float(lo), 0.0), abar + max(float(hi), 0.0))
+        return Interval(abar + max(point, 0.0), abar + max(lo, 0.0), abar + max(hi, 0.0))
 
-    d, r = ceiling(_difference), ceiling(_ratio)
-    g = ceiling(_regression) if len(s) >= MIN_REGRESSION_N else None
-    wy = np.sum(w * y) / np.sum(w)
-    if exhaustive:
-        direct = Interval(float(wy), float(wy), float(wy))
-    else:
-        boots = np.array([np.sum(w[i] * y[i]) / np.sum(w[i]) for i in resamples()])
-        lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-        direct = Interval(float(wy), float(lo), float(hi))
+    d, r = interval(_difference), interval(_ratio)
+    g = interval(_regression) if mom.m >= MIN_REGRESSION_N else None
+    direct = interval(_direct, tail=False)
     method, primary = ("regression", g) if g is not None else ("difference", d)
     util = Interval(abar / primary.estimate, abar / primary.hi, abar / primary.lo)
     return SamplingInference(
-        n_requests=len(df), n_audited=len(s), fraction=len(s) / len(df), realized_accept_len=abar,
-        confidence_only_ceiling=xbar, n_with_tail=int(np.sum(t > 1e-9)), method=method, ceiling=primary, utilization=util,
-        ceiling_difference=d, ceiling_ratio=r, ceiling_regression=g, ceiling_direct=direct,
+        n_requests=mom.n_requests, n_audited=mom.m, fraction=mom.m / mom.n_requests, realized_accept_len=abar,
+        confidence_only_ceiling=mom.xbar, n_with_tail=mom.n_with_tail, method=method, ceiling=primary,
+        utilization=util, ceiling_difference=d, ceiling_ratio=r, ceiling_regression=g, ceiling_direct=direct,
         level=level, n_boot=n_boot,
     )
 
 
 def infer_runs(reader: Any, compact_run: str, audit_run: str, **kw: Any) -> SamplingInference:
-    return infer(per_request(reader, compact_run, audit_run), **kw)
+    """:func:`infer` for a pair of runs from four numeric columns per request (DuckDB joins the two runs'
+    request-key summaries; no frame, no request-step rows). A sample small enough for the exact
+    bootstrap is read again in :func:`per_request`'s order, so its replicates are those of :func:`infer`."""
+    mom = moments_of(*reader.summary(summaries.per_request_columns, compact_run, audit_run))
+    if mom.m <= EXACT_BOOT_MAX and mom.m < mom.n_requests:
+        mom = moments_of(*reader.summary(summaries.per_request_columns, compact_run, audit_run, True))
+    return infer_moments(mom, **kw)
 
 
 def keys_of(reader: Any, run_id: str) -> pd.DataFrame:

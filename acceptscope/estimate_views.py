@@ -32,7 +32,8 @@ from estimators.stream import read_sample
 from estimators.validation import validate
 
 MAX_TABLE_ROWS = 40
-VALIDATION_ROWS = 1 << 19  # the validation harness runs on at most this many request-steps of a run
+VALIDATION_ROWS = 1 << 17  # the validation harness runs on at most this many request-steps of a run: its in-memory
+# estimators peak at ~7 GB per million rows (2^19: 3.8 GB, the report's whole peak; 2^18: 2.1 GB; bench/report.py)
 
 
 @dataclass

@@ -137,15 +137,22 @@ class Reader:
         """Realized accept length against the observed ceiling per (run, workload)."""
         return self.summary(summaries.utilization_by_workload, list(run_ids))
 
-    def step_costs(self, run_ids: Sequence[str], max_rows_per_run: int | None = None) -> pd.DataFrame:
-        """Per-step cost telemetry (what the cost model predicts vs what the step took); ``max_rows_per_run``
-        thins long runs to evenly spaced steps (a plot cannot show 200k points anyway)."""
-        return self.summary(summaries.step_costs, list(run_ids), max_rows_per_run)
+    def step_costs(self, run_ids: Sequence[str], max_rows_per_run: int | None = None,
+                   means: bool = True) -> pd.DataFrame:
+        """Per-step cost telemetry (what the cost model predicts vs what the step took); with
+        ``max_rows_per_run`` a longer run comes as means over stretches of consecutive steps from the
+        step bins (``steps``: how many each row averages; a plot cannot show 200k points anyway);
+        ``means=False``: evenly spaced real steps instead (per-step error statistics)."""
+        return self.summary(summaries.step_costs, list(run_ids), max_rows_per_run, means)
 
     # -- drill-down -------------------------------------------------------
-    def requests(self, run_id: str, limit: int = 5000) -> pd.DataFrame:
-        """Requests of one run with their block statistics."""
-        return self.summary(summaries.requests, run_id, limit)
+    def requests(self, run_id: str, limit: int = 5000, offset: int = 0) -> pd.DataFrame:
+        """One page of a run's requests with their block statistics."""
+        return self.summary(summaries.requests, run_id, limit, offset)
+
+    def request_count(self, run_id: str) -> int:
+        """How many requests a run has (pages of :meth:`requests`)."""
+        return self.summary(summaries.request_count, run_id)
 
     def request_steps(self, run_id: str, rid: str) -> pd.DataFrame:
         """Every block of one request, in order: window, confidences, accepted, ceiling."""

@@ -425,7 +425,7 @@ TABLES: dict[str, Table] = {t.name: t for t in ALL_TABLES}
 # (acceptscope.summaries), so a dashboard panel reads kilobytes, not millions of rows.
 # Not part of the record model: exports and row counts leave them out.
 # ---------------------------------------------------------------------------
-SCHEMA_VERSION = 2  # 1: no summaries, no store_meta table; 2: summary tables + store_meta
+SCHEMA_VERSION = 3  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins, sum_request_keys
 
 STORE_META = Table(
     "store_meta",
@@ -530,7 +530,56 @@ SUM_STEPS = Table(
     doc="steps sums per run.",
 )
 
-SUMMARY_TABLES: tuple[Table, ...] = (SUM_CELLS, SUM_REQUESTS, SUM_POSITIONS, SUM_RELIABILITY, SUM_STEPS)
+STEP_BIN = 64  # forward_ct values per sum_step_bins row
+
+
+def _bin_sum(name: str, what: str, t: pa.DataType = pa.float64()) -> tuple[Column, Column]:
+    return _c(f"sum_{name}", t, f"Σ {what}"), _c(f"n_{name}", pa.int64(), f"rows with {what}")
+
+
+SUM_STEP_BINS = Table(
+    "sum_step_bins",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("rank", pa.int32(), "DP rank", False),
+        _c("epoch", pa.int32(), "server incarnation", False),
+        _c("bin", pa.int64(), "forward_ct // schema.STEP_BIN", False),
+        _c("n", pa.int64(), "steps rows", False),
+        _c("max_wall_s", pa.float64(), "max wall_time_s"),
+        *_bin_sum("bs", "bs", pa.int64()),
+        *_bin_sum("budget", "budget", pa.int64()),
+        *_bin_sum("num_verify", "num_verify_tokens", pa.int64()),
+        *_bin_sum("executed", "executed_verify_tokens", pa.int64()),
+        *_bin_sum("predicted_ms", "predicted_step_ms"),
+        *_bin_sum("theta", "predicted_theta"),
+        *_bin_sum("cpu_ms", "step_cpu_ms"),
+        *_bin_sum("gpu_ms", "step_gpu_ms"),
+        *_bin_sum("modeled_ms", "modeled_step_ms"),
+    ),
+    key=("run_id", "rank", "epoch", "bin"),
+    doc="steps sums per (run, rank, epoch, STEP_BIN consecutive forward_ct): the cost plot of a long run.",
+)
+
+SUM_REQUEST_KEYS = Table(
+    "sum_request_keys",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("workload", pa.string(), "requests.workload ('' where NULL: see nulls)", False),
+        _c("prompt_index", pa.int32(), "requests.prompt_index (0 where NULL)", False),
+        _c("seed", pa.int64(), "requests.seed (0 where NULL)", False),
+        _c("nulls", pa.int32(), "which key parts are NULL: 1 workload, 2 prompt_index, 4 seed", False),
+        _c("n_requests", pa.int64(), "requests rows with this key", False),
+        *_SUM_COUNTS,
+        _c("sum_x", pa.float64(), "Σ (1 + Σ_k survival_k)"),
+        _c("n_x", pa.int64(), "rows with survival"),
+    ),
+    key=("run_id", "workload", "prompt_index", "seed", "nulls"),
+    doc="request_steps sums per (run, request key) of requests that have a requests row: the pairing key "
+        "of the audit arms, so sampling inference joins nothing at read time.",
+)
+
+SUMMARY_TABLES: tuple[Table, ...] = (SUM_CELLS, SUM_REQUESTS, SUM_POSITIONS, SUM_RELIABILITY, SUM_STEPS,
+                                     SUM_STEP_BINS, SUM_REQUEST_KEYS)
 
 
 def table(name: str) -> Table:

@@ -3,7 +3,8 @@
 Why this module exists: with two 5M-row runs selected, panel queries that aggregate
 ``request_steps`` took 0.3-13 s and the dashboard process 7.7 GB. The store instead keeps
 small summary tables (``schema.SUMMARY_TABLES``: sums per run x workload x window, per
-request, per draft position, per calibration bin, per run's steps) in the same transaction
+request, per draft position, per calibration bin, per run's steps, per 64 steps, per request
+key: ``(workload, prompt_index, seed)``, the audit arms' pairing) in the same transaction
 as every append (:func:`add`, called by ``Store.write_arrow``: ingest, the engine's
 writer and live capture all go through it), counting only rows actually inserted. A panel
 reads those (kilobytes) instead of millions of rows.
@@ -25,6 +26,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -34,12 +36,12 @@ RELIABILITY_BINS = 15  # equal-width bins kept by sum_reliability; other bin cou
 RS, STEPS, REQ, RUNS = (schema.REQUEST_STEPS.name, schema.STEPS.name, schema.REQUESTS.name, schema.RUNS.name)
 
 _COUNTS = """count(*) AS n,
-  coalesce(sum(acc_len), 0)::BIGINT, count(acc_len),
-  coalesce(sum("window"), 0)::BIGINT, count("window"),
-  coalesce(sum(correct_drafts), 0)::BIGINT, count(correct_drafts),
-  coalesce(sum(ceiling::BIGINT + 1), 0)::BIGINT, count(ceiling),
-  coalesce(sum(acc_len) FILTER (WHERE ceiling IS NOT NULL), 0)::BIGINT,
-  coalesce(sum(cap_trim), 0)::BIGINT, count(cap_trim)"""
+  coalesce(sum(acc_len), 0)::BIGINT AS sum_acc_len, count(acc_len) AS n_acc_len,
+  coalesce(sum("window"), 0)::BIGINT AS sum_window, count("window") AS n_window,
+  coalesce(sum(correct_drafts), 0)::BIGINT AS sum_correct, count(correct_drafts) AS n_correct,
+  coalesce(sum(ceiling::BIGINT + 1), 0)::BIGINT AS sum_ceil1, count(ceiling) AS n_ceil,
+  coalesce(sum(acc_len) FILTER (WHERE ceiling IS NOT NULL), 0)::BIGINT AS sum_acc_len_ceil,
+  coalesce(sum(cap_trim), 0)::BIGINT AS sum_cap_trim, count(cap_trim) AS n_cap_trim"""
 
 
 def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
@@ -84,12 +86,47 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
                           coalesce(sum(executed_verify_tokens), 0)::BIGINT, count(executed_verify_tokens),
                           coalesce(sum(modeled_step_ms), 0)::DOUBLE, count(modeled_step_ms)
                    FROM {src} GROUP BY ALL"""
+    if t is schema.SUM_STEP_BINS:
+        cols = {"bs": "bs", "budget": "budget", "num_verify": "num_verify_tokens",
+                "executed": "executed_verify_tokens", "predicted_ms": "predicted_step_ms",
+                "theta": "predicted_theta", "cpu_ms": "step_cpu_ms", "gpu_ms": "step_gpu_ms",
+                "modeled_ms": "modeled_step_ms"}
+        sums = ", ".join(f"coalesce(sum({c}), 0)::{'BIGINT' if k in _INT_BINS else 'DOUBLE'}, count({c})"
+                         for k, c in cols.items())
+        return f"""SELECT run_id, rank, epoch, (forward_ct // {schema.STEP_BIN})::BIGINT, count(*), max(wall_time_s),
+                          {sums} FROM {src} GROUP BY ALL"""
+    if t is schema.SUM_REQUEST_KEYS:  # src: requests rows; their blocks from the raw request_steps
+        per_rid = (f"(SELECT run_id, rid, {_PER_RID} FROM {RS} "
+                   f"WHERE run_id IN (SELECT DISTINCT run_id FROM {src}) GROUP BY run_id, rid)")
+        return _keys_sql(src, per_rid, "LEFT", "count(*)")
     raise KeyError(f"{t.name} is not a summary table")
+
+
+_KEY_SUMS = [c.name for c in schema.SUM_REQUEST_KEYS.columns[6:]]  # n, sum_acc_len, ..., sum_x, n_x
+_PER_RID = _COUNTS + ", coalesce(sum(1 + list_sum(survival)), 0)::DOUBLE AS sum_x, count(1 + list_sum(survival)) AS n_x"
+
+
+def _keys_sql(req: str, per_rid: str, join: str, n_requests: str) -> str:
+    """sum_request_keys rows: requests rows ``req`` joined with per-(run, rid) block sums ``per_rid``
+    (columns named as the summary's), summed per key; NULL key parts become sentinels plus a mask."""
+    sums = ", ".join(f"coalesce(sum(r.{c}), 0)::{'DOUBLE' if c == 'sum_x' else 'BIGINT'}" for c in _KEY_SUMS)
+    return f"""
+        SELECT q.run_id, coalesce(q.workload, ''), coalesce(q.prompt_index, 0)::INTEGER, coalesce(q.seed, 0)::BIGINT,
+               ((q.workload IS NULL)::INT + 2 * (q.prompt_index IS NULL)::INT + 4 * (q.seed IS NULL)::INT),
+               {n_requests}, {sums}
+        FROM {req} q {join} JOIN {per_rid} r ON r.run_id = q.run_id AND r.rid = q.rid
+        GROUP BY ALL"""
+
+
+_INT_BINS = ("bs", "budget", "num_verify", "executed")
 
 
 _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema.SUM_POSITIONS,
                                    schema.SUM_RELIABILITY),
-       schema.STEPS.name: (schema.SUM_STEPS,)}
+       schema.STEPS.name: (schema.SUM_STEPS, schema.SUM_STEP_BINS),
+       schema.REQUESTS.name: (schema.SUM_REQUEST_KEYS,)}  # after request_steps: a rebuild reads sum_requests' base
+_NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -110,10 +147,17 @@ def _upsert_sql(t: schema.Table, select: str) -> str:
     return f"INSERT INTO {_q(t.name)} {select} ON CONFLICT DO UPDATE SET {', '.join(sets)}"
 
 
-def present(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether every summary table exists in this file."""
-    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
-    return all(t.name in have for t in schema.SUMMARY_TABLES)
+def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+
+
+def present(con: duckdb.DuckDBPyConnection, tables: Sequence[schema.Table] = _V2) -> bool:
+    """Whether every summary table of ``tables`` (default: those of schema version 2) exists in this file.
+
+    A version-2 file opened read-only lacks only the step bins and request keys: its other summaries
+    still answer, and those two come from the raw tables (:func:`_source`) until a read-write open adds them."""
+    have = _tables(con)
+    return all(t.name in have for t in tables)
 
 
 def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
@@ -124,8 +168,20 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
     view = f"_summarise_{table}"
     con.register(view, inserted)
     try:
+        keys = schema.SUM_REQUEST_KEYS
         for t in sums:
-            con.execute(_upsert_sql(t, _agg_sql(t, view)))
+            if t is not keys:
+                con.execute(_upsert_sql(t, _agg_sql(t, view)))
+        # request keys: new blocks of requests whose requests row is stored, and new requests rows with the
+        # blocks stored so far (whichever comes second in a transaction sees the first; nothing counts twice)
+        if table == RS:
+            per_rid = f"(SELECT run_id, rid, {_PER_RID} FROM {view} GROUP BY run_id, rid)"
+            con.execute(_upsert_sql(keys, _keys_sql(REQ, per_rid, "", "0")))
+        elif table == REQ:
+            cols = ", ".join(f"sum(s.{c}) AS {c}" for c in _KEY_SUMS)
+            per_rid = (f"(SELECT s.run_id, s.rid, {cols} FROM {schema.SUM_REQUESTS.name} s "
+                       f"JOIN {view} v ON v.run_id = s.run_id AND v.rid = s.rid GROUP BY s.run_id, s.rid)")
+            con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
     finally:
         con.unregister(view)
 
@@ -145,8 +201,14 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     # has, or a requested run has rows but no summary (both checked; the full count settles it).
     ids = [] if run_ids is None else list(run_ids)
     cells, steps = schema.SUM_CELLS.name, schema.SUM_STEPS.name
+    keys = schema.SUM_REQUEST_KEYS.name
+    have = _tables(con)
+    have_keys = keys in have  # version 3: requests rows are counted too
+    v2_present = all(t.name in have for t in _V2)
+    req_terms = (f", (SELECT count(*) FROM {REQ}), (SELECT coalesce(sum(n_requests), 0) FROM {keys})"
+                 if have_keys else ", 0, 0")
     try:
-        raw_n, raw_s, sum_n, sum_s, orphans, unsummarised = con.execute(
+        raw_n, raw_s, sum_n, sum_s, orphans, unsummarised, raw_q, sum_q = con.execute(
             f"""SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}),
                        (SELECT coalesce(sum(n), 0) FROM {cells}), (SELECT coalesce(sum(n), 0) FROM {steps}),
                        (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps})
@@ -154,31 +216,37 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
                        (SELECT count(*) FROM (SELECT unnest(?::VARCHAR[]) AS run_id) r
                         WHERE run_id NOT IN (SELECT run_id FROM {cells}) AND run_id NOT IN (SELECT run_id FROM {steps})
                           AND (EXISTS (SELECT 1 FROM {RS} x WHERE x.run_id = r.run_id)
-                               OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id)))""",
+                               OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id))){req_terms}""",
             [ids]).fetchone()
-        if (raw_n, raw_s) == (sum_n, sum_s) and not orphans and not unsummarised and present(con):
+        if (raw_n, raw_s, raw_q) == (sum_n, sum_s, sum_q) and not orphans and not unsummarised and v2_present:
             return set()
     except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
         pass
     where, p = ("", []) if run_ids is None else (" WHERE run_id IN (SELECT unnest(?))", [list(run_ids)])
     raw_rs = _counts(con, f"SELECT run_id, count(*) FROM {RS}{where} GROUP BY run_id", p)
     raw_st = _counts(con, f"SELECT run_id, count(*) FROM {STEPS}{where} GROUP BY run_id", p)
-    if not present(con):
+    if not v2_present:
         return set(raw_rs) | set(raw_st)
     sum_rs = _counts(con, f"SELECT run_id, sum(n) FROM {schema.SUM_CELLS.name}{where} GROUP BY run_id", p)
     sum_st = _counts(con, f"SELECT run_id, n FROM {schema.SUM_STEPS.name}{where}", p)
-    runs = set(raw_rs) | set(raw_st) | set(sum_rs) | set(sum_st)
-    return {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)}
+    raw_q = _counts(con, f"SELECT run_id, count(*) FROM {REQ}{where} GROUP BY run_id", p) if have_keys else {}
+    sum_q = _counts(con, f"SELECT run_id, sum(n_requests) FROM {keys}{where} GROUP BY run_id", p) if have_keys else {}
+    runs = set(raw_rs) | set(raw_st) | set(sum_rs) | set(sum_st) | set(raw_q) | set(sum_q)
+    return {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)
+            or raw_q.get(r, 0) != sum_q.get(r, 0)}
 
 
-def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> None:
-    """Recompute the summaries of ``run_ids`` from the raw tables (DuckDB aggregation)."""
+def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+            tables: Sequence[schema.Table] = schema.SUMMARY_TABLES) -> None:
+    """Recompute the summaries ``tables`` of ``run_ids`` from the raw tables (DuckDB aggregation)."""
     ids = list(run_ids)
     if not ids:
         return
     for base, sums in _OF.items():
         src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest($ids)))"
         for t in sums:
+            if t not in tables:
+                continue
             con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
             con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
 
@@ -207,13 +275,20 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     """On a read-write open (the store has created any missing summary table): rebuild stale runs and
     record the schema version.
 
-    Returns the runs rebuilt (a file from before schema version 2 rebuilds every run once).
+    Returns the runs rebuilt (a file from before schema version 2 rebuilds every run once; one from
+    version 2 gets the step bins of every run with steps, from the steps table only).
     """
-    check_version(con, path)
+    v = check_version(con, path)
     con.execute("BEGIN TRANSACTION")
     try:
         stale = sorted(stale_runs(con))
         rebuild(con, stale)
+        if v < 3:  # step bins and request keys are new in version 3: fill them for the runs kept above
+            done = set(stale)
+            todo = [r for (r,) in con.execute(f"SELECT run_id FROM {STEPS} UNION SELECT run_id FROM {REQ}").fetchall()
+                    if r not in done]
+            rebuild(con, todo, _NEW_IN_3)
+            stale = sorted(done | set(todo))
         con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
                     [str(schema.SCHEMA_VERSION)])
         con.execute("COMMIT")
@@ -233,6 +308,8 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if stale is None:
         stale = stale_runs(con, ids) if ids else set()
     fresh = [r for r in ids if r not in stale] if n_bins == RELIABILITY_BINS else []
+    if t in _NEW_IN_3 and not present(con, (t,)):  # a version-2 file opened read-only
+        fresh = []
     raw = [r for r in ids if r not in fresh]
     cols = ", ".join(_q(c) for c in t.names)
 
@@ -243,7 +320,7 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if fresh:
         parts.append(f"SELECT {cols} FROM {_q(t.name)} WHERE run_id IN (SELECT unnest({lit(fresh)}))")
     if raw or not fresh:
-        base = STEPS if t is schema.SUM_STEPS else RS
+        base = next(b for b, ts in _OF.items() if t in ts)
         src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest({lit(raw)})))"
         parts.append(f"SELECT * FROM ({_agg_sql(t, src, n_bins)}) AS x({cols})")
     return "(" + " UNION ALL ".join(parts) + ")"
@@ -361,21 +438,45 @@ def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_b
         FROM {rel} x{_in_workloads(workloads, "x")} GROUP BY ALL ORDER BY run_id, position, variant, bin""")
 
 
-def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000) -> pd.DataFrame:
-    """Requests of one run with their block statistics."""
+def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000, offset: int = 0) -> pd.DataFrame:
+    """One page of a run's requests (``limit`` from ``offset``, in workload, prompt order) with their
+    block statistics: the page is picked first, then only its requests' summary rows are summed."""
     reqs = _source(con, schema.SUM_REQUESTS, [run_id])
     return _df(con, f"""
-        WITH q AS (  -- the page of requests first, then their block statistics
+        WITH q AS MATERIALIZED (
           SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s
-          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ?)
+          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ? OFFSET ?),
+        b AS (SELECT rid, sum(n) AS n, sum(sum_acc_len) AS sum_acc_len, sum(n_acc_len) AS n_acc_len,
+                     sum(sum_window) AS sum_window, sum(n_window) AS n_window, sum(sum_ceil1) AS sum_ceil1,
+                     sum(n_ceil) AS n_ceil
+              FROM {reqs} r WHERE rid IN (SELECT rid FROM q) GROUP BY rid)
         SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
                b.sum_window / nullif(b.n_window, 0) AS mean_window,
                b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
-        FROM q LEFT JOIN (SELECT rid, sum(n) AS n, sum(sum_acc_len) AS sum_acc_len, sum(n_acc_len) AS n_acc_len,
-                                 sum(sum_window) AS sum_window, sum(n_window) AS n_window,
-                                 sum(sum_ceil1) AS sum_ceil1, sum(n_ceil) AS n_ceil
-                          FROM {reqs} r GROUP BY rid) b ON b.rid = q.rid
-        ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit)])
+        FROM q LEFT JOIN b USING (rid)
+        ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit), int(offset)])
+
+
+def request_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """Requests of one run (how many pages :func:`requests` has)."""
+    return int(con.execute(f"SELECT count(*) FROM {REQ} WHERE run_id = ?", [run_id]).fetchone()[0])
+
+
+def _per_request_sql(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> str:
+    """The SELECT of :func:`per_request` (parameters ``$c``, ``$a``), unordered: the compact run's
+    request-key summaries (one row per key) joined with the audit run's on the key; the join with the
+    requests rows was made as they were written."""
+    keys = _source(con, schema.SUM_REQUEST_KEYS, [compact_run, audit_run])
+    # a key with a NULL part pairs with nothing (as a join on it would not)
+    return f"""
+        SELECT CASE WHEN c.nulls & 1 = 0 THEN c.workload END AS workload,
+               CASE WHEN c.nulls & 2 = 0 THEN c.prompt_index END AS prompt_index,
+               CASE WHEN c.nulls & 4 = 0 THEN c.seed END AS seed, c.n::BIGINT AS w,
+               c.sum_acc_len / nullif(c.n_acc_len, 0) AS a, c.sum_x / nullif(c.n_x, 0) AS x,
+               t.sum_ceil1 / t.n_ceil AS y, t.n_ceil::BIGINT AS audit_blocks
+        FROM (SELECT * FROM {keys} k WHERE run_id = $c AND n > 0) c
+        LEFT JOIN (SELECT * FROM {keys} k WHERE run_id = $a AND n_ceil > 0 AND nulls = 0) t
+          ON t.workload = c.workload AND t.prompt_index = c.prompt_index AND t.seed = c.seed AND c.nulls = 0"""
 
 
 def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> pd.DataFrame:
@@ -383,20 +484,21 @@ def per_request(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
 
     One join of both runs' request summaries with their keys and one group-by (half the work of
     aggregating each arm and joining the two)."""
-    reqs = _source(con, schema.SUM_REQUESTS, [compact_run, audit_run])
-    # a key with a NULL part pairs with nothing (as a join on it would not)
-    c = "s.run_id = $c"
-    t = "s.run_id = $a AND s.n_ceil > 0 AND q.workload IS NOT NULL AND q.prompt_index IS NOT NULL AND q.seed IS NOT NULL"
-    return _df(con, f"""
-        SELECT q.workload, q.prompt_index, q.seed, sum(s.n) FILTER (WHERE {c})::BIGINT AS w,
-               sum(s.sum_acc_len) FILTER (WHERE {c}) / nullif(sum(s.n_acc_len) FILTER (WHERE {c}), 0) AS a,
-               sum(s.sum_x) FILTER (WHERE {c}) / nullif(sum(s.n_x) FILTER (WHERE {c}), 0) AS x,
-               sum(s.sum_ceil1) FILTER (WHERE {t}) / sum(s.n_ceil) FILTER (WHERE {t}) AS y,
-               sum(s.n_ceil) FILTER (WHERE {t})::BIGINT AS audit_blocks
-        FROM {reqs} s JOIN {REQ} q ON q.run_id = s.run_id AND q.rid = s.rid
-        WHERE q.run_id IN ($c, $a)
-        GROUP BY ALL HAVING count(*) FILTER (WHERE {c}) > 0
-        ORDER BY q.workload, q.prompt_index, q.seed""", {"c": compact_run, "a": audit_run})
+    return _df(con, _per_request_sql(con, compact_run, audit_run) + " ORDER BY workload, prompt_index, seed",
+               {"c": compact_run, "a": audit_run})
+
+
+def per_request_columns(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str,
+                        ordered: bool = False) -> tuple[np.ndarray, ...]:
+    """:func:`per_request`'s w, a, x, y as float arrays (NaN for NULL): what sampling inference needs,
+    without building a frame of keys. ``ordered``: in :func:`per_request`'s order (a sort of every
+    request; the exact bootstrap's replicates depend on the order, the totals only to the last bit)."""
+    order = "ORDER BY workload, prompt_index, seed" if ordered else ""
+    got = con.execute(f"""SELECT coalesce(w::DOUBLE, 'NaN'), coalesce(a::DOUBLE, 'NaN'), coalesce(x::DOUBLE, 'NaN'),
+                                 coalesce(y::DOUBLE, 'NaN')
+                          FROM ({_per_request_sql(con, compact_run, audit_run)}) {order}""",
+                      {"c": compact_run, "a": audit_run}).fetchnumpy()
+    return tuple(np.asarray(v, dtype=float) for v in got.values())
 
 
 def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.DataFrame:
@@ -432,25 +534,55 @@ def runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         ORDER BY r.started_at DESC NULLS LAST, r.run_id""")
 
 
-def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_per_run: int | None = None
-               ) -> pd.DataFrame:
-    """Per-step cost telemetry; with ``max_rows_per_run``, every k-th ``forward_ct`` of a longer run
-    (k from the step summaries), so a plot of a 200k-step run reads about that many rows."""
+def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_per_run: int | None = None,
+               means: bool = True) -> pd.DataFrame:
+    """Per-step cost telemetry. With ``max_rows_per_run``, a run with more steps than that is read from
+    the step bins instead (``sum_step_bins``: sums over ``schema.STEP_BIN`` consecutive ``forward_ct``,
+    merged k at a time to at most that many rows): one row per stretch of steps with the same columns
+    holding the stretch's means (``wall_time_s``: its end; ``forward_ct``: its first), and ``steps``
+    the steps it averages (1 for a step row). A 200k-step run costs a few thousand summary rows.
+    ``means=False``: every k-th ``forward_ct`` of a longer run instead (real steps, for per-step error
+    statistics such as the report's step-time error; scans the run's steps)."""
     ids = list(dict.fromkeys(run_ids))
-    where, params = "run_id IN (SELECT unnest(?))", [ids]
+    raw_ids, binned, every = ids, {}, {}
     if max_rows_per_run and ids:
-        n = dict(con.execute(f"SELECT run_id, n FROM {_source(con, schema.SUM_STEPS, ids)} s").fetchall())
-        terms, params = [], []
-        for r in ids:
-            k = -(-int(n.get(r, 0)) // int(max_rows_per_run))
-            terms.append("(run_id = ?" + (f" AND forward_ct % {k} = 0)" if k > 1 else ")"))
-            params.append(r)
-        where = "(" + " OR ".join(terms) + ")"
-    sql = f"""
-        SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
-               predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}
-        FROM {STEPS} WHERE {where} ORDER BY run_id, rank, epoch, forward_ct"""
-    try:
-        return _df(con, sql.format(modeled=", modeled_step_ms"), params)
-    except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
-        return _df(con, sql.format(modeled=""), params)
+        stale = stale_runs(con, ids)  # once for both summaries read here
+        n = dict(con.execute(f"SELECT run_id, n FROM {_source(con, schema.SUM_STEPS, ids, stale)} s").fetchall())
+        raw_ids = [r for r in ids if int(n.get(r, 0)) <= int(max_rows_per_run)]
+        long_ = [r for r in ids if r not in raw_ids]
+        if long_ and not means:
+            every = {r: -(-int(n[r]) // int(max_rows_per_run)) for r in long_}
+        elif long_:
+            bins = _source(con, schema.SUM_STEP_BINS, long_, stale)
+            nb = dict(con.execute(f"SELECT run_id, count(*) FROM {bins} b "
+                                  "GROUP BY run_id").fetchall())
+            binned = {r: max(1, -(-int(nb.get(r, 0)) // int(max_rows_per_run))) for r in long_}
+    parts = []
+    if raw_ids or not binned:
+        terms = ["run_id IN (SELECT unnest(?))"] + [f"(run_id = ? AND forward_ct % {int(k)} = 0)" for k in every.values()]
+        params = [raw_ids, *every]
+        sql = f"""
+            SELECT run_id, rank, epoch, forward_ct, bs, budget, num_verify_tokens, executed_verify_tokens,
+                   predicted_step_ms, predicted_theta, step_cpu_ms, step_gpu_ms, wall_time_s{{modeled}}, 1 AS steps
+            FROM {STEPS} WHERE {" OR ".join(terms)} ORDER BY run_id, rank, epoch, forward_ct"""
+        try:
+            parts.append(_df(con, sql.format(modeled=", modeled_step_ms"), params))
+        except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
+            parts.append(_df(con, sql.format(modeled=""), params))
+    if binned:
+        k = "(" + " UNION ALL ".join(f"SELECT '{r.replace(chr(39), chr(39) * 2)}' AS run_id, {int(g)} AS g"
+                                     for r, g in binned.items()) + ")"
+
+        def m(c: str) -> str:
+            return f"sum(sum_{c}) / nullif(sum(n_{c}), 0)"
+        parts.append(_df(con, f"""
+            SELECT b.run_id, rank, epoch, min(bin) * {schema.STEP_BIN} AS forward_ct, {m('bs')} AS bs,
+                   {m('budget')} AS budget, {m('num_verify')} AS num_verify_tokens,
+                   {m('executed')} AS executed_verify_tokens, {m('predicted_ms')} AS predicted_step_ms,
+                   {m('theta')} AS predicted_theta, {m('cpu_ms')} AS step_cpu_ms, {m('gpu_ms')} AS step_gpu_ms,
+                   max(max_wall_s) AS wall_time_s, {m('modeled_ms')} AS modeled_step_ms, sum(n) AS steps
+            FROM {bins} b JOIN {k} k USING (run_id)
+            GROUP BY b.run_id, rank, epoch, bin // k.g ORDER BY b.run_id, rank, epoch, forward_ct"""))
+    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return out.sort_values(["run_id", "rank", "epoch", "forward_ct"], kind="stable", ignore_index=True) \
+        if len(parts) > 1 else out

@@ -65,7 +65,9 @@ calls = {
     "sampling_inference": lambda: audit_sampling.infer_runs(r, "big-c", "big-cap"),
     "regime_by_workload": lambda: r.regime_by_workload(["big-cap"]),
     "step_costs": lambda: r.step_costs(ids, 20_000),  # app/panels/cost.py's MAX_POINTS
-    "requests": lambda: r.requests("big-cap"),
+    # the drill-down: a count and a page of 1,000 (drilldown.PAGE); a tree from before paging read 5,000
+    "requests": (lambda: (r.request_count("big-cap"), r.requests("big-cap", 1000))) if hasattr(r, "request_count")
+                else (lambda: r.requests("big-cap")),
     "request_steps": lambda: r.request_steps("big-cap", rid),
     # the sidebar's workload filter (one workload selected)
     "run_summary[workload]": lambda: r.run_summary(ids, one_workload),
@@ -159,6 +161,12 @@ def main() -> None:
     ap.add_argument("--raw-repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--skip", default="", help="comma list of: raw, report")
+    ap.add_argument("--baseline", nargs=2, metavar=("TREE", "DB"),
+                    help="also run the panel child with TREE's code (an older checkout) on DB (a copy of the store "
+                         "that TREE can read), alternating with this tree's, for a side-by-side table")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep WORKDIR's store from an earlier run and only append the copies it lacks "
+                         "(measure new code on the same file; its first read-write open upgrades its summaries)")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     sys.path.insert(0, str(ROOT))
@@ -166,14 +174,21 @@ def main() -> None:
 
     a.workdir.mkdir(parents=True, exist_ok=True)
     db = a.workdir / "dashboard.duckdb"
-    for p in (db, Path(str(db) + ".wal")):
-        p.unlink(missing_ok=True)
+    reuse = a.reuse and db.exists()
+    if not reuse:
+        for p in (db, Path(str(db) + ".wal")):
+            p.unlink(missing_ok=True)
     bases = base_tables()
     per_copy = bases["big-cap"]["request_steps"].num_rows
     span = int(pc.max(bases["big-cap"]["request_steps"].column("forward_ct")).as_py()) + 1
+    t0 = time.perf_counter()
     store = Store(db)
-    store.write_arrow({"runs": pa.concat_tables([bases[r]["runs"] for r in RUNS])})
-    copies = 0
+    if reuse:
+        copies = store.counts("big-cap")["request_steps"] // per_copy
+        print(json.dumps({"reused_copies": copies, "open_s": time.perf_counter() - t0}), flush=True)
+    else:
+        store.write_arrow({"runs": pa.concat_tables([bases[r]["runs"] for r in RUNS])})
+        copies = 0
     results = []
     for size in (int(s) for s in a.sizes.split(",")):
         want = max(1, round(size / per_copy))
@@ -182,8 +197,18 @@ def main() -> None:
         n = copies * per_copy
         row = {"rows_per_run": n, **w, "db_mb": db.stat().st_size / 2**20}
         print(json.dumps(row), flush=True)
-        row["summary"] = _child(_PANELS, [str(db), str(a.repeats), "summary"], a.timeout)
-        print(json.dumps({"rows_per_run": n, "summary": row["summary"]}), flush=True)
+        if a.baseline:  # alternate baseline / this tree, 3 children each, so both see the same machine load
+            runs = {"baseline": [], "summary": []}
+            for _ in range(3):
+                runs["baseline"].append(_child_in(a.baseline[0], _PANELS, [a.baseline[1], str(a.repeats), "summary"],
+                                                  a.timeout))
+                runs["summary"].append(_child(_PANELS, [str(db), str(a.repeats), "summary"], a.timeout))
+            for k, got in runs.items():
+                row[k] = _merge(got)
+                print(json.dumps({"rows_per_run": n, k: row[k]}), flush=True)
+        else:
+            row["summary"] = _child(_PANELS, [str(db), str(a.repeats), "summary"], a.timeout)
+            print(json.dumps({"rows_per_run": n, "summary": row["summary"]}), flush=True)
         if "raw" not in skip:
             row["raw"] = _child(_PANELS, [str(db), str(a.raw_repeats), "raw"], a.timeout)
             print(json.dumps({"rows_per_run": n, "raw": row["raw"]}), flush=True)
@@ -195,6 +220,33 @@ def main() -> None:
     print_table(results)
 
 
+def _child_in(tree: str, code: str, args: list[str], timeout: float) -> dict:
+    """``bench.scale._child`` run from another checkout ``tree`` (its code alone on the path): the baseline."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=tree, COLUMNS="100")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                           env=env, cwd=tree)
+    except subprocess.TimeoutExpired:
+        return {"rc": "timeout", "seconds": timeout}
+    lines = [x for x in r.stdout.strip().splitlines() if x.startswith("{")]
+    return json.loads(lines[-1]) if r.returncode == 0 and lines else {"rc": r.returncode, "error": r.stderr[-600:]}
+
+
+def _merge(got: list[dict]) -> dict:
+    """One child's result from several: per panel the median p50 and the median p95, the highest peak."""
+    import statistics
+
+    ok = [g for g in got if "panels" in g]
+    if not ok:
+        return got[-1]
+    panels = {k: [statistics.median(g["panels"][k][0] for g in ok), statistics.median(g["panels"][k][1] for g in ok)]
+              for k in ok[0]["panels"]}
+    return {"panels": panels, "peak_mb": max(g["peak_mb"] for g in ok), "children": len(ok)}
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.0f}"
 
@@ -203,18 +255,25 @@ def print_table(results: list[dict]) -> None:
     sizes = [r["rows_per_run"] for r in results]
     names = list(next((r["summary"]["panels"] for r in results if "panels" in r.get("summary", {})), {}))
     head = "panel (ms, two runs selected)".ljust(32) + "".join(
+        (f"{'before p50/p95':>16}" if any("baseline" in r for r in results) else "") +
         f"{f'{n / 1e6:g}M p50/p95':>18}" + (f"{'raw p50':>9}" if any("raw" in r for r in results) else "")
         for n in sizes)
     print("\n" + head)
     for name in names:
         line = name.ljust(32)
         for r in results:
+            if any("baseline" in x for x in results):
+                b = r.get("baseline", {}).get("panels", {}).get(name)
+                line += f"{(_ms(b[0]) + ' / ' + _ms(b[1])) if b else '-':>16}"
             p = r.get("summary", {}).get("panels", {}).get(name)
             line += f"{(_ms(p[0]) + ' / ' + _ms(p[1])) if p else '-':>18}"
             if "raw" in r:
                 q = r["raw"].get("panels", {}).get(name)
                 line += f"{_ms(q[0]) if q else '-':>9}"
         print(line)
+    if any("baseline" in r for r in results):
+        print("baseline peak RSS (MB)".ljust(32) + "".join(f"{r.get('baseline', {}).get('peak_mb', float('nan')):>16,.0f}"
+                                                         for r in results))
     for label, key in (("dashboard peak RSS (MB)", "summary"), ("raw-path peak RSS (MB)", "raw")):
         if any(key in r for r in results):
             print(label.ljust(32) + "".join(f"{r.get(key, {}).get('peak_mb', float('nan')):>18,.0f}" +

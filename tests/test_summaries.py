@@ -61,6 +61,7 @@ def _panels(r: Reader) -> dict[str, pd.DataFrame]:
         "run_summary_w": r.run_summary(RUNS, workloads=[H.WORKLOADS[0]]),
         "position_acceptance_w": r.position_acceptance(RUNS, workloads=H.WORKLOADS[:2]),
         "reliability_bins_w": figures.reliability_bins(r, ["run-b"], workloads=[H.WORKLOADS[1]]),
+        "step_costs_binned": r.step_costs(RUNS, 3),  # 250-400 steps: read from the step bins
     }
 
 

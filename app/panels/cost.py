@@ -18,6 +18,9 @@ def render(ctx) -> None:
         return
     if note := ctx.whole_run_note("Steps (each batches requests of several workloads)"):
         st.caption(note)
+    if "steps" in steps.columns and (steps["steps"] > 1).any():
+        st.caption(f"Runs longer than {MAX_POINTS:,} steps: each point is the mean of up to "
+                   f"{int(steps['steps'].max()):,} consecutive steps (from the step bins the store keeps).")
     runs = ctx.runs[ctx.runs["run_id"].isin(ctx.run_ids)]
     a, b = st.columns(2)
     if steps["predicted_step_ms"].notna().any():

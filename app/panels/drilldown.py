@@ -7,6 +7,7 @@ import streamlit as st
 from acceptscope.figures import tables as F
 
 TITLE = "Request drill-down"
+PAGE = 1000  # requests per page of the picker: a 200k-request run is read a page at a time
 
 
 def render(ctx) -> None:
@@ -14,7 +15,12 @@ def render(ctx) -> None:
     order = {"compact": 0, "cap-accept": 1, "static": 2}
     runs = sorted(ctx.run_ids, key=lambda r: order.get(ctx.arm_of(r), 9))
     run = st.selectbox("run", runs, key="drill_run", format_func=lambda r: f"{ctx.arm_of(r)} · {r}")
-    reqs = ctx.by_workload(ctx.q("requests", run))
+    n = ctx.q("request_count", run)
+    pages = max(1, -(-n // PAGE))
+    page = 1
+    if pages > 1:
+        page = int(st.number_input(f"page of {PAGE:,} requests (of {n:,})", 1, pages, 1, key="drill_page"))
+    reqs = ctx.by_workload(ctx.q("requests", run, PAGE, (page - 1) * PAGE))
     if reqs.empty:
         st.info("This run has no requests yet.")
         return

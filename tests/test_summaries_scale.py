@@ -1,0 +1,193 @@
+"""The big-run paths of the summaries: sampling inference from DuckDB-side totals, step bins, request
+pages, and the version-2 -> 3 upgrade (step bins added to an existing file)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from acceptscope import audit_sampling, schema, summaries
+from acceptscope.reader import Reader
+from acceptscope.store import Store
+from tests.test_summaries import RUNS, _copy, template  # noqa: F401  (the module-scoped filled store)
+
+
+@pytest.fixture
+def filled(template, tmp_path: Path) -> Store:  # noqa: F811
+    return _copy(template[False], tmp_path / "s.duckdb")
+
+
+def test_inference_columns_equal_the_per_request_frame(filled: Store) -> None:
+    r = Reader(filled.path)
+    df = audit_sampling.per_request(r, "run-a", "run-b")
+    cols = r.summary(summaries.per_request_columns, "run-a", "run-b", True)
+    for got, c in zip(cols, ("w", "a", "x", "y")):
+        np.testing.assert_array_equal(got, df[c].to_numpy(float))
+    unordered = r.summary(summaries.per_request_columns, "run-a", "run-b")
+    np.testing.assert_array_equal(np.sort(unordered[0]), np.sort(cols[0]))
+    mom = audit_sampling.moments_of(*cols)
+    assert 20 <= mom.m < mom.n_requests  # a sampled audit, with regression
+    # infer_runs (few audited requests: the exact bootstrap) is infer on the frame
+    assert audit_sampling.infer_runs(r, "run-a", "run-b", n_boot=300).to_dict() == \
+        audit_sampling.infer(df, n_boot=300).to_dict()
+
+
+def test_moment_path_gives_the_same_points(filled: Store, monkeypatch) -> None:
+    r = Reader(filled.path)
+    exact = audit_sampling.infer_runs(r, "run-a", "run-b", n_boot=2000)
+    monkeypatch.setattr(audit_sampling, "EXACT_BOOT_MAX", 1)  # as if thousands of requests were audited
+    normal = audit_sampling.infer_runs(r, "run-a", "run-b", n_boot=2000)
+    for name in ("ceiling", "ceiling_difference", "ceiling_direct", "ceiling_regression", "utilization"):
+        e, n = getattr(exact, name), getattr(normal, name)
+        assert n.estimate == pytest.approx(e.estimate, rel=1e-12), name
+        assert n.lo < n.estimate < n.hi, name
+
+
+def _population(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({"w": rng.integers(1, 60, n).astype(float), "a": rng.uniform(1.5, 4, n)})
+    tail = rng.gamma(0.6, 0.8, n)
+    df["x"] = df["a"] + 0.7 * tail + rng.normal(0, 0.2, n).clip(-0.5)
+    df["y"] = df["a"] + tail
+    return df
+
+
+def test_normal_limit_bootstrap_matches_exact_resampling_at_thousands_of_requests(monkeypatch) -> None:
+    """The normal-limit replicates (above EXACT_BOOT_MAX audited requests) give the exact bootstrap's
+    interval ends to a few percent of the interval's width."""
+    df = _population(12_000, 1)
+    df.loc[np.random.default_rng(2).random(len(df)) > 0.3, "y"] = np.nan  # about 3,600 audited
+    assert df["y"].notna().sum() > audit_sampling.EXACT_BOOT_MAX
+    b = audit_sampling.infer(df, n_boot=2000, seed=6)  # normal limit
+    monkeypatch.setattr(audit_sampling, "EXACT_BOOT_MAX", 10**9)
+    a = audit_sampling.infer(df, n_boot=2000, seed=5)  # exact resampling
+    for name in ("ceiling_regression", "ceiling_difference", "ceiling_ratio", "ceiling_direct"):
+        e, n = getattr(a, name), getattr(b, name)
+        assert n.estimate == e.estimate, name
+        width = e.hi - e.lo
+        assert width > 0
+        assert abs(n.lo - e.lo) < 0.1 * width and abs(n.hi - e.hi) < 0.1 * width, (name, e, n)
+
+
+def _bins_expected(steps: pd.DataFrame, max_rows: int) -> pd.DataFrame:
+    """The binned step rows, by pandas from the raw steps."""
+    out = []
+    for run, g in steps.groupby("run_id"):
+        b = g["forward_ct"] // schema.STEP_BIN
+        nb = g.assign(b=b).groupby(["rank", "epoch", "b"]).ngroups
+        k = -(-nb // max_rows)
+        grp = g.assign(c=b // k).groupby(["rank", "epoch", "c"])
+        out.append(pd.DataFrame({"run_id": run, "step_gpu_ms": grp["step_gpu_ms"].mean(),
+                                 "wall_time_s": grp["wall_time_s"].max(), "steps": grp.size()}).reset_index(drop=True))
+    return pd.concat(out, ignore_index=True)
+
+
+def test_step_bins_count_each_step_once_and_long_runs_read_means(filled: Store) -> None:
+    raw = filled.read_table("steps")
+    assert len(raw) == 650  # run-a's steps were offered twice
+    r = Reader(filled.path)
+    got = r.step_costs(RUNS, 5)
+    assert got.groupby("run_id")["steps"].sum().to_dict() == {"run-a": 400, "run-b": 250}
+    assert got.groupby("run_id").size().max() <= 5 * 2  # at most max_rows per (rank): 2 ranks
+    want = _bins_expected(raw, 5)
+    pd.testing.assert_frame_equal(got[["run_id", "step_gpu_ms", "wall_time_s", "steps"]].reset_index(drop=True),
+                                  want, check_dtype=False, rtol=1e-12)
+    # short runs and means=False stay real steps
+    assert (r.step_costs(RUNS, 1000)["steps"] == 1).all() and len(r.step_costs(RUNS, 1000)) == 650
+    sampled = r.step_costs(RUNS, 100, means=False)
+    assert (sampled["steps"] == 1).all() and 0 < len(sampled) <= 2 * 100
+    assert set(sampled["forward_ct"]) <= set(raw["forward_ct"])
+
+
+def test_version_2_file_reads_step_bins_from_raw_and_gets_them_on_a_read_write_open(filled: Store,
+                                                                                      tmp_path: Path) -> None:
+    want = Reader(filled.path).step_costs(RUNS, 5)
+    old = tmp_path / "v2.duckdb"
+    shutil.copy(filled.path, old)
+    con = duckdb.connect(str(old))
+    con.execute(f"DROP TABLE {schema.SUM_STEP_BINS.name}")
+    con.execute("UPDATE store_meta SET value = '2' WHERE key = 'schema_version'")
+    con.close()
+    with Store(old, read_only=True).snapshot() as c:
+        assert summaries.schema_version(c) == 2
+        assert summaries.stale_runs(c) == set()  # the version-2 summaries still answer
+    pd.testing.assert_frame_equal(Reader(old).step_costs(RUNS, 5), want)
+    s = Store(old)
+    assert s.rebuilt_summaries == RUNS
+    with s.snapshot() as c:
+        assert summaries.schema_version(c) == schema.SCHEMA_VERSION
+        assert c.execute("SELECT sum(n) FROM sum_step_bins").fetchone()[0] == 650
+    pd.testing.assert_frame_equal(Reader(old).step_costs(RUNS, 5), want)
+    assert Store(old).rebuilt_summaries == []
+
+
+def test_request_pages_partition_the_run(filled: Store) -> None:
+    r = Reader(filled.path)
+    n = r.request_count("run-b")
+    whole = r.requests("run-b", n)
+    assert len(whole) == n > 10
+    pages = pd.concat([r.requests("run-b", 7, o) for o in range(0, n, 7)], ignore_index=True)
+    pd.testing.assert_frame_equal(pages, whole)
+    assert whole["blocks"].sum() == len(filled.read_table("request_steps", "run-b"))
+
+
+def _keys_reference(rs: pd.DataFrame, req: pd.DataFrame, c: str, a: str) -> pd.DataFrame:
+    """per_request by pandas from the raw rows (the join the key summaries make as rows are written)."""
+    rs = rs.assign(c1=rs["ceiling"] + 1, x=1 + rs["survival"].map(lambda v: float(np.sum(v)) if v is not None else np.nan))
+    j = rs.merge(req[["run_id", "rid", "workload", "prompt_index", "seed"]].rename(columns={"workload": "wl"}),
+                 on=["run_id", "rid"])
+    key = ["wl", "prompt_index", "seed"]
+    cj, aj = j[j["run_id"] == c], j[(j["run_id"] == a) & j["ceiling"].notna()].dropna(subset=key)
+    w = cj.groupby(key, dropna=False).agg(w=("rid", "size"), a=("acc_len", "mean"), x=("x", "mean"))
+    y = aj.groupby(key).agg(y=("c1", "mean"), audit_blocks=("c1", "size"))
+    out = w.join(y, how="left").reset_index().rename(columns={"wl": "workload"})
+    return out.sort_values(["workload", "prompt_index", "seed"], ignore_index=True)
+
+
+@pytest.mark.parametrize("order", ["requests-first", "blocks-first", "interleaved"])
+def test_request_keys_equal_the_join_whichever_rows_come_first(tmp_path: Path, order: str) -> None:
+    from tests import _store_helpers as H
+
+    a = H.request_steps(1600, run_id="c", seed=3)
+    b = H.request_steps(1200, run_id="p", seed=4)
+
+    def reqs(rs, skip_seed_every=0):
+        df = rs.select(["run_id", "rid", "workload"]).to_pandas().drop_duplicates(["run_id", "rid"])
+        return [dict(run_id=r.run_id, rid=r.rid, workload=r.workload, prompt_index=i % 50,
+                     seed=None if skip_seed_every and i % skip_seed_every == 0 else 7)
+                for i, r in enumerate(df.itertuples(index=False))]
+
+    qa, qb = reqs(a, 9), reqs(b)
+    s = Store(tmp_path / "k.duckdb")
+    s.append({"runs": [{**H.run_row("c", "compact")}, {**H.run_row("p", "cap-accept")}]})
+    pieces = {
+        "requests-first": [{"requests": qa + qb}, {"request_steps": a}, {"request_steps": b}],
+        "blocks-first": [{"request_steps": a.slice(0, 900)}, {"request_steps": b}, {"requests": qa + qb},
+                         {"request_steps": a}],
+        "interleaved": [{"request_steps": a.slice(0, 700), "requests": qa[:30]}, {"requests": qa + qb[:10]},
+                        {"request_steps": b.slice(0, 600)}, {"request_steps": a, "requests": qb},
+                        {"request_steps": b}],
+    }[order]
+    for p in pieces:
+        s.append(p)
+    r = Reader(s.path)
+    got = audit_sampling.per_request(r, "c", "p")
+    want = _keys_reference(s.read_table("request_steps"), s.read_table("requests"), "c", "p")
+    assert got["seed"].isna().any() and got["y"].notna().any()
+    cols = ["workload", "prompt_index", "seed", "w", "a", "x", "y", "audit_blocks"]
+    num = {c: float for c in cols[1:]}
+    pd.testing.assert_frame_equal(got[cols].astype(num), want[cols].astype(num), rtol=1e-6)  # survival is float32
+    with s.snapshot() as con:
+        assert summaries.stale_runs(con) == set()
+    # a requests row appended past the store makes its run stale (and it is answered from raw rows)
+    con = duckdb.connect(str(s.path))
+    con.execute("INSERT INTO requests (run_id, rid, workload, prompt_index, seed) VALUES ('p', 'extra', 'chat', 999, 7)")
+    con.close()
+    with s.snapshot() as con:
+        assert summaries.stale_runs(con) == {"p"}
+    pd.testing.assert_frame_equal(audit_sampling.per_request(Reader(s.path), "c", "p"), got)
