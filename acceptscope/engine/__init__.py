@@ -12,11 +12,19 @@ import hashlib
 import json
 import os
 import sys
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+# torch-free on purpose: the core reaches this package through engine.sps / engine.sts / engine.workloads,
+# so torch, pyarrow and duckdb are imported inside the functions that serve (tests/test_layers.py LAZY_IMPORTS)
+from acceptscope.engine import sps as sps_mod
+from acceptscope.engine import sts as sts_mod
+from acceptscope.engine.tokenizer import format_chat, load_tokenizer
+from acceptscope.engine.workloads import load_prompts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,8 +152,6 @@ def _set_threads(n: Optional[int]) -> None:
 
 
 def _load_sps(spec: Optional[str]):
-    from acceptscope.engine import sps as sps_mod
-
     if spec is None or spec == "none":
         return None, None
     path = DEFAULT_SPS if spec == "default" else resolve_model_path(spec)
@@ -175,9 +181,7 @@ def profile_engine(target: str | Path, drafter: str | Path, out: str | Path, *, 
                    context_len: int = 64, mbin: int = 16, monotone: bool = True, gamma: Optional[int] = None,
                    threads: Optional[int] = None, progress: Optional[Callable[[], None]] = None) -> dict:
     """Profile the engine's step cost and write SGLang SPS tables; returns paths, hashes and cells."""
-    import time
-
-    from acceptscope.engine import profiler, sps as sps_mod
+    from acceptscope.engine import profiler
     from acceptscope.engine.runner import Engine
 
     _set_threads(threads)
@@ -229,17 +233,12 @@ def table_rows(sps_bytes: Optional[bytes], sps_path: Optional[str], sts_bytes: O
 
 def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], None]] = None) -> RunSummary:
     """Run one arm end to end and return its summary (telemetry goes to ``config.db`` if set)."""
-    import time
-
     import torch
 
     from acceptscope import schema
-    from acceptscope.engine import sts as sts_mod
     from acceptscope.engine.runner import Engine, RequestSpec
     from acceptscope.engine.telemetry import TelemetrySink
-    from acceptscope.engine.tokenizer import format_chat, load_tokenizer
     from acceptscope.engine.verify import check_mode
-    from acceptscope.engine.workloads import load_prompts
 
     check_mode(config.arm)
     _set_threads(config.threads)

@@ -33,9 +33,11 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from acceptscope.engine.sampling import sample_inverse_cdf
+from acceptscope.engine.target import load_target
 
 __all__ = [
     "DrafterConfig",
@@ -356,8 +358,6 @@ class DSparkDrafter(nn.Module):
         The frozen embedding/LM head are left out unless ``save_shared``: they are the target's.
         ``dtype`` casts floating weights on the way out (e.g. ``torch.bfloat16`` to halve the size).
         """
-        from safetensors.torch import save_file
-
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         sd = {}
@@ -385,8 +385,6 @@ class DSparkDrafter(nn.Module):
     ) -> "DSparkDrafter":
         """Load a drafter directory. ``target`` (a loaded HF model or a path) supplies embed/lm_head when
         they were not saved; if it is None, ``config.target_path`` (relative to ``path``) is tried."""
-        from safetensors.torch import load_file
-
         p = Path(path)
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
@@ -411,8 +409,6 @@ class DSparkDrafter(nn.Module):
                     f"{p}: embed_tokens/lm_head were not saved with the drafter; pass target= (model or path)"
                 )
             if isinstance(target, (str, Path)):
-                from acceptscope.engine.target import load_target
-
                 target = load_target(target, dtype=torch.float32)
             model.load_shared_from_target(target)
         model_sd = model.state_dict()

@@ -14,13 +14,16 @@ requests, and the median step time of the cell is kept. Then
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
+from acceptscope.engine import sps as sps_mod
 from acceptscope.engine.kv import pack
 from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive
 from acceptscope.engine.verify import run_verify
@@ -209,11 +212,6 @@ def write_measured_profile(doc: dict, out, *, shape: Optional[str] = None, mbin:
     (GPU, driver, torch/CUDA, shape, context, date, the measured cells, fit quality and the
     batch-1 memory-bandwidth bound ratio). Returns the manifest.
     """
-    import json
-    from pathlib import Path
-
-    from acceptscope.engine import sps as sps_mod
-
     results = doc.get("results") or []
     if shape is not None:
         results = [r for r in results if r.get("shape", {}).get("name") == shape]
@@ -317,9 +315,6 @@ class StepClock:
     def from_profile(cls, table, table_path) -> "StepClock":
         """The table plus, from its provenance manifest (``<table>.manifest.json``) when present, the context
         term: the measured sweep (``context_term``) or else the analytic K/V-read bound."""
-        import json
-        from pathlib import Path
-
         man = Path(str(table_path) + ".manifest.json")
         if not man.is_file():
             return cls(table)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
 
 __all__ = [
     "make_target_config",
@@ -46,8 +47,6 @@ def make_target_config(
     tie_word_embeddings: bool = True,
 ) -> Any:
     """A small ``Qwen3Config`` (tied embeddings, full attention everywhere) for the reference target."""
-    from transformers import Qwen3Config
-
     cfg = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -85,8 +84,6 @@ def load_target(
     ``dtype=None`` keeps the checkpoint's own dtype; the default casts to float32 because CPU kernels
     for bf16 are slow and the fixtures store bf16 to stay small.
     """
-    from transformers import AutoModelForCausalLM
-
     p = Path(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p}: no config.json; not a Hugging Face model directory")

@@ -17,9 +17,12 @@ count to a wall-clock budget (``time_budget_s``) after timing the first steps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,9 +31,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers import GenerationConfig, Qwen3ForCausalLM
 
+import acceptscope.engine as eng_pkg
+from acceptscope.engine import EngineConfig, load_models, run_engine
 from acceptscope.engine import corpus as corpus_mod
+from acceptscope.engine import runner as runner_mod
 from acceptscope.engine.drafter import DrafterConfig, DSparkDrafter, position_weights
+from acceptscope.engine.eval_acceptance import evaluate_workloads
 from acceptscope.engine.target import (
     default_target_layer_ids,
     load_target,
@@ -168,8 +176,6 @@ class TargetTrainConfig:
 
 def train_target(cfg: TargetTrainConfig, out_dir: str | Path, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Generate the corpus, train the tokenizer and the target LM; save both to ``out_dir``."""
-    from transformers import GenerationConfig, Qwen3ForCausalLM
-
     t0 = time.time()
     seed_everything(cfg.seed)
     dev = _device(cfg.device)
@@ -274,8 +280,6 @@ def train_target(cfg: TargetTrainConfig, out_dir: str | Path, progress: Progress
 
 
 def _py_version() -> str:
-    import sys
-
     return sys.version.split()[0]
 
 
@@ -501,9 +505,6 @@ def train_drafter(
     target = load_target(target_dir, device=dev, dtype=torch.float32)
     tokenizer = load_tokenizer(target_dir)
     if cfg.target_path_hint is None:  # a copy, so the caller's config is not modified
-        import dataclasses
-        import os
-
         rel = os.path.relpath(Path(target_dir).resolve(), Path(out_dir).resolve())
         cfg = dataclasses.replace(cfg, target_path_hint=Path(rel).as_posix())
     dcfg = drafter_config_for(target, tokenizer, cfg)
@@ -596,8 +597,6 @@ def train_pair(
 ) -> dict[str, Any]:
     """Train target then drafter into ``out_root/{target,drafter}``, evaluate acceptance per workload and
     write ``out_root/metrics.json``."""
-    from acceptscope.engine.eval_acceptance import evaluate_workloads
-
     root = Path(out_root)
     tdir, ddir = root / "target", root / "drafter"
     log("training target ...")
@@ -643,9 +642,6 @@ def refit_confidence_head(target: str | Path, drafter: str | Path, out_dir: str 
     "draft k accepted given drafts 0..k-1 were" (positions past the first rejection carry no label).
     Only the confidence head changes; drafts, losslessness and acceptance are unchanged.
     """
-    from acceptscope.engine import EngineConfig, load_models, run_engine
-    from acceptscope.engine import runner as runner_mod
-
     seed_everything(seed)
     _, _, model, dr = load_models(target, drafter)
     feats: list[torch.Tensor] = []
@@ -665,8 +661,6 @@ def refit_confidence_head(target: str | Path, drafter: str | Path, out_dir: str 
         vr = orig_verify(*a, **k)
         ceilings.append(vr.ceiling.clone())
         return vr
-
-    import acceptscope.engine as eng_pkg
 
     orig_load = eng_pkg.load_models
     dr.confidence_logits = record_feats

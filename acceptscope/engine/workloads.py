@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from acceptscope.engine.corpus import eval_prompts
+
 BUILTIN = ("math", "code", "chat", "poetry")
 WORKLOAD_DIR = Path(os.environ.get("ACCEPTSCOPE_WORKLOADS", "/work/shared/data/workloads"))
 
@@ -66,8 +68,6 @@ def read_turns_jsonl(path: str | Path, limit: int | None = None) -> list[str]:
 
 
 def builtin_prompts(name: str, n: int) -> list[str]:
-    from acceptscope.engine.corpus import eval_prompts
-
     return eval_prompts(_CORPUS_NAME[name], n)
 
 
