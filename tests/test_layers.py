@@ -93,17 +93,6 @@ NOT_YET_HOISTED: dict[str, tuple[str, ...]] = {
     "acceptscope/engine/train.py": ("acceptscope.engine", "acceptscope.engine.eval_acceptance",
                                     "acceptscope.engine.runner", "dataclasses", "os", "sys", "transformers"),
     "acceptscope/engine/workloads.py": ("acceptscope.engine.corpus",),
-    "estimators/__init__.py": ("acceptscope.engine.sps", "acceptscope.ingest.links", "acceptscope.schema",
-                               "estimators.bracket", "estimators.calibration", "estimators.cost",
-                               "estimators.frame", "estimators.planner", "estimators.stream", "estimators.tail",
-                               "estimators.utilization", "estimators.validation", "hashlib", "pathlib"),
-    "estimators/spark.py": ("acceptscope.store", "copy", "duckdb", "estimators", "estimators.bootstrap",
-                            "estimators.calibration", "estimators.frame", "estimators.planner",
-                            "estimators.stream", "estimators.tail", "math", "pyspark.sql",
-                            "pyspark.sql.pandas.types", "scipy.optimize", "time", "urllib.parse"),
-    "estimators/stream.py": ("acceptscope.store", "estimators", "estimators.calibration", "estimators.frame",
-                             "estimators.planner", "estimators.tail", "estimators.utilization",
-                             "estimators.validation"),
 }
 
 
