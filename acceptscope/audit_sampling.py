@@ -54,6 +54,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.special import ndtr, stdtrit  # norm.cdf and t.ppf without scipy.stats (2x the start-up)
 
 from acceptscope import schema, summaries
 
@@ -116,8 +117,6 @@ MIN_REGRESSION_N = 20
 def expanded_alpha(alpha: float, n: int) -> float:
     """Hesterberg's expanded percentile: the tail level that corrects the percentile bootstrap's
     narrowness at small n (alpha' = Phi(sqrt(n/(n-1)) * t_{alpha, n-1}))."""
-    from scipy.special import ndtr, stdtrit  # norm.cdf and t.ppf without importing scipy.stats (2x the start-up)
-
     if n < 2:
         return alpha
     return float(ndtr(np.sqrt(n / (n - 1)) * stdtrit(n - 1, alpha)))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy.special import ndtri
 
 TAIL_STATS = ("n", "n_censored", "sum_mean", "sum_var", "sum_below", "sum_above", "sum_truth", "n_truth")
 _SUMS = ("n", "sum_mean", "n_censored", "sum_below", "sum_above", "n_truth", "sum_truth")  # per group, with the replicates
@@ -95,8 +96,6 @@ def poisson_weights(keys: np.ndarray, i: int, seed: int = 0) -> np.ndarray:
 
 def normal_draws(keys: np.ndarray, i: int, seed: int = 0) -> np.ndarray:
     """Standard normal per request for replicate ``i`` (imputation noise)."""
-    from scipy.special import ndtri
-
     return ndtri(uniforms(keys, i, seed, 2))
 
 

@@ -58,10 +58,12 @@ Example::
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from estimators.frame import BlockFrame
 
@@ -347,8 +349,7 @@ class HazardModel:
         return L["_logistic_cells"]
 
     def _fit_logistic(self, weights=None) -> None:
-        from sklearn.linear_model import LogisticRegression
-        from threadpoolctl import threadpool_limits
+        from sklearn.linear_model import LogisticRegression  # lazy: see LAZY_IMPORTS in tests/test_layers.py
 
         L = self._train
         previous = getattr(self, "coef_", {})  # a refit keeps these where a replicate is degenerate
@@ -430,8 +431,6 @@ class HazardModel:
 
     def refit(self, request_weights: np.ndarray) -> "HazardModel":
         """A copy refitted with per-training-request weights (cluster bootstrap)."""
-        import copy
-
         m = copy.copy(self)
         if self.method == "binned":
             m._table(weights=request_weights)

@@ -33,20 +33,38 @@ pyspark is imported here only, lazily.
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import pickle
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+from urllib.parse import unquote
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+from scipy.optimize import minimize_scalar
 
 from acceptscope import schema
-from estimators.stream import TAIL_COLUMNS, StreamTail, _RunAcc, aggregate_specs, whole_requests
+from acceptscope.store import incomplete_runs
+from estimators.bootstrap import aggregate_from_sums, replicate_sums, row_request_keys
+from estimators.calibration import LOG_T_BOUNDS, calibration_data
+from estimators.frame import BlockFrame
+from estimators.planner import audit
+from estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
+                                 sts_in_force, to_jsonable)
+from estimators.stream import (PLANNER_ROWS, TAIL_COLUMNS, StreamTail, _planner_window, _RunAcc, _sample_requests,
+                               aggregate_specs, whole_requests)
+from estimators.tail import TailEstimator
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")
@@ -56,8 +74,6 @@ CHUNK_ROWS = 1 << 16  # request-steps per executor pass (whole requests; bounded
 def spark_session(master: str = "local[2]", shuffle_partitions: int | None = None, app_name: str = "acceptscope",
                   driver_memory: str = "2g"):
     """A SparkSession for the lake (local mode by default). Workers run this Python."""
-    from pyspark.sql import SparkSession
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # pyspark 4.3 warns on every Arrow conversion that it "does not yet fully support pandas >= 3";
@@ -89,8 +105,6 @@ def _cores(master: str) -> int:
 def spark_schema(t: schema.Table, columns: Sequence[str] | None = None):
     """The record model's Arrow schema as a Spark StructType (every field nullable: Parquet files
     written by other tools may not carry the not-null flags)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     fields = [f.with_nullable(True) for f in t.arrow_schema if columns is None or f.name in columns]
     return from_arrow_schema(pa.schema(fields))
 
@@ -137,8 +151,6 @@ class LakeStore:
 
     def _has_partition(self, name: str, run_id: str) -> bool:
         """Whether the export wrote a ``run_id=`` directory for ``run_id`` in table ``name``."""
-        from urllib.parse import unquote
-
         root = self.path / name
         return root.is_dir() and any(d.is_dir() and unquote(d.name[len("run_id="):]) == run_id
                                      for d in root.glob("run_id=*"))
@@ -159,8 +171,6 @@ class LakeStore:
     def read_arrow(self, name: str, run_id: str | Sequence[str] | None = None,
                    columns: Sequence[str] | None = None) -> pa.Table:
         """One table (rows of ``run_id``), sorted by its key, in the record model's types."""
-        from pyspark.sql import functions as F
-
         t = schema.table(name)
         df = self.frame(name)
         if columns is None:
@@ -183,8 +193,6 @@ class LakeStore:
 # executors: whole requests per pass
 # ---------------------------------------------------------------------------
 def _frame(tbl: pa.Table, gamma: int):
-    from estimators.frame import BlockFrame
-
     return BlockFrame.from_request_steps(_to_model(tbl, schema.REQUEST_STEPS).to_pandas(), gamma=gamma)
 
 
@@ -204,8 +212,6 @@ TRAIN_FIELDS = [("run_id", pa.string()), ("rid", pa.string()), ("pos", pa.int64(
 def _train_partition(batches, est, gamma: int, chunk_rows: int):
     """Hazard training positions of a partition's requests (``HazardModel._long`` per chunk), then one
     row per request (``pos = -1``) with its number of request-steps ``n`` and whether it has truth."""
-    import time
-
     sch = pa.schema(TRAIN_FIELDS)
     for tbl in whole_requests(batches, chunk_rows):
         t0 = time.process_time()
@@ -267,8 +273,6 @@ class _Rows:
 
 def _strip(model):
     """A copy of a fitted hazard model without its training layout (what executors need to predict)."""
-    import copy
-
     m = copy.copy(model)
     for a in ("_train", "_grp", "_cell"):
         m.__dict__.pop(a, None)
@@ -288,8 +292,6 @@ class SparkTail:
     def _rs(self, run_ids, columns: Sequence[str] | None = None):
         """``request_steps`` of ``run_ids`` (``columns`` only), temperatures filled as
         :func:`estimators.load_run` fills them: the request's own, else the run's."""
-        from pyspark.sql import functions as F
-
         ids = list(run_ids)
         rs = self.store.frame("request_steps").where(F.col("run_id").isin(ids))
         if columns is not None:
@@ -313,8 +315,6 @@ class SparkTail:
         there is truth); None when unknown (truth is looked for). ``fit_rows``: fit on the stable
         hash-sample of whole requests the streamed path fits on (``estimators.stream``), at most
         that many request-steps (the logistic fit is not a sum; ``self.fit_note`` says so)."""
-        from estimators.tail import TailEstimator
-
         est = TailEstimator()
         hz = est.hazard
         est.gamma_ = gamma
@@ -359,8 +359,6 @@ class SparkTail:
         """The streamed path's per-chunk sums (``estimators.stream._RunAcc``) on the executors, one
         payload per partition (per-(group, request) statistics, per-group and per-position sums,
         counts, the calibration rows of the sampled requests), merged on the driver."""
-        import time
-
         remote = _broadcastable(est)
         kw = dict(run_id=run_id, gamma=gamma, exact=exact, steps=steps, hazard_boot=hazard_boot, seed=seed,
                   cal_fraction=cal_fraction, temperatures=temperatures, step_rows=step_rows,
@@ -390,8 +388,6 @@ class SparkTail:
         """The hazard model's ``hazard_boot`` request-bootstrap refits, spread over tasks: the training
         layout is broadcast, the weights are drawn on the driver in the order the local path draws
         them (``TailEstimator.refit_weights``), so every refit is the local one."""
-        import time
-
         weights = est.refit_weights(hazard_boot, seed)
         bc = self.spark.sparkContext.broadcast(est.hazard)
         t0 = time.perf_counter()
@@ -412,9 +408,6 @@ class SparkTail:
     def _sample(self, run_ids, max_rows: int, seed: int) -> pa.Table | None:
         """The (run_id, rid) of :func:`estimators.stream._sample_requests`'s stable hash-sample, from
         per-request counts aggregated on the executors (None: every request fits)."""
-        from pyspark.sql import functions as F
-
-        from estimators.stream import _sample_requests
 
         d = self._rs(run_ids, ["run_id", "rid"]).groupBy("run_id", "rid").agg(F.count("*").alias("n")).toPandas()
         sel = _sample_requests(_Rows(d), run_ids, max_rows, seed)
@@ -425,8 +418,6 @@ class SparkTail:
         return sel
 
     def _train_rows(self, run_ids, gamma: int, used: str, sample: pa.Table | None = None) -> pa.Table:
-        from estimators.tail import TailEstimator
-
         remote = TailEstimator()
         remote.hazard.source = used
         bc = self.spark.sparkContext.broadcast(remote)
@@ -437,8 +428,6 @@ class SparkTail:
 
         rs = self._rs(run_ids, TAIL_COLUMNS)
         if sample is not None:
-            from pyspark.sql import functions as F
-
             rs = rs.join(F.broadcast(self.spark.createDataFrame(sample.to_pandas())), ["run_id", "rid"], "left_semi")
         got = _by_request(rs, self.parts).mapInArrow(fn, _spark_struct(TRAIN_FIELDS)).toArrow()
         bc.destroy()
@@ -448,16 +437,12 @@ class SparkTail:
 
 def _broadcastable(est):
     """A copy of a fitted TailEstimator whose hazard model has no training layout (for broadcast)."""
-    import copy
-
     e = copy.copy(est)
     e.hazard = _strip(est.hazard)
     return e
 
 
 def _spark_struct(fields):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     return from_arrow_schema(pa.schema(fields))
 
 
@@ -481,8 +466,6 @@ class _LakeAcc(_RunAcc):
         self.cal_req: list[tuple[np.ndarray, np.ndarray]] = []  # (run_id, rid) of each calibration row
 
     def add(self, tbl: pa.Table) -> None:
-        from estimators.bootstrap import row_request_keys
-
         n_cal = len(self.cal)
         super().add(tbl)
         if len(self.cal) > n_cal:  # the (run_id, rid) of the rows just sampled, by their request key
@@ -495,8 +478,6 @@ class _LakeAcc(_RunAcc):
         """What goes back to the driver: sums. The per-(group, request) statistics are reduced here
         to the bootstrap's per-replicate partial sums (``bootstrap.replicate_sums``) of each
         aggregate the results use (``specs``: (grouping, n_boot, target, seed))."""
-        from estimators.bootstrap import replicate_sums
-
         stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items() if v}
         sums = {sp: replicate_sums(stats[sp[0]], list(sp[0]), n_boot=sp[1], target=sp[2], seed=sp[3])
                 for sp in specs if sp[0] in stats}
@@ -554,8 +535,6 @@ class _LakeTail(StreamTail):
     sums: dict = field(default_factory=dict)
 
     def aggregate(self, by=None, level: float = 0.95, n_boot: int = 400, target: str = "run", seed: int = 0):
-        from estimators.bootstrap import aggregate_from_sums
-
         by = [by] if isinstance(by, str) else list(by or [])
         spec = (tuple(by), n_boot, target, seed)
         if spec not in self.sums:
@@ -566,8 +545,6 @@ class _LakeTail(StreamTail):
 
 def _reduce_partition(batches, est, refits, kw: dict, specs, chunk_rows: int):
     """One partition's requests through ``_LakeAcc`` in chunks of whole requests: one payload."""
-    import time
-
     t0 = time.process_time()
     acc = _LakeAcc(est=_Remote(est, refits), **dict(kw))
     for tbl in whole_requests(batches, chunk_rows):
@@ -588,10 +565,6 @@ def _planner(store, acc: _LakeAcc, steps: pd.DataFrame, table, n_rows: int):
     ``estimators.stream.PLANNER_ROWS`` request-steps (exact: ``run_all``'s audit) and for the first
     decode steps beyond (``estimators.stream._planner_window`` over the rows Spark read). The lost
     drafts are the run's totals from the executors' sums."""
-    from estimators.frame import BlockFrame
-    from estimators.planner import audit
-    from estimators.stream import PLANNER_ROWS, _planner_window
-
     if n_rows > PLANNER_ROWS:
         return _planner_window(_WindowStore(store, acc.run_id, steps, PLANNER_ROWS), acc, steps, table, PLANNER_ROWS, None)
     tbl = store.read_arrow("request_steps", acc.run_id, columns=[c for c in PLANNER_COLUMNS
@@ -610,8 +583,6 @@ class _WindowStore:
     by Spark and served from an in-memory DuckDB connection."""
 
     def __init__(self, store, run_id: str, steps: pd.DataFrame, max_rows: int):
-        from pyspark.sql import functions as F
-
         st = steps.sort_values(["epoch", "forward_ct"])
         per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
         upto = per[per <= max_rows]
@@ -621,8 +592,6 @@ class _WindowStore:
         self.tbl = _to_model(df.select(*TAIL_COLUMNS).toArrow(), schema.REQUEST_STEPS)
 
     def connect(self, read_only: bool = True):
-        import duckdb
-
         con = duckdb.connect()
         con.register("request_steps", self.tbl)
         return con
@@ -633,9 +602,6 @@ def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200
     """:func:`estimators.run_all` of one run of the lake, with the streamed path's sums computed on
     the executors (see the module docstring). Equal to ``run_all`` on runs up to ``sample_rows``
     request-steps (calibration rows) and ``fit_rows`` training request-steps (hazard fit)."""
-    from estimators import RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket, sts_in_force
-    from estimators.calibration import calibration_data
-
     c = store.query_df("SELECT count(*) AS n_rows, count(ceiling) AS n_truth FROM request_steps WHERE run_id = ?",
                        [run_id])
     n_rows, n_truth = int(c.n_rows.iloc[0]), int(c.n_truth.iloc[0])
@@ -698,10 +664,6 @@ def estimate_lake(lake: str | Path, run_ids: Sequence[str] | None = None, master
                   n_boot: int = 200, seed: int = 0, spark=None, engine_stats: dict | None = None) -> dict[str, Any]:
     """``acceptscope estimate --lake LAKE --engine spark --json``: ``{run_id: results as JSON}``.
     ``engine_stats``: filled with what the executors did and sent back, per run."""
-    from acceptscope.store import incomplete_runs
-    from estimators import to_jsonable
-
-    from pyspark.sql import SparkSession
 
     own = spark is None and SparkSession.getActiveSession() is None  # stop only a session made here
     spark = spark or spark_session(master)
@@ -741,8 +703,6 @@ CAL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "pr
 
 def _cal_rows(tbl: pa.Table, label: str, gamma: int, temperatures) -> tuple[np.ndarray, np.ndarray]:
     """(z, y) of a batch, as ``calibration_data`` builds them for ``acceptscope calibrate``."""
-    from estimators.calibration import calibration_data
-
     try:
         if label == "greedy":
             d = calibration_data(None, "greedy", sts_samples=tbl.to_pandas(), gamma=gamma)
@@ -754,8 +714,6 @@ def _cal_rows(tbl: pa.Table, label: str, gamma: int, temperatures) -> tuple[np.n
 
 
 def _block_frame(tbl: pa.Table, gamma: int):
-    from estimators.frame import BlockFrame
-
     return BlockFrame.from_request_steps(_to_model(tbl, schema.REQUEST_STEPS), gamma=gamma)
 
 
@@ -795,13 +753,7 @@ def sts_fit_lake(store: LakeStore, run_id: str, label: str = "realized", method:
     of (prev, z, y), with no finite exact sufficient statistic; cell means make the error second
     order in the cell width (measured against the local fit in tests/test_estimators_spark.py).
     ``sequential-ece`` (a grid search on ECE bins of the survival) is not binned this way: refused."""
-    import math
 
-    from pyspark.sql import functions as F
-    from scipy.optimize import minimize_scalar
-
-    from estimators import load_run, sts_in_force
-    from estimators.calibration import LOG_T_BOUNDS
 
     if method not in ("smooth-nll", "smooth-brier"):
         raise ValueError(f"sts_fit_lake fits smooth-nll or smooth-brier, not {method!r} (use acceptscope calibrate --db)")

@@ -52,9 +52,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from acceptscope.store import fetch_arrow, fetch_arrow_reader
 from estimators.bootstrap import (add_sums, aggregate_from_sums, aggregate_stats, group_codes, replicate_sums,
                                   request_stats, row_request_keys, shift_sums, uniforms)
-from estimators.tail import observation_statement
+from estimators.calibration import CalData, calibration_data
+from estimators.frame import BlockFrame
+from estimators.planner import audit
+from estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
+                                 sts_in_force)
+from estimators.tail import TailEstimator, observation_statement
+from estimators.utilization import UtilizationResult
+from estimators.validation import batch_band
 
 GROUPINGS = ((), ("workload",), ("band",))
 TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window", "correct_drafts",
@@ -122,8 +130,6 @@ def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUM
     """``(run_id, table)`` pieces of ``request_steps`` holding whole requests of one run, about
     ``chunk_rows`` rows each (a request longer than that is one piece), in one ordered scan.
     ``whole_runs``: cut only between runs (each run is one piece, however long)."""
-    from acceptscope.store import fetch_arrow_reader
-
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
         cols, src = _select(con, columns, run_ids)
@@ -196,8 +202,6 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
                 duckdb_memory: str | None = DUCKDB_MEMORY) -> pa.Table:
     """``request_steps`` of a stable hash-sample of the runs' requests (whole requests; at most
     ``max_rows`` rows, all of them when they fit), ordered by request."""
-    from acceptscope.store import fetch_arrow
-
     sel = _sample_requests(store, run_ids, max_rows, seed)
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
@@ -295,9 +299,6 @@ class _RunAcc:
         self.bs_note = None if len(steps) else "batch size taken as the number of request rows per step (no steps table)"
 
     def add(self, tbl: pa.Table) -> None:
-        from estimators.frame import BlockFrame
-        from estimators.validation import batch_band
-
         self.chunks += 1
         frame = BlockFrame.from_request_steps(tbl, gamma=self.G)
         for note in frame.notes:
@@ -380,8 +381,6 @@ class _RunAcc:
         t["delivered"] += int(acc.sum())
         t["ceiling_tokens"] += float((ceil + 1).sum())
         if self.exact and self.cal_fraction > 0:
-            from estimators.calibration import calibration_data
-
             pick = uniforms(keys, 0, self.seed, stream=4) < self.cal_fraction
             if pick.any():
                 try:
@@ -434,8 +433,6 @@ class _RunAcc:
                           sums=dict(self.sums))
 
     def utilization_result(self, tail: StreamTail, n_boot: int, seed: int):
-        from estimators.utilization import UtilizationResult
-
         rows = []
         G = self.G
         for g, by_name in zip(GROUPINGS, ("run", "workload", "band")):
@@ -482,8 +479,6 @@ class _RunAcc:
     def realized_calibration(self):
         """The realized-label calibration rows this pass kept (a stable hash sample of requests when
         ``cal_fraction`` < 1), as :class:`estimators.calibration.CalData` (the streamed and Spark paths)."""
-        from estimators.calibration import CalData
-
         if not self.cal:
             raise ValueError("label 'realized' needs request-steps with a ceiling (a cap-accept or static run)")
         z = np.concatenate([c[0] for c in self.cal])
@@ -516,10 +511,6 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
                    hazards_from: str | None = None):
     """The run's fitted TailEstimator and a note on what it was fitted on (the policy of
     :func:`estimators.hazard_runs`, as :func:`estimators.run_all`)."""
-    from estimators import hazard_runs
-    from estimators.frame import BlockFrame
-    from estimators.tail import TailEstimator
-
     rid, gamma = meta_row.run_id, int(meta_row.gamma)
     if meta_row.n_truth == meta_row.n_rows:
         train = (rid,)
@@ -547,8 +538,6 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
     over ``request_steps``; see the module docstring. Returns ``{run_id: results}``; a run that
     cannot be estimated maps to its ``ValueError``. ``whole_runs``: every run is one chunk (small
     runs: then the results are :func:`estimators.run_all`'s in-memory ones)."""
-    from estimators import load_run, sts_in_force
-
     if run_ids is None:
         run_ids = store.runs().run_id.tolist()
     run_ids = list(run_ids)
@@ -620,10 +609,6 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
 
 
 def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_rows: int, duckdb_memory) -> dict:
-    from estimators import RUN_KEYS, _Table, fit_calibration, fit_cost, sglang_bracket
-    from estimators.calibration import calibration_data
-    from estimators.planner import audit
-
     data = side["data"]
     res: dict[str, Any] = {"skipped": {}}
     res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
@@ -661,15 +646,10 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
 def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: int, duckdb_memory):
     """Planner audit of the run's first decode steps (at most ``max_rows`` request-steps: the
     budget needs whole steps and each request's history), with the streamed run totals."""
-    from estimators.frame import BlockFrame
-    from estimators.planner import audit
-
     st = steps.sort_values(["epoch", "forward_ct"])
     per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
     upto = per[per <= max_rows]
     last = upto.index[-1] if len(upto) else per.index[0]
-    from acceptscope.store import fetch_arrow
-
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
         cols, src = _select(con, TAIL_COLUMNS, [acc.run_id])

@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from estimators.bootstrap import aggregate_stats, cluster_weights, request_stats, row_request_keys, shift_sums
 from estimators.frame import BlockFrame
 from estimators.hazard import HazardModel
 
@@ -284,8 +285,6 @@ class TailResult:
         Per-(group, request) sums and replicate draws seeded by the request key
         (:mod:`estimators.bootstrap`): the interval does not depend on row order or chunking.
         """
-        from estimators.bootstrap import aggregate_stats, request_stats, row_request_keys, shift_sums
-
         b = self.blocks
         by = [by] if isinstance(by, str) else list(by or [])
         keys = row_request_keys(b["run_id"], b["rid"])
@@ -347,8 +346,6 @@ class TailEstimator:
         """Poisson(1) weights per training request of each hazard refit: the keyed draws of
         :func:`estimators.bootstrap.cluster_weights`, keyed by the request's code in the training
         frame (codes follow sorted (run_id, rid), so the Spark driver's layout gets the same)."""
-        from estimators.bootstrap import cluster_weights
-
         nreq = self.hazard._train["n_req"]
         return list(cluster_weights(np.arange(nreq, dtype=np.uint64), hazard_boot, seed))
 

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from estimators.frame import BlockFrame
+from estimators.tail import TailResult
 from estimators.validation import batch_band
 
 
@@ -85,8 +86,6 @@ def utilization(data, tail=None, steps: pd.DataFrame | None = None, gamma: int |
         ci = None
         if not exact:
             tb = tail.blocks.assign(band=base["band"].to_numpy(), workload=base["workload"].to_numpy())
-            from estimators.tail import TailResult
-
             tr = TailResult(blocks=tb, pmf=tail.pmf, gamma=G, levels=tail.levels, hazard_info={}, _boot=tail._boot)
             ci = tr.aggregate(by=None if by == "run" else [by], level=0.95, n_boot=n_boot, seed=seed)
             ci = ci.set_index("group" if by == "run" else by)

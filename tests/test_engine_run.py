@@ -256,9 +256,9 @@ def test_runs_record_the_sps_and_sts_table_rows_under_their_hash(db, pair, monke
     assert sorted(zip(sts_rows.position, sts_rows.temperature)) == [(r["position"], r["temperature"]) for r in want_sts]
     assert st.query_df("SELECT count(*) AS n FROM rejects").n[0] == 0
     # the estimators read the run's tables from these rows, not from the file
-    import estimators
+    import estimators.run_data
 
-    monkeypatch.setattr(estimators, "_sps_from_config", lambda *a: pytest.fail("fell back to the SPS file"))
+    monkeypatch.setattr(estimators.run_data, "_sps_from_config", lambda *a: pytest.fail("fell back to the SPS file"))
     data = estimators.load_run(st, "t-compact")
     assert data["sps_table"] is not None
     assert list(data["sts_temperatures"]) == [1.0, 1.5, 2.0, 3.0]

@@ -1,0 +1,245 @@
+"""One run's tables and the steps every estimation path shares (in-memory :func:`estimators.run.run_all`,
+the streamed :mod:`estimators.stream`, the Spark lake :mod:`estimators.spark`): load a run, the STS table in
+force, which runs the tail hazards come from, the bracket, calibration and cost steps, JSON output.
+
+Why a module of its own: the three paths import these at module top without an import cycle through
+``estimators/__init__.py``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from acceptscope import schema
+from acceptscope.engine.sps import parse_sps
+from acceptscope.ingest.links import named_tables
+from estimators.bracket import bracket_from_jsonl
+from estimators.calibration import compare
+from estimators.cost import CostModel, table_from_long
+
+RUN_KEYS = ("arm", "engine", "gamma", "temperature", "sts_hash", "sps_hash")  # the run row in run_all's results
+
+
+def load_run(store, run_id: str, skip: tuple = ()) -> dict[str, Any]:
+    """The tables of one run (plus the run row and its SPS/STS tables when recorded); tables in
+    ``skip`` are left out (the streaming pass reads ``request_steps`` itself)."""
+    runs = store.query_df("SELECT * FROM runs WHERE run_id = ?", [run_id])
+    if runs.empty:
+        raise KeyError(f"run {run_id!r} not in {store.path}")
+    out = {"run": runs.iloc[0].to_dict()}
+    for t in ("request_steps", "steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
+        if t in skip:
+            continue
+        out[t] = store.read_table(t, run_id)
+        if t != "request_steps":  # (BlockFrame sorts request_steps itself)
+            out[t] = _key_order(out[t], t)
+    if "request_steps" in out:
+        out["request_steps"] = _with_temperatures(store, run_id, out["request_steps"], out["run"].get("temperature"))
+    sps_hash = out["run"].get("sps_hash")
+    out["sps_table"] = None
+    if sps_hash:
+        d = store.query_df("SELECT * FROM sps_tables WHERE table_hash = ?", [sps_hash])
+        if len(d):
+            out["sps_table"] = table_from_long(d)
+        else:
+            # adapter: the reference engine records the hash and the path in config_json but not
+            # the table rows; use the file when its sha256 matches the recorded hash
+            out["sps_table"] = _sps_from_config(out["run"].get("config_json"), sps_hash)
+    sts_hash = out["run"].get("sts_hash")
+    out["sts_temperatures"] = None
+    if sts_hash:
+        d = store.query_df("SELECT position, temperature FROM sts_tables WHERE table_hash = ? ORDER BY position", [sts_hash])
+        if len(d):
+            out["sts_temperatures"] = d.temperature.to_numpy()
+    out["sts_named"] = named_tables(out["run"].get("config_json")).get("sts_hash")
+    return out
+
+
+def sts_in_force(data: dict):
+    """Temperatures the run's confidences were served with (None: identity, no table loaded).
+
+    Raises ValueError when the server named an STS table that is not in the store: its
+    recorded confidences are post-STS, so a fit on them without the table would be a fit of
+    the wrong quantity (reference §3.3: ``c_k = sigmoid(z_k / T_k)``)."""
+    if data["sts_temperatures"] is None and data.get("sts_named"):
+        raise ValueError(f"run {data['run']['run_id']!r} served with the STS table {data['sts_named']}, which is not "
+                         "in the store: ingest that file (acceptscope ingest FILE) so it links to the run")
+    return data["sts_temperatures"]
+
+
+def _with_temperatures(store, run_id: str, rs: pd.DataFrame, run_temperature) -> pd.DataFrame:
+    """Fill request-steps' missing temperatures: the request's own (``requests``: a traffic
+    driver's records), else the run's (``acceptscope ingest --temperature``). SGLang's dumps
+    carry none; a greedy request known as such resolves its trimmed tail exactly."""
+    if rs.empty or "temperature" not in rs or not rs["temperature"].isna().any():
+        return rs
+    req = store.query_df("SELECT rid, temperature FROM requests WHERE run_id = ? AND temperature IS NOT NULL",
+                         [run_id])
+    t = rs["temperature"]
+    if len(req):
+        t = t.fillna(rs["rid"].map(pd.Series(req["temperature"].to_numpy(), index=req["rid"])))
+    if run_temperature is not None and not pd.isna(run_temperature):
+        t = t.fillna(float(run_temperature))
+    return rs.assign(temperature=t.astype(float))
+
+
+def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
+    """Why ``other``'s observed tails cannot stand in for ``run_id``'s (empty: compatible).
+
+    Hazards transfer only between runs whose drafts were scheduled alike: the same gamma,
+    the same STS table in force (it changes what a confidence value means) and the same
+    temperature mix (greedy and sampled acceptance differ; shares within 0.1)."""
+    runs = store.query_df("SELECT run_id, gamma, sts_hash, temperature FROM runs WHERE run_id IN (?, ?)",
+                          [run_id, other]).set_index("run_id")
+    if other not in runs.index:
+        return [f"run {other!r} is not in {store.path}"]
+    a, b = runs.loc[run_id], runs.loc[other]
+    out = []
+    if int(a.gamma) != int(b.gamma):
+        out.append(f"gamma {int(b.gamma)} != {int(a.gamma)}")
+    sa, sb = (None if pd.isna(x) else x for x in (a.sts_hash, b.sts_hash))
+    if sa != sb:
+        out.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
+    mix = {}
+    for r in (run_id, other):
+        d = _with_temperatures(store, r, store.read_table("request_steps", r, columns=["rid", "temperature"]),
+                               runs.loc[r, "temperature"])
+        t = d["temperature"]
+        mix[r] = None if t.isna().all() else (t.fillna(1.0) <= 0).mean()
+    if (mix[run_id] is None) != (mix[other] is None):
+        out.append("temperature known for one run only (ingest --temperature or request records)")
+    elif mix[run_id] is not None and abs(mix[run_id] - mix[other]) > 0.1:
+        out.append(f"greedy share {mix[other]:.2f} vs {mix[run_id]:.2f}")
+    return out
+
+
+def hazard_runs(store, run_id: str, gamma: int, audit_group=None, hazards_from: str | None = None):
+    """Which runs the tail hazards of ``run_id`` (no recorded ceiling) are fitted on, and why.
+
+    ``hazards_from`` (named by the user; ValueError unless :func:`hazard_compatibility` passes),
+    else the compatible truth-bearing arms of the same audit, else none: the run's own observed
+    outcomes. Never an unrelated run that merely shares gamma (other STS tables and temperature
+    mixes biased unresolved blocks by +0.15 drafts)."""
+    if hazards_from is not None:
+        problems = hazard_compatibility(store, run_id, hazards_from)
+        if problems:
+            raise ValueError(f"--hazards-from {hazards_from}: not compatible with {run_id}: " + "; ".join(problems))
+        return [hazards_from], (f"hazards fitted on run {hazards_from} (named by --hazards-from; compatible: gamma, "
+                                "STS table, temperature mix)")
+    others = [o for o in _audit_truth_runs(store, gamma, run_id, audit_group)
+              if not hazard_compatibility(store, run_id, o)]
+    if others:
+        return others, f"hazards fitted on the truth-bearing arm of this audit: {', '.join(others)}"
+    return [], ("hazards fitted on this run's own observed outcomes (in-window accepts and rejections, the exactly "
+                "observed first trimmed position, greedy walks); deeper trimmed positions are extrapolated in "
+                "confidence")
+
+
+def read_training(store, runs: list[str]) -> pd.DataFrame:
+    """``request_steps`` of truth-bearing runs, with their temperatures filled as :func:`load_run` does."""
+    temps = store.query_df("SELECT run_id, temperature FROM runs WHERE run_id IN (SELECT UNNEST(?))", [runs])
+    t = dict(zip(temps.run_id, temps.temperature))
+    return pd.concat([_with_temperatures(store, r, store.read_table("request_steps", r), t.get(r)) for r in runs],
+                     ignore_index=True)
+
+
+def _key_order(df: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Rows in primary-key order: the held-out splits (cost, calibration) draw per row, so results
+    must not depend on the order rows were stored in (ingest order, or a lake's partitions)."""
+    key = [k for k in schema.table(table).key if k in df.columns]
+    if len(df) < 2 or not key:
+        return df
+    return df.sort_values(key, kind="stable", ignore_index=True)
+
+
+def _sps_from_config(config_json, sps_hash):
+    try:
+        path = Path(json.loads(config_json or "{}").get("sps_path") or "")
+    except (ValueError, TypeError):
+        return None
+    if not path.is_file():
+        return None
+    raw = path.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != sps_hash:
+        return None
+    return parse_sps(raw.decode("utf-8"), str(path))
+
+
+def _audit_truth_runs(store, gamma: int, exclude: str, audit_group) -> list[str]:
+    """Truth-bearing arms (cap-accept / static, ceiling recorded) of the same audit, with this gamma."""
+    if audit_group is None:
+        return []
+    q = ("SELECT r.run_id FROM runs r WHERE r.gamma = ? AND r.run_id <> ? AND r.audit_group = ? "
+         "AND r.arm IN ('cap-accept','static') "
+         "AND EXISTS (SELECT 1 FROM request_steps s WHERE s.run_id = r.run_id AND s.ceiling IS NOT NULL)")
+    return store.query_df(q, [int(gamma), exclude, audit_group]).run_id.tolist()
+
+
+def sglang_bracket(data: dict, trim: dict, gamma: int) -> "_Table":
+    """SGLang's [lo, hi] block-accept bracket from the run's estimator JSONL, next to the trim counters."""
+    if not len(data["estimator_rows"]):
+        return _Table(pd.DataFrame(), dict(trim=trim, note="no SGLang estimator JSONL for this run"))
+    br = bracket_from_jsonl(data["estimator_rows"], data["estimator_gather"], data["estimator_eos"], gamma=gamma)
+    return _Table(br, dict(trim=trim, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
+                           categories=br.category.value_counts().to_dict()))
+
+
+def fit_calibration(res: dict, make_data, n_boot: int, seed: int) -> None:
+    """The held-out STS comparison of a run into ``res["calibration"]`` (or its skip reason), the same
+    step for the in-memory, streamed and Spark paths. ``make_data()`` returns the run's
+    :class:`~estimators.calibration.CalData` and the STS temperatures in force (compared as ``in-force``),
+    or raises ValueError with the reason calibration is skipped."""
+    try:
+        d, in_force = make_data()
+        tr, te = d.split(seed=seed)
+        res["calibration"] = compare(tr, te, n_boot=n_boot, seed=seed,
+                                     extra_fits=None if in_force is None else {"in-force": list(in_force)})
+    except ValueError as e:
+        res["skipped"]["calibration"] = str(e)
+
+
+def fit_cost(res: dict, steps: pd.DataFrame, sps_table, seed: int):
+    """The additive SPS cost fit of a run's step times into ``res["cost"]`` (or its skip reason);
+    returns the table the planner audit uses: the run's recorded one, else the fitted one."""
+    cost = None
+    try:
+        cost = CostModel(seed=seed).fit(steps, baseline=sps_table)
+        res["cost"] = cost.result_
+    except (ValueError, KeyError) as e:
+        res["skipped"]["cost"] = str(e)
+    return sps_table or (cost.table_ if cost is not None else None)
+
+
+class _Table:
+    """A small result wrapper for tabular outputs (bracket) with the common interface."""
+
+    def __init__(self, df: pd.DataFrame, summary: dict):
+        self.df, self.summary = df, summary
+
+    def to_json(self) -> dict:
+        return self.summary
+
+
+def to_jsonable(results: dict[str, Any]) -> dict:
+    """JSON-ready dict of :func:`run_all` results (NaN -> null)."""
+    out = {}
+    for k, v in results.items():
+        out[k] = v if k == "skipped" else v.to_json()
+    return json.loads(json.dumps(out, default=_default).replace("NaN", "null"))
+
+
+def _default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (np.bool_,)):
+        return bool(o)
+    return str(o)
