@@ -264,27 +264,34 @@ def _np_reliability(tbl: pa.Table, codes: np.ndarray, labels: pd.DataFrame,
     """sum_reliability rows of the batch (as ``_agg_sql(SUM_RELIABILITY)``); None where a confidence
     lies outside [0, 1] (the SQL's bin cast is then left to the SQL)."""
     ceil, ceil_ok = _ints(tbl.column("ceiling"))
-    rows, pos, c, c_ok, _ = _list_elements(tbl.column("confidence"))
-    k = pos + 1
-    keep = ceil_ok[rows] & (ceil[rows] >= k - 1)
-    rows, pos, k, c, c_ok = rows[keep], pos[keep], k[keep], c[keep], c_ok[keep]
+    rows, pos, c, c_ok, lens = _list_elements(tbl.column("confidence"))
+    kmax = max(int(lens.max()) if len(lens) else 0, 1)
+    # rows with a ceiling, elements with ceiling >= k - 1 (k = pos + 1); -1 never passes
+    cer = np.repeat(np.where(ceil_ok, ceil, -1), lens)
+    keep = cer >= pos
     # the logit at the same (row, position): UNNEST pads the shorter list with NULL
-    larr = tbl.column("confidence_logit").combine_chunks()
-    loffs = np.asarray(larr.offsets, dtype=np.int64)
-    llens = np.diff(loffs)
-    if larr.null_count:
-        llens = np.where(np.asarray(larr.is_null()), 0, llens)
-    z_ok = pos < llens[rows]
-    zi = np.where(z_ok, loffs[:-1][rows] + pos, 0)
-    lchild = larr.values
-    z = np.asarray(lchild.to_numpy(zero_copy_only=False), dtype=np.float64)
-    z = z[zi] if len(z) else np.zeros(len(zi))
-    if lchild.null_count and len(zi):
-        z_ok &= np.asarray(lchild.is_valid())[zi]
+    conf, larr = tbl.column("confidence").combine_chunks(), tbl.column("confidence_logit").combine_chunks()
+    if (larr.null_count == 0 and conf.null_count == 0 and larr.offsets.equals(conf.offsets)
+            and len(rows) == np.asarray(larr.offsets)[-1] - np.asarray(larr.offsets)[0]):
+        _, _, z, z_ok, _ = _list_elements(larr)  # same shape: element for element
+    else:
+        loffs = np.asarray(larr.offsets, dtype=np.int64)
+        llens = np.diff(loffs)
+        if larr.null_count:
+            llens = np.where(np.asarray(larr.is_null()), 0, llens)
+        z_ok = pos < llens[rows]
+        zi = np.where(z_ok, loffs[:-1][rows] + pos, 0)
+        lchild = larr.values
+        z = np.asarray(lchild.to_numpy(zero_copy_only=False), dtype=np.float64)
+        z = z[zi] if len(z) else np.zeros(len(zi))
+        if lchild.null_count and len(zi):
+            z_ok &= np.asarray(lchild.is_valid())[zi]
+    sel = np.flatnonzero(keep)
+    gk = (np.repeat(codes * kmax, lens) + pos)[sel]
+    y = (cer[sel] > pos[sel]).astype(np.int64)
+    c, c_ok, z, z_ok = c[sel], c_ok[sel], z[sel], z_ok[sel]
     with np.errstate(over="ignore", invalid="ignore"):
         c_raw = 1 / (1 + np.exp(-z))
-    y = (ceil[rows] >= k).astype(np.int64)
-    kmax = int(k.max()) if len(k) else 1
     parts = []
     for variant, p, ok in (("after", c, c_ok), ("before", c_raw, z_ok)):
         ok = ok & np.isfinite(p)
@@ -292,7 +299,7 @@ def _np_reliability(tbl: pa.Table, codes: np.ndarray, labels: pd.DataFrame,
         if len(pv) and (pv.min() < 0 or pv.max() > 1):
             return None
         b = np.minimum(np.floor(pv * n_bins).astype(np.int64), n_bins - 1)
-        g = (codes[rows[ok]] * kmax + pos[ok]) * n_bins + b
+        g = gk[ok] * n_bins + b
         size = len(labels) * kmax * n_bins
         n = np.bincount(g, minlength=size).astype(np.int64)
         nz = np.flatnonzero(n)
