@@ -241,13 +241,14 @@ def _np_positions(tbl: pa.Table, codes: np.ndarray, labels: pd.DataFrame) -> pd.
     kmax = max(int(lens.max()) if len(lens) else 0, 1)
     ng = len(labels)
     size = ng * kmax
-    g = codes[rows] * kmax + pos
+    g = np.repeat(codes * kmax, lens) + pos
+    all_ok = bool(s_ok.all())
     zero = np.zeros_like(lens)
     reach = np.minimum(lens, win)
     n = _at_least(codes, lens, kmax, ng)
     out = pd.DataFrame({
-        "n": n, "sum_s": np.bincount(g[s_ok], weights=s[s_ok], minlength=size),
-        "n_s": np.bincount(g[s_ok], minlength=size).astype(np.int64),
+        "n": n, "sum_s": np.bincount(g if all_ok else g[s_ok], weights=s if all_ok else s[s_ok], minlength=size),
+        "n_s": n if all_ok else np.bincount(g[s_ok], minlength=size).astype(np.int64),
         "sum_emp": _at_least(codes, np.where(ceil_ok, np.minimum(lens, ceil), zero), kmax, ng),
         "n_emp": _at_least(codes, np.where(ceil_ok, lens, zero), kmax, ng),
         "n_reached": _at_least(codes, np.where(win_ok, reach, zero), kmax, ng),
