@@ -29,7 +29,6 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from acceptscope import schema
 
@@ -161,177 +160,6 @@ def present(con: duckdb.DuckDBPyConnection, tables: Sequence[schema.Table] = _V2
     return all(t.name in have for t in tables)
 
 
-# -- the request_steps aggregates that UNNEST lists, computed in numpy on an appended batch -----------
-# Why: unnesting gamma-wide LIST columns in SQL cost ~0.23 s per 100k appended rows (ingest ran at
-# 0.67-0.82x DuckDB's own read_json + INSERT). These give the rows _agg_sql gives for sum_positions and
-# sum_reliability on the same batch (tests/test_summaries.py checks them against a SQL rebuild); the
-# SQL stays the definition (rebuild, stale runs), and a batch numpy cannot mirror exactly goes to it.
-
-def _list_elements(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A list column's elements as UNNEST yields them (NULL lists yield none): per element its row,
-    its 0-based position, its value as float64 and whether it is non-NULL; plus each row's length."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    offs = np.asarray(arr.offsets, dtype=np.int64)
-    lens = np.diff(offs)
-    if arr.null_count:
-        lens = np.where(np.asarray(arr.is_null()), 0, lens)
-    rows = np.repeat(np.arange(len(arr), dtype=np.int64), lens)
-    starts = np.cumsum(lens) - lens
-    pos = np.arange(len(rows), dtype=np.int64) - np.repeat(starts, lens)
-    child = arr.values
-    if len(rows) == offs[-1] - offs[0]:  # contiguous (every list, fixed width or not, with no NULL list)
-        child = child.slice(int(offs[0]), len(rows))
-        vals = np.asarray(child.to_numpy(zero_copy_only=False), dtype=np.float64)
-        ok = np.asarray(child.is_valid()) if child.null_count else np.ones(len(rows), dtype=bool)
-        return rows, pos, vals, ok, lens
-    idx = offs[:-1][rows] + pos
-    vals = np.asarray(child.to_numpy(zero_copy_only=False), dtype=np.float64)[idx]
-    ok = np.asarray(child.is_valid())[idx] if child.null_count else np.ones(len(idx), dtype=bool)
-    return rows, pos, vals, ok, lens
-
-
-def _ints(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """An integer column as int64 values (0 where NULL) and its validity."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    ok = np.asarray(arr.is_valid())
-    return np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64), ok
-
-
-def _group_keys(tbl: pa.Table) -> tuple[np.ndarray, pd.DataFrame]:
-    """Per row a code of its (run_id, coalesce(workload, '?')), and the codes' labels."""
-    run = pc.dictionary_encode(tbl.column("run_id").combine_chunks())
-    wl = pc.dictionary_encode(pc.fill_null(tbl.column("workload").combine_chunks(), "?"))
-    ri, wi = (np.asarray(a.indices.fill_null(0), dtype=np.int64) for a in (run, wl))
-    used, codes = np.unique(ri * len(wl.dictionary) + wi, return_inverse=True)
-    labels = pd.DataFrame({"run_id": np.asarray(run.dictionary.to_pylist(), dtype=object)[used // len(wl.dictionary)],
-                           "workload": np.asarray(wl.dictionary.to_pylist(), dtype=object)[used % len(wl.dictionary)]})
-    return codes.reshape(-1).astype(np.int64), labels
-
-
-_LIST_TYPES = (pa.types.is_list, pa.types.is_large_list)
-
-
-def _np_ready(tbl: pa.Table, lists: Sequence[str]) -> bool:
-    """Whether the numpy aggregates can read this batch as the SQL does (else the SQL runs)."""
-    names = set(tbl.column_names)
-    need = {"run_id", "workload", "ceiling", "window", "correct_drafts", *lists}
-    if not need <= names:
-        return False
-    for c in lists:
-        t = tbl.schema.field(c).type
-        if not any(f(t) for f in _LIST_TYPES) or not pa.types.is_floating(t.value_type):
-            return False
-    return all(pa.types.is_integer(tbl.schema.field(c).type) for c in ("ceiling", "window", "correct_drafts"))
-
-
-def _at_least(codes: np.ndarray, m: np.ndarray, kmax: int, n_groups: int) -> np.ndarray:
-    """Per (group, k = 1..kmax) the rows whose ``m`` is >= k (a histogram of m, summed from the top):
-    one pass over rows instead of one over (row, position) elements."""
-    h = np.bincount(codes * (kmax + 1) + np.clip(m, 0, kmax), minlength=n_groups * (kmax + 1))
-    h = h.reshape(n_groups, kmax + 1)
-    return np.cumsum(h[:, ::-1], axis=1)[:, ::-1][:, 1:].reshape(-1).astype(np.int64)
-
-
-def _np_positions(tbl: pa.Table, codes: np.ndarray, labels: pd.DataFrame) -> pd.DataFrame:
-    """sum_positions rows of the batch (as ``_agg_sql(SUM_POSITIONS)``)."""
-    rows, pos, s, s_ok, lens = _list_elements(tbl.column("survival"))
-    ceil, ceil_ok = _ints(tbl.column("ceiling"))
-    win, win_ok = _ints(tbl.column("window"))
-    cor, cor_ok = _ints(tbl.column("correct_drafts"))
-    kmax = max(int(lens.max()) if len(lens) else 0, 1)
-    ng = len(labels)
-    size = ng * kmax
-    g = np.repeat(codes * kmax, lens) + pos
-    all_ok = bool(s_ok.all())
-    zero = np.zeros_like(lens)
-    reach = np.minimum(lens, win)
-    n = _at_least(codes, lens, kmax, ng)
-    out = pd.DataFrame({
-        "n": n, "sum_s": np.bincount(g if all_ok else g[s_ok], weights=s if all_ok else s[s_ok], minlength=size),
-        "n_s": n if all_ok else np.bincount(g[s_ok], minlength=size).astype(np.int64),
-        "sum_emp": _at_least(codes, np.where(ceil_ok, np.minimum(lens, ceil), zero), kmax, ng),
-        "n_emp": _at_least(codes, np.where(ceil_ok, lens, zero), kmax, ng),
-        "n_reached": _at_least(codes, np.where(win_ok, reach, zero), kmax, ng),
-        "sum_acc_given": _at_least(codes, np.where(win_ok & cor_ok, np.minimum(reach, cor), zero), kmax, ng),
-        "n_acc_given": _at_least(codes, np.where(win_ok & cor_ok, reach, zero), kmax, ng)})
-    keep = np.flatnonzero(n)
-    key = labels.iloc[keep // kmax].reset_index(drop=True)
-    key["k"] = (keep % kmax + 1).astype(np.int32)
-    return pd.concat([key, out.iloc[keep].reset_index(drop=True)], axis=1)
-
-
-def _np_reliability(tbl: pa.Table, codes: np.ndarray, labels: pd.DataFrame,
-                    n_bins: int = RELIABILITY_BINS) -> pd.DataFrame | None:
-    """sum_reliability rows of the batch (as ``_agg_sql(SUM_RELIABILITY)``); None where a confidence
-    lies outside [0, 1] (the SQL's bin cast is then left to the SQL)."""
-    ceil, ceil_ok = _ints(tbl.column("ceiling"))
-    rows, pos, c, c_ok, lens = _list_elements(tbl.column("confidence"))
-    kmax = max(int(lens.max()) if len(lens) else 0, 1)
-    # rows with a ceiling, elements with ceiling >= k - 1 (k = pos + 1); -1 never passes
-    cer = np.repeat(np.where(ceil_ok, ceil, -1), lens)
-    keep = cer >= pos
-    # the logit at the same (row, position): UNNEST pads the shorter list with NULL
-    conf, larr = tbl.column("confidence").combine_chunks(), tbl.column("confidence_logit").combine_chunks()
-    if (larr.null_count == 0 and conf.null_count == 0 and larr.offsets.equals(conf.offsets)
-            and len(rows) == np.asarray(larr.offsets)[-1] - np.asarray(larr.offsets)[0]):
-        _, _, z, z_ok, _ = _list_elements(larr)  # same shape: element for element
-    else:
-        loffs = np.asarray(larr.offsets, dtype=np.int64)
-        llens = np.diff(loffs)
-        if larr.null_count:
-            llens = np.where(np.asarray(larr.is_null()), 0, llens)
-        z_ok = pos < llens[rows]
-        zi = np.where(z_ok, loffs[:-1][rows] + pos, 0)
-        lchild = larr.values
-        z = np.asarray(lchild.to_numpy(zero_copy_only=False), dtype=np.float64)
-        z = z[zi] if len(z) else np.zeros(len(zi))
-        if lchild.null_count and len(zi):
-            z_ok &= np.asarray(lchild.is_valid())[zi]
-    sel = np.flatnonzero(keep)
-    gk = (np.repeat(codes * kmax, lens) + pos)[sel]
-    y = (cer[sel] > pos[sel]).astype(np.int64)
-    c, c_ok, z, z_ok = c[sel], c_ok[sel], z[sel], z_ok[sel]
-    with np.errstate(over="ignore", invalid="ignore"):
-        c_raw = 1 / (1 + np.exp(-z))
-    parts = []
-    for variant, p, ok in (("after", c, c_ok), ("before", c_raw, z_ok)):
-        ok = ok & np.isfinite(p)
-        pv = p[ok]
-        if len(pv) and (pv.min() < 0 or pv.max() > 1):
-            return None
-        b = np.minimum(np.floor(pv * n_bins).astype(np.int64), n_bins - 1)
-        g = gk[ok] * n_bins + b
-        size = len(labels) * kmax * n_bins
-        n = np.bincount(g, minlength=size).astype(np.int64)
-        nz = np.flatnonzero(n)
-        key = labels.iloc[nz // (kmax * n_bins)].reset_index(drop=True)
-        key["position"] = ((nz // n_bins) % kmax + 1).astype(np.int32)
-        key["variant"] = variant
-        key["bin"] = (nz % n_bins).astype(np.int32)
-        key["sum_p"] = np.bincount(g, weights=pv, minlength=size)[nz]
-        key["hits"] = np.bincount(g, weights=y[ok], minlength=size)[nz].astype(np.int64)
-        key["n"] = n[nz]
-        parts.append(key)
-    return pd.concat(parts, ignore_index=True)
-
-
-def _np_aggregates(tbl: pa.Table) -> dict[schema.Table, pd.DataFrame]:
-    """The batch's rows of the list-unnesting summaries numpy can build exactly (possibly none)."""
-    out: dict[schema.Table, pd.DataFrame] = {}
-    want = {schema.SUM_POSITIONS: ("survival",), schema.SUM_RELIABILITY: ("confidence", "confidence_logit")}
-    ready = {t: _np_ready(tbl, cols) for t, cols in want.items()}
-    if not any(ready.values()):
-        return out
-    codes, labels = _group_keys(tbl)
-    if ready[schema.SUM_POSITIONS]:
-        out[schema.SUM_POSITIONS] = _np_positions(tbl, codes, labels)
-    if ready[schema.SUM_RELIABILITY]:
-        rel = _np_reliability(tbl, codes, labels)
-        if rel is not None:
-            out[schema.SUM_RELIABILITY] = rel
-    return out
-
-
 def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
     """Fold rows just inserted into ``table`` into its summaries (inside the caller's transaction)."""
     sums = _OF.get(table)
@@ -341,18 +169,8 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
     con.register(view, inserted)
     try:
         keys = schema.SUM_REQUEST_KEYS
-        fast = _np_aggregates(inserted) if table == RS else {}
         for t in sums:
-            if t in fast:
-                rows = fast[t]
-                if len(rows):
-                    names = ", ".join(_q(c.name) for c in t.columns)
-                    con.register("_summary_rows", rows)
-                    try:
-                        con.execute(_upsert_sql(t, f"SELECT {names} FROM _summary_rows"))
-                    finally:
-                        con.unregister("_summary_rows")
-            elif t is not keys:
+            if t is not keys:
                 con.execute(_upsert_sql(t, _agg_sql(t, view)))
         # request keys: new blocks of requests whose requests row is stored, and new requests rows with the
         # blocks stored so far (whichever comes second in a transaction sees the first; nothing counts twice)
