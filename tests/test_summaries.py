@@ -240,3 +240,78 @@ def test_a_workload_filter_reads_the_summaries_and_counts_only_that_workload(fil
     assert k1 == int(sub[(sub["run_id"] == "run-a") & sub["survival"].map(lambda v: v is not None and len(v) >= 1)]
                      .shape[0])
     assert len(r.run_summary(RUNS, workloads=["no-such-workload"]).dropna(subset=["blocks"])) == 0
+
+
+def _messy(n: int, run_id: str, seed: int) -> pa.Table:
+    """request_steps with NULL lists, NULL and NaN elements, ragged and empty lists, logits shorter or
+    longer than the confidences, NULL ceilings/windows/workloads, several ranks: the cases where the
+    summaries folded in batch by batch (``summaries.add``) must still equal a rebuild from the raw rows."""
+    rng = np.random.default_rng(seed)
+    t = H.request_steps(n, run_id=run_id, seed=seed, ranks=3)
+
+    def ragged(col: str, p_null: float, extra: int = 0) -> pa.Array:
+        out = []
+        for v in t.column(col).to_pylist():
+            if rng.random() < p_null:
+                out.append(None)
+                continue
+            w = int(rng.integers(0, len(v) + 1 + extra))
+            v = (v + [float(x) for x in rng.uniform(0, 1, extra)])[:w]
+            out.append([None if rng.random() < 0.05 else (float("nan") if rng.random() < 0.02 else x) for x in v])
+        return pa.array(out, schema.F32_LIST)
+
+    def holes(col: str, p: float) -> pa.Array:
+        return pa.array([None if rng.random() < p else x for x in t.column(col).to_pylist()], t.schema.field(col).type)
+    keep_full = rng.random(n) < 0.5  # half the rows keep their fixed-width lists
+    cols = {}
+    for col, extra in (("survival", 0), ("confidence", 0), ("confidence_logit", 2)):
+        r = ragged(col, 0.1, extra).to_pylist()
+        full = t.column(col).to_pylist()
+        cols[col] = pa.array([f if k else x for f, k, x in zip(full, keep_full, r)], schema.F32_LIST)
+    for col in cols:
+        t = t.set_column(t.schema.get_field_index(col), col, cols[col])
+    for col, p in (("ceiling", 0.2), ("window", 0.1), ("correct_drafts", 0.1), ("workload", 0.1)):
+        t = t.set_column(t.schema.get_field_index(col), col, holes(col, p))
+    return t
+
+
+def _summary_tables(con) -> dict[str, pd.DataFrame]:
+    out = {}
+    for t in schema.SUMMARY_TABLES:
+        key = list(t.key)
+        out[t.name] = con.execute(f"SELECT * FROM {t.name}").df().sort_values(key, ignore_index=True)
+    return out
+
+
+def _assert_add_equals_rebuild(store: Store) -> None:
+    with store.snapshot() as con:
+        kept = _summary_tables(con)
+    con = duckdb.connect(str(store.path))
+    try:
+        ids = [r[0] for r in con.execute("SELECT DISTINCT run_id FROM request_steps").fetchall()]
+        summaries.rebuild(con, ids)
+        rebuilt = _summary_tables(con)
+    finally:
+        con.close()
+    for name in kept:
+        assert len(rebuilt[name]) > 0, name
+        pd.testing.assert_frame_equal(kept[name], rebuilt[name], check_dtype=False, rtol=1e-12, obj=name)
+
+
+@pytest.mark.parametrize("pk", [False, True], ids=["antijoin", "primary-key"])
+def test_summaries_added_per_batch_equal_a_sql_rebuild(template, tmp_path: Path, pk: bool) -> None:
+    _copy(template[pk], tmp_path / "s.duckdb")
+    _assert_add_equals_rebuild(Store(tmp_path / "s.duckdb", read_only=True))
+
+
+def test_summaries_of_messy_batches_equal_a_sql_rebuild(tmp_path: Path) -> None:
+    s = Store(tmp_path / "m.duckdb")
+    a, b = _messy(1500, "run-a", 11), _messy(900, "run-b", 12)
+    s.append({"runs": [H.run_row("run-a", "compact"), H.run_row("run-b", "cap-accept")],
+              "requests": [{**r, "workload": r["workload"] if isinstance(r["workload"], str) else None}
+                           for r in _requests(a) + _requests(b)],
+              "steps": H.steps(50, run_id="run-a") + H.steps(30, run_id="run-b")})
+    s.append({"request_steps": a.slice(0, 1000)})
+    s.append({"request_steps": pa.concat_tables([a.slice(600), b.slice(0, 400)])})
+    s.append({"request_steps": b})
+    _assert_add_equals_rebuild(s)
