@@ -15,7 +15,8 @@ run's :class:`~estimators.tail.TailEstimator` and reduced to sums before the nex
 * trim counters: sums; calibration: the rows of a stable hash-sample of requests (about
   ``sample_rows``); hazards are fitted on such a sample of their training requests (at most
   ``fit_rows`` request-steps);
-* cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps);
+* cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps; only the
+  columns the cost fit, the batch-size bands and the planner read: :data:`STEP_COLUMNS`);
 * planner audit: exact on runs that fit in one chunk; on bigger runs, on the first
   :data:`PLANNER_ROWS` request-steps in step order (the budget recomputation needs whole decode
   steps with each request's history), with the run's streamed totals for the trimming counts.
