@@ -95,6 +95,7 @@ def _configure(con, duckdb_memory: str | None) -> None:
         except duckdb.NotImplementedException:
             pass
     con.execute("SET preserve_insertion_order=false")
+    con.execute("SET threads=1")  # the sort by request: one thread's buffers (10M: 697 vs 778 MB, same CPU-s)
     try:
         con.execute("SET enable_progress_bar=false")
     except duckdb.Error:  # in a Jupyter kernel DuckDB wants ipywidgets to change this: leave it
