@@ -15,7 +15,8 @@ run's :class:`~estimators.tail.TailEstimator` and reduced to sums before the nex
 * trim counters: sums; calibration: the rows of a stable hash-sample of requests (about
   ``sample_rows``); hazards are fitted on such a sample of their training requests (at most
   ``fit_rows`` request-steps);
-* cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps);
+* cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps; only the
+  columns the cost fit, the batch-size bands and the planner read: :data:`STEP_COLUMNS`);
 * planner audit: exact on runs that fit in one chunk; on bigger runs, on the first
   :data:`PLANNER_ROWS` request-steps in step order (the budget recomputation needs whole decode
   steps with each request's history), with the run's streamed totals for the trimming counts.
@@ -102,6 +103,7 @@ def _configure(con, duckdb_memory: str | None) -> None:
         except duckdb.NotImplementedException:
             pass
     con.execute("SET preserve_insertion_order=false")
+    con.execute("SET threads=1")  # the sort by request: one thread's buffers (10M: 697 vs 778 MB, same CPU-s)
     try:
         con.execute("SET enable_progress_bar=false")
     except duckdb.Error:  # in a Jupyter kernel DuckDB wants ipywidgets to change this: leave it
@@ -501,6 +503,26 @@ class _RunAcc:
 # ----------------------------------------------------------------------------------------------
 # the facade
 # ----------------------------------------------------------------------------------------------
+STEP_COLUMNS = ("rank", "epoch", "forward_ct", "bs", "budget", "lag_steps", "num_verify_tokens", "executed_verify_tokens",
+                "predicted_step_ms", "predicted_theta", "step_cpu_ms", "step_gpu_ms")  # what cost fit and planner read
+
+
+def _read_steps(store, run_id: str) -> pd.DataFrame:
+    """The run's ``steps`` in key order, only the columns the cost fit, the batch sizes and the planner
+    audit read, without ``run_id`` (one value; :func:`_with_run` adds it back to the rows the audit
+    gets): a ``steps`` row is ~1/batch of the request-steps, so its width is the streamed path's
+    growth in memory with the run's rows."""
+    from acceptscope import schema
+
+    have = set(schema.table("steps").names)
+    d = store.read_table("steps", run_id, columns=[c for c in STEP_COLUMNS if c in have])
+    return d if len(d) < 2 else d.sort_values(["rank", "epoch", "forward_ct"], kind="stable", ignore_index=True)
+
+
+def _with_run(steps: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    return steps if "run_id" in steps else steps.assign(run_id=run_id)
+
+
 def _run_meta(store, run_ids) -> pd.DataFrame:
     q = ("SELECT r.*, c.n_rows, c.n_truth FROM runs r JOIN (SELECT run_id, count(*) AS n_rows, count(ceiling) AS n_truth "
          "FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) GROUP BY run_id) c USING (run_id)")
@@ -557,7 +579,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
     def open_run(rid: str) -> _RunAcc:
         m = meta.loc[rid]
         est, notes = _fit_estimator(store, m, meta, fit_rows, seed, cache, hazards_from)
-        data = load_run(store, rid, skip=("request_steps",))
+        data = load_run(store, rid, skip=("request_steps", "steps"))
+        data["steps"] = _read_steps(store, rid)
         try:
             sts_in_force(data)
         except ValueError as e:  # the confidences are post-STS and the table is missing: no calibration
@@ -633,7 +656,7 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
     if table is not None and len(steps):
         if acc.chunks == 1:  # the whole run was one chunk: the exact audit
             frame, ptail = acc.last_frame, acc.last_tail
-            p = audit(frame, steps, table, ceiling_estimate=None if acc.exact else ptail.blocks["mean"].to_numpy())
+            p = audit(frame, _with_run(steps, acc.run_id), table, ceiling_estimate=None if acc.exact else ptail.blocks["mean"].to_numpy())
         else:
             p = _planner_window(store, acc, steps, table, PLANNER_ROWS, duckdb_memory)
         p.notes.append("SPS table: " + ("the run's recorded table" if data["sps_table"] else "fitted from this run's timings"))
@@ -656,8 +679,8 @@ def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: i
         tbl = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? AND (s.epoch < ? OR (s.epoch = ? AND "
                                f"s.forward_ct <= ?)) ORDER BY {S_ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
     frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
-    p = audit(frame, steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto.index if len(upto) else [last])],
-              table, ceiling_estimate=None)
+    p = audit(frame, _with_run(steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto.index if len(upto) else [last])],
+                               acc.run_id), table, ceiling_estimate=None)
     t = acc.trim
     s = p.summary
     window_steps = s["steps"]
