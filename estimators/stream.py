@@ -53,6 +53,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from acceptscope import schema
 from acceptscope.store import fetch_arrow, fetch_arrow_reader
 from estimators.bootstrap import (add_sums, aggregate_from_sums, aggregate_stats, group_codes, replicate_sums,
                                   request_stats, row_request_keys, shift_sums, uniforms)
@@ -512,8 +513,6 @@ def _read_steps(store, run_id: str) -> pd.DataFrame:
     audit read, without ``run_id`` (one value; :func:`_with_run` adds it back to the rows the audit
     gets): a ``steps`` row is ~1/batch of the request-steps, so its width is the streamed path's
     growth in memory with the run's rows."""
-    from acceptscope import schema
-
     have = set(schema.table("steps").names)
     d = store.read_table("steps", run_id, columns=[c for c in STEP_COLUMNS if c in have])
     return d if len(d) < 2 else d.sort_values(["rank", "epoch", "forward_ct"], kind="stable", ignore_index=True)
