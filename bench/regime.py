@@ -2,12 +2,16 @@
 
     python bench/regime.py --db audit.duckdb                       # newest audit group
     python bench/regime.py --db audit.duckdb --windows out.json    # also export its compact step windows
+    python bench/regime.py --db audit.duckdb --diagnose            # why a workload's utilization is low
 
 Prints, next to the SGLang blog's figures: the compact arm's mean window per workload, the share of blocks
 trimmed, utilization against the ceiling per workload, ECE after STS per position (cap-accept arm, with
 the run's STS table), and compact / static throughput per batch on the virtual clock. ``--windows`` writes
 the compact arm's per-step windows in the format ``acceptscope.engine.gpu_profile --windows`` replays on a
-GPU (the virtual-clock check).
+GPU (the virtual-clock check). ``--diagnose`` separates the causes of a low utilization per workload
+(issue 13): the calibrated survival's per-workload bias against P(ceiling >= k), its discrimination (AUC of
+survival for "ceiling >= k", mean over k), and the utilization a single survival threshold at the run's mean
+window would give (the head's ranking alone, without the planner's per-step budget from lagged survival).
 """
 
 from __future__ import annotations
@@ -17,11 +21,51 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from acceptscope.figures import regime as R  # noqa: E402
 from acceptscope.figures import tables as F  # noqa: E402
 from acceptscope.reader import Reader, select_runs  # noqa: E402
+
+
+def auc(score: np.ndarray, label: np.ndarray) -> float:
+    """Rank AUC (ties averaged); NaN when one class is absent."""
+    label = np.asarray(label, bool)
+    npos, nneg = int(label.sum()), int((~label).sum())
+    if not npos or not nneg:
+        return float("nan")
+    ranks = pd.Series(np.asarray(score, np.float64)).rank().to_numpy()
+    return float((ranks[label].sum() - npos * (npos + 1) / 2) / (npos * nneg))
+
+
+def diagnose(r: Reader, run_id: str) -> pd.DataFrame:
+    """Per workload of a cap-accept run: served vs one-threshold utilization, survival bias and AUC."""
+    df = r.df('SELECT q.workload, s."window" AS w, s.ceiling AS c, s.survival AS s FROM request_steps s '
+              "JOIN requests q ON q.run_id = s.run_id AND q.rid = s.rid "
+              "WHERE s.run_id = ? AND s.ceiling IS NOT NULL AND s.survival IS NOT NULL", [run_id])
+    if df.empty:
+        raise SystemExit(f"{run_id}: no cap-accept steps with a ceiling and survival to diagnose")
+    S = np.stack(df["s"].to_numpy()).astype(np.float64)
+    c, w, wl = df["c"].to_numpy(), df["w"].to_numpy(), df["workload"].to_numpy()
+    # one threshold over every (block, position) keeping as many drafts as the run verified
+    kept = int(w.sum())
+    thr = np.sort(S.reshape(-1))[::-1][kept - 1] if kept > 0 else np.inf
+    w1 = (S >= thr).sum(axis=1)
+    rows = []
+    for name in dict.fromkeys(wl):
+        m = wl == name
+        reached = c[m][:, None] > np.arange(S.shape[1])[None, :]  # ceiling >= k+1: draft k accepted in full verify
+        bias = S[m].mean(axis=0) - reached.mean(axis=0)
+        rows.append({"workload": name, "blocks": int(m.sum()), "window": w[m].mean(), "ceiling": c[m].mean(),
+                     "util_served": (np.minimum(w[m], c[m]) + 1).sum() / (c[m] + 1).sum(),
+                     "window_1thr": w1[m].mean(),
+                     "util_1thr": (np.minimum(w1[m], c[m]) + 1).sum() / (c[m] + 1).sum(),
+                     "survival_bias_max": bias[np.argmax(np.abs(bias))],
+                     "survival_auc": np.nanmean([auc(S[m][:, k], reached[:, k]) for k in range(S.shape[1])])})
+    return pd.DataFrame(rows)
 
 
 def main() -> int:
@@ -31,6 +75,8 @@ def main() -> int:
     ap.add_argument("--windows", default=None,
                     help="write the compact arm's step windows and per-request contexts (JSON) here")
     ap.add_argument("--with-curve", action="store_true", help="--windows: also the compact curve runs' steps")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="per workload: survival bias and AUC, and one-threshold utilization (cap-accept arm)")
     a = ap.parse_args()
     r = Reader(a.db)
     ids = select_runs(r, audit_group=a.audit_group)
@@ -49,6 +95,8 @@ def main() -> int:
     curve = R.curve_ratios(r.throughput_curve(f"{group}/curve"))
     if len(curve):
         print(curve.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if a.diagnose:
+        print(diagnose(r, arm["cap-accept"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if a.windows:
         rids = [arm["compact"]] + ([x for x in r.runs()["run_id"] if x.startswith(f"{group}-curve-")
                                     and x.endswith("-compact")] if a.with_curve else [])
