@@ -19,9 +19,12 @@ from acceptscope.engine.train import (
     DrafterTrainConfig,
     TargetTrainConfig,
     drafter_loss,
+    refit_confidence_head,
+    refit_prompt_keys,
     train_drafter,
     train_target,
 )
+from acceptscope.engine.workloads import load_prompts
 
 TINY_TARGET = dict(corpus_chars=120_000, tokenizer_chars=120_000, vocab_size=320, hidden_size=32, num_layers=3,
                    num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64, batch_size=4, seq_len=48,
@@ -184,3 +187,24 @@ def test_cli_train_commands(tmp_path, tiny_pair):
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     assert summary["steps_run"] == 2
     assert DSparkDrafter.from_pretrained(tmp_path / "d", target=root / "target").config.gamma == 3
+
+
+def test_refit_confidence_head_changes_only_the_head_on_text_disjoint_prompts(tiny_pair):
+    """The refit serves prompts whose texts the first ``exclude_first`` (the audit's) do not hold, labels
+    every block with its request's workload, lowers the head's NLL and leaves every other weight alone."""
+    root, _, _ = tiny_pair
+    spec = "math,chat,poetry"
+    keys, pool = refit_prompt_keys(spec, 6, 9)
+    audited = {p.text for p in load_prompts(spec, 9)}
+    served = {(p.workload, p.prompt_index): p.text for p in load_prompts(spec, pool, offset=9)}
+    assert len(keys) == 6 and not audited & {served[k] for k in keys}
+    out = root / "drafter_refit"  # a sibling of target/, so config.target_path "../target" resolves
+    info = refit_confidence_head(root / "target", root / "drafter", out, workload=spec, num_requests=6,
+                                 exclude_first=9, max_new_tokens=6, batch=4)["refit_confidence_head"]
+    assert set(info["blocks_per_workload"]) == {"math", "chat", "poetry"}
+    assert info["samples"] > 0 and info["nll_after"] <= info["nll_before"] + 1e-6
+    old = DSparkDrafter.from_pretrained(root / "drafter").state_dict()
+    new = DSparkDrafter.from_pretrained(out).state_dict()
+    changed = {k for k in old if not torch.equal(old[k], new[k])}
+    assert changed and all(k.startswith("confidence_head.") for k in changed), changed
+    assert json.loads((out / "training.json").read_text())["refit_confidence_head"]["exclude_first"] == 9

@@ -39,6 +39,7 @@ from acceptscope.engine import corpus as corpus_mod
 from acceptscope.engine import runner as runner_mod
 from acceptscope.engine.drafter import DrafterConfig, DSparkDrafter, position_weights
 from acceptscope.engine.eval_acceptance import evaluate_workloads
+from acceptscope.engine.scheduler import LaggedSurvival
 from acceptscope.engine.target import (
     default_target_layer_ids,
     load_target,
@@ -47,6 +48,15 @@ from acceptscope.engine.target import (
     validate_target_layer_ids,
 )
 from acceptscope.engine.tokenizer import load_tokenizer, special_token_ids, train_tokenizer
+from acceptscope.engine.workloads import disjoint_prompts
+
+# The confidence-head refit's data (issue 13): the main job's workload mix, prompts text-disjoint from the first
+# REFIT_EXCLUDE_FIRST of that mix (the audit's 240 and its calibration split), greedy.
+REFIT_WORKLOAD = "math,chat,poetry"
+REFIT_REQUESTS = 960
+REFIT_EXCLUDE_FIRST = 720
+REFIT_NEW_TOKENS = 64
+REFIT_L2 = 1e-3
 
 __all__ = [
     "TargetTrainConfig",
@@ -628,24 +638,47 @@ def train_pair(
     return metrics
 
 
-def refit_confidence_head(target: str | Path, drafter: str | Path, out_dir: str | Path, *, workload: str = "mixed",
-                          num_requests: int = 480, prompt_offset: int = 2000, temperature: float = 0.0,
-                          max_new_tokens: int = 64, batch: int = 64, l2: float = 1e-3, seed: int = 0) -> dict[str, Any]:
-    """Refit the drafter's confidence head on the acceptance the engine actually serves (CPU, seconds).
+@dataclass
+class ConfidenceFeatures:
+    """What the confidence head saw and what happened, per drafted block (one row per request-step)."""
 
-    Why: the head is trained with ``c* = 1 - TV(q, p)`` (the *sampled* acceptance probability), so at
-    greedy decoding it is overconfident on high-entropy text (chat, verse), and one temperature per
-    position (STS) cannot undo a miscalibration that differs by workload. This serves a cap-accept
-    run (every block verified in full) on prompts disjoint from the evaluation prompts
-    (``prompt_offset``), records the head's input features ``[h_k ; W1[prev_k]]`` of every drafted
-    position, and refits ``w, b`` by L2-regularised logistic regression on the conditional label
-    "draft k accepted given drafts 0..k-1 were" (positions past the first rejection carry no label).
-    Only the confidence head changes; drafts, losslessness and acceptance are unchanged.
-    """
+    X: torch.Tensor  # [n, G, F] the head's inputs [h_k ; W1[prev_k]]
+    ceiling: torch.Tensor  # [n] uncapped accepted drafts of a full verify
+    rid: list[str]  # [n] the request's id (``<workload>-<prompt index>``)
+
+    @property
+    def workload(self) -> list[str]:
+        return [r.rsplit("-", 1)[0] for r in self.rid]
+
+    def labelled(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(features, label, position) of the positions that carry a label: "draft k accepted given drafts
+        0..k-1 were"; positions past the first rejection carry none."""
+        X, c = (self.X, self.ceiling) if rows is None else (self.X[rows], self.ceiling[rows])
+        k = torch.arange(X.shape[1]).unsqueeze(0)
+        valid = k <= c.unsqueeze(1)
+        return X[valid], (k < c.unsqueeze(1)).float()[valid], k.expand_as(valid)[valid]
+
+
+def refit_prompt_keys(workload: str, num_requests: int, exclude_first: int) -> tuple[list, int]:
+    """(workload, prompt_index) keys of about ``num_requests`` prompts whose *texts* are not among the first
+    ``exclude_first`` of ``workload`` (the audit's and its calibration split's), and the request count to load.
+
+    Why: the generators repeat texts (chat has about 300 distinct prompts), so an index offset alone let the
+    head be fitted on prompts the audit then evaluates it on."""
+    prompts, pool = disjoint_prompts(workload, num_requests, exclude_first)
+    return [(p.workload, p.prompt_index) for p in prompts], pool
+
+
+def collect_confidence_features(target: str | Path, drafter: str | Path, *, workload: str, num_requests: int,
+                                exclude_first: int, temperature: float = 0.0, max_new_tokens: int = 64,
+                                batch: int = 64, seed: int = 0) -> ConfidenceFeatures:
+    """Serve a cap-accept run (every block verified in full, no SPS table) on text-disjoint prompts and record
+    the confidence head's inputs, each block's ceiling and its request's workload."""
     seed_everything(seed)
     _, _, model, dr = load_models(target, drafter)
     feats: list[torch.Tensor] = []
     ceilings: list[torch.Tensor] = []
+    labels: list[str] = []
     head = dr.confidence_logits
 
     def record_feats(h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -656,59 +689,98 @@ def refit_confidence_head(target: str | Path, drafter: str | Path, out_dir: str 
         return head(h, prev)
 
     orig_verify = runner_mod.run_verify
+    orig_push = LaggedSurvival.push
 
     def record_verify(*a, **k):
         vr = orig_verify(*a, **k)
         ceilings.append(vr.ceiling.clone())
         return vr
 
+    def record_push(self, rids, survival):  # called once per decode step with the batch's rids, in row order
+        labels.extend(rids)
+        return orig_push(self, rids, survival)
+
     orig_load = eng_pkg.load_models
     dr.confidence_logits = record_feats
     runner_mod.run_verify = record_verify
+    LaggedSurvival.push = record_push
     eng_pkg.load_models = lambda t, d: (Path(t), Path(d), model, dr)
+    keys, pool = refit_prompt_keys(workload, num_requests, exclude_first)
     try:
         cfg = EngineConfig(arm="cap-accept", target=str(target), drafter=str(drafter), workload=workload,
-                           num_requests=num_requests, prompt_offset=prompt_offset, temperature=temperature,
-                           max_new_tokens=max_new_tokens, max_running_requests=batch, sps="none", seed=seed)
+                           num_requests=pool, prompt_offset=int(exclude_first), request_keys=keys,
+                           temperature=temperature, max_new_tokens=max_new_tokens, max_running_requests=batch,
+                           sps="none", seed=seed)
         run_engine(cfg)
     finally:
         runner_mod.run_verify = orig_verify
+        LaggedSurvival.push = orig_push
         eng_pkg.load_models = orig_load
         del dr.confidence_logits
-    X = torch.cat(feats)  # [n, G, F]
-    c = torch.cat(ceilings).long()  # [n] uncapped accepted drafts
-    G = X.shape[1]
-    k = torch.arange(G).unsqueeze(0)
-    valid = k <= c.unsqueeze(1)  # the prefix before k was accepted
-    y = (k < c.unsqueeze(1)).float()
-    Xv, yv = X[valid], y[valid]
-    lin = dr.confidence_head
-    w = torch.nn.Parameter(lin.weight.detach().float().clone().view(-1))
-    b = torch.nn.Parameter(lin.bias.detach().float().clone())
+    X, c = torch.cat(feats), torch.cat(ceilings).long()
+    if not (X.shape[0] == c.shape[0] == len(labels)):
+        raise RuntimeError(f"feature rows {X.shape[0]}, ceilings {c.shape[0]} and labels {len(labels)} disagree")
+    return ConfidenceFeatures(X, c, labels)
+
+
+def fit_confidence_head(X: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Tensor,
+                        l2: float = 1e-3, weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-regularised logistic regression of the label on the head's inputs (LBFGS from ``w0, b0``);
+    ``weight`` (per sample, mean 1) lets a workload with fewer blocks count as much as the others."""
+    w = torch.nn.Parameter(w0.detach().float().clone().view(-1))
+    b = torch.nn.Parameter(b0.detach().float().clone().view(-1))
     opt = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(Xv @ w + b, yv) + l2 * (w * w).sum()
+        loss = F.binary_cross_entropy_with_logits(X @ w + b, y, weight=weight) + l2 * (w * w).sum()
         loss.backward()
         return loss
 
-    def nll() -> float:
-        with torch.no_grad():
-            return float(F.binary_cross_entropy_with_logits(Xv @ w + b, yv))
-
-    before = nll()
     opt.step(closure)
-    after = nll()
+    return w.detach(), b.detach()
+
+
+def head_nll(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float(F.binary_cross_entropy_with_logits(X @ w.view(-1) + b.view(-1), y))
+
+
+def refit_confidence_head(target: str | Path, drafter: str | Path, out_dir: str | Path, *,
+                          workload: str = REFIT_WORKLOAD, num_requests: int = REFIT_REQUESTS,
+                          exclude_first: int = REFIT_EXCLUDE_FIRST, temperature: float = 0.0,
+                          max_new_tokens: int = REFIT_NEW_TOKENS, batch: int = 64, l2: float = REFIT_L2,
+                          seed: int = 0) -> dict[str, Any]:
+    """Refit the drafter's confidence head on the acceptance the engine actually serves (CPU, minutes).
+
+    Why: the head is trained with ``c* = 1 - TV(q, p)`` (the *sampled* acceptance probability), so at
+    greedy decoding it is overconfident on high-entropy text (chat, verse), and one temperature per
+    position (STS) cannot undo a miscalibration that differs by workload. This serves a cap-accept
+    run on prompts whose texts the audit's do not share (:func:`refit_prompt_keys`), records the head's
+    input features ``[h_k ; W1[prev_k]]`` of every drafted position, and refits ``w, b`` by L2-regularised
+    logistic regression on the conditional label "draft k accepted given drafts 0..k-1 were".
+    Only the confidence head changes; drafts, losslessness and acceptance are unchanged.
+    """
+    feats = collect_confidence_features(target, drafter, workload=workload, num_requests=num_requests,
+                                        exclude_first=exclude_first, temperature=temperature,
+                                        max_new_tokens=max_new_tokens, batch=batch, seed=seed)
+    _, _, _, dr = load_models(target, drafter)
+    Xv, yv, _ = feats.labelled()
+    lin = dr.confidence_head
+    before = head_nll(Xv, yv, lin.weight.float(), lin.bias.float())
+    w, b = fit_confidence_head(Xv, yv, lin.weight, lin.bias, l2=l2)
+    after = head_nll(Xv, yv, w, b)
     with torch.no_grad():
         lin.weight.copy_(w.view_as(lin.weight).to(lin.weight.dtype))
-        lin.bias.copy_(b.to(lin.bias.dtype))
+        lin.bias.copy_(b.view_as(lin.bias).to(lin.bias.dtype))
     out = Path(out_dir)
     dr.save_pretrained(out, dtype=torch.bfloat16)
-    info = {"refit_confidence_head": {"workload": workload, "num_requests": num_requests, "prompt_offset": prompt_offset,
-                                      "temperature": temperature, "batch": batch, "samples": int(yv.numel()),
-                                      "positive_rate": float(yv.mean()), "nll_before": before, "nll_after": after,
-                                      "l2": l2, "seed": seed}}
+    per_wl = {wl: feats.workload.count(wl) for wl in dict.fromkeys(feats.workload)}
+    info = {"refit_confidence_head": {"workload": workload, "num_requests": num_requests,
+                                      "exclude_first": exclude_first, "blocks_per_workload": per_wl,
+                                      "temperature": temperature, "max_new_tokens": max_new_tokens, "batch": batch,
+                                      "samples": int(yv.numel()), "positive_rate": float(yv.mean()),
+                                      "nll_before": before, "nll_after": after, "l2": l2, "seed": seed}}
     tj = out / "training.json"
     doc = json.loads(tj.read_text()) if tj.is_file() else {}
     doc.update(info)
