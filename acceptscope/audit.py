@@ -39,10 +39,12 @@ PRODUCTION_ARM = "compact"
 AUDIT_ARM = "cap-accept"
 STS_CALIBRATE = "calibrate"
 # The regime the audit serves in unless told otherwise: SGLang's planner on a cost table measured on a GPU
-# (an H200, Qwen3-8B shape) at a batch where extra verify tokens cost real time (256: the main job's 240
-# requests share one batch; a full-width verify there takes 2.3x the one-row step, 1.7x at batch 64), STS
-# in force.
-AUDIT_DEFAULTS = {"cost_profile": "h200-qwen3-8b", "max_running_requests": 256, "sts": STS_CALIBRATE}
+# (an H200, Qwen3-8B shape) at a batch where extra verify tokens cost real time (64: a full-width verify
+# takes 1.7x the one-row step there), STS in force. Not 256 (issue 13): there the main job's 240 requests
+# start in one batch in lockstep, the step's survival threshold swings (0.2-0.8) from step to step, and chat
+# (mid-range survival) served 5-8 points below what one threshold at the same windows gives; at 64, slots
+# refill as requests finish, the steps desynchronise and the gap is 1-1.5 points (bench/regime.py --diagnose).
+AUDIT_DEFAULTS = {"cost_profile": "h200-qwen3-8b", "max_running_requests": 64, "sts": STS_CALIBRATE}
 
 
 def effective_options(engine_options: dict) -> dict:

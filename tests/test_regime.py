@@ -250,7 +250,7 @@ def test_audit_defaults_put_the_regime_in_force():
     from acceptscope.audit import AUDIT_DEFAULTS, effective_options
 
     o = effective_options({})
-    assert o == {"cost_profile": AUDIT_DEFAULTS["cost_profile"], "max_running_requests": 256, "sts": "calibrate"}
+    assert o == {"cost_profile": AUDIT_DEFAULTS["cost_profile"], "max_running_requests": 64, "sts": "calibrate"}
     assert "cost_profile" not in effective_options({"sps": "default"})
     assert "cost_profile" not in effective_options({"cost_profile": "none"})
     assert "sts" not in effective_options({"sts": "none"})

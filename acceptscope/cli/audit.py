@@ -23,7 +23,7 @@ Exit codes: 0 parity holds; 1 parity broken (per-request findings in the
 report and in --json); 2 bad arguments; 3 nothing to audit.
 
 By default the audit serves in the regime DSpark exists for: SGLang's planner
-on the H200 Qwen3-8B cost profile (fixtures/profiles) at batch 256, each step
+on the H200 Qwen3-8B cost profile (fixtures/profiles) at batch 64, each step
 timed on that profile's virtual clock, STS fitted on a cap-accept calibration
 split of disjoint prompts and served in both arms; it then runs compact and
 static over batch 1..256 on the high- and low-accept workloads (the
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (same in every arm)."),
         gamma: Optional[int] = typer.Option(None, "--gamma", help="Draft block size (default: the drafter's)."),
         batch: Optional[int] = typer.Option(None, "--batch", "--max-running-requests", min=1,
-                                            help="Max running requests (default 256)."),
+                                            help="Max running requests (default 64)."),
         lag_steps: Optional[int] = typer.Option(None, "--lag-steps", min=1, help="Confidence lag (decode steps)."),
         sts: Optional[str] = typer.Option(None, "--sts", help="STS: 'calibrate' (default: fit on a disjoint "
                                           "cap-accept calibration split, serve both arms with it), 'none', or a JSON path."),

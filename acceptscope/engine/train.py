@@ -56,7 +56,7 @@ REFIT_WORKLOAD = "math,chat,poetry"
 REFIT_REQUESTS = 960
 REFIT_EXCLUDE_FIRST = 720
 REFIT_NEW_TOKENS = 64
-REFIT_L2 = 1e-3
+REFIT_L2 = 1e-4
 
 __all__ = [
     "TargetTrainConfig",
