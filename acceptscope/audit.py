@@ -43,7 +43,7 @@ STS_CALIBRATE = "calibrate"
 # takes 1.7x the one-row step there), STS in force. Not 256 (issue 13): there the main job's 240 requests
 # start in one batch in lockstep, the step's survival threshold swings (0.2-0.8) from step to step, and chat
 # (mid-range survival) served 5-8 points below what one threshold at the same windows gives; at 64, slots
-# refill as requests finish, the steps desynchronise and the gap is 1-1.5 points (bench/regime.py --diagnose).
+# refill as requests finish, the steps desynchronise and the gap is 1.3-1.8 points (bench/regime.py --diagnose).
 AUDIT_DEFAULTS = {"cost_profile": "h200-qwen3-8b", "max_running_requests": 64, "sts": STS_CALIBRATE}
 
 
