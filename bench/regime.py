@@ -41,6 +41,11 @@ def auc(score: np.ndarray, label: np.ndarray) -> float:
     return float((ranks[label].sum() - npos * (npos + 1) / 2) / (npos * nneg))
 
 
+def _mean_finite(xs: list[float]) -> float:
+    ok = [x for x in xs if np.isfinite(x)]
+    return float(np.mean(ok)) if ok else float("nan")
+
+
 def diagnose(r: Reader, run_id: str) -> pd.DataFrame:
     """Per workload of a cap-accept run: served vs one-threshold utilization, survival bias and AUC."""
     df = r.df('SELECT q.workload, s."window" AS w, s.ceiling AS c, s.survival AS s FROM request_steps s '
@@ -64,7 +69,7 @@ def diagnose(r: Reader, run_id: str) -> pd.DataFrame:
                      "window_1thr": w1[m].mean(),
                      "util_1thr": (np.minimum(w1[m], c[m]) + 1).sum() / (c[m] + 1).sum(),
                      "survival_bias_max": bias[np.argmax(np.abs(bias))],
-                     "survival_auc": np.nanmean([auc(S[m][:, k], reached[:, k]) for k in range(S.shape[1])])})
+                     "survival_auc": _mean_finite([auc(S[m][:, k], reached[:, k]) for k in range(S.shape[1])])})
     return pd.DataFrame(rows)
 
 

@@ -3,7 +3,9 @@ the calibration split, the audit's defaults, and the report/dashboard sections t
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,9 @@ from acceptscope.reader import Reader
 from tests._engine_tiny import save_tiny_pair
 
 SHIPPED = ("h200-qwen3-1.7b", "h200-qwen3-8b", "h200-qwen3-32b")
+_spec = importlib.util.spec_from_file_location("bench_regime", Path(__file__).resolve().parents[1] / "bench" / "regime.py")
+bench_regime = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_regime)
 
 
 def test_ragged_windows_front_pack_like_sglang():
@@ -299,3 +304,32 @@ def test_calibration_split_of_an_exhausted_prompt_file_is_empty(tmp_path):
     assert cal == []
     cal, _ = disjoint_prompts(str(f), 4, 2)
     assert [p.text for p in cal] == ["prompt 2"]
+
+
+def test_rank_auc_counts_ties_as_half():
+    assert bench_regime.auc(np.array([0.1, 0.2, 0.8, 0.9]), np.array([0, 0, 1, 1])) == 1.0
+    assert bench_regime.auc(np.array([0.9, 0.8, 0.2, 0.1]), np.array([0, 0, 1, 1])) == 0.0
+    assert bench_regime.auc(np.array([0.5, 0.5, 0.5]), np.array([0, 1, 1])) == 0.5
+    assert np.isnan(bench_regime.auc(np.array([0.1, 0.2]), np.array([1, 1])))
+
+
+def test_regime_diagnose_separates_served_from_one_threshold_utilization(tmp_path):
+    """bench/regime.py --diagnose on a real cap-accept run: served utilization is the store's, and the
+    one-threshold counterfactual keeps (at least, on ties) as many drafts as the run verified."""
+    td, dd = save_tiny_pair(tmp_path, gamma=4)
+    db = tmp_path / "d.duckdb"
+    run_engine(EngineConfig(arm="cap-accept", target=str(td), drafter=str(dd), workload="math,chat", num_requests=6,
+                            max_new_tokens=12, max_running_requests=6, cost_profile="h200-qwen3-8b", db=str(db),
+                            run_id="d-cap", threads=1))
+    r = Reader(db)
+    d = bench_regime.diagnose(r, "d-cap").set_index("workload")
+    rs = r.df('SELECT q.workload, s."window" AS w, s.ceiling AS c FROM request_steps s JOIN requests q '
+              "USING (run_id, rid) WHERE run_id = 'd-cap'")
+    assert set(d.index) == {"math", "chat"}
+    for wl, g in rs.groupby("workload"):
+        assert d.loc[wl, "blocks"] == len(g)
+        assert d.loc[wl, "util_served"] == pytest.approx((np.minimum(g.w, g.c) + 1).sum() / (g.c + 1).sum())
+    assert (d["window_1thr"] * d["blocks"]).sum() >= rs["w"].sum()
+    assert d["util_1thr"].between(0, 1).all() and d["survival_bias_max"].abs().le(1).all()
+    with pytest.raises(SystemExit, match="nope"):
+        bench_regime.diagnose(r, "nope")
