@@ -11,7 +11,8 @@ the compact arm's per-step windows in the format ``acceptscope.engine.gpu_profil
 GPU (the virtual-clock check). ``--diagnose`` separates the causes of a low utilization per workload
 (issue 13): the calibrated survival's per-workload bias against P(ceiling >= k), its discrimination (AUC of
 survival for "ceiling >= k", mean over k), and the utilization a single survival threshold at the run's mean
-window would give (the head's ranking alone, without the planner's per-step budget from lagged survival).
+window would give (the head's ranking alone, without the planner's per-step budget from lagged survival), and
+the utilization of re-planning each recorded step from its current survival (is it the lag?).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from acceptscope.engine import sps as sps_mod  # noqa: E402
+from acceptscope.engine.scheduler import allocate, compute_budget  # noqa: E402
 from acceptscope.figures import regime as R  # noqa: E402
 from acceptscope.figures import tables as F  # noqa: E402
 from acceptscope.reader import Reader, select_runs  # noqa: E402
@@ -47,14 +50,27 @@ def _mean_finite(xs: list[float]) -> float:
 
 
 def diagnose(r: Reader, run_id: str) -> pd.DataFrame:
-    """Per workload of a cap-accept run: served vs one-threshold utilization, survival bias and AUC."""
-    df = r.df('SELECT q.workload, s."window" AS w, s.ceiling AS c, s.survival AS s FROM request_steps s '
-              "JOIN requests q ON q.run_id = s.run_id AND q.rid = s.rid "
-              "WHERE s.run_id = ? AND s.ceiling IS NOT NULL AND s.survival IS NOT NULL", [run_id])
+    """Per workload of a cap-accept run: served vs one-threshold utilization, survival bias and AUC, and
+    (with the run's SPS table) the utilization of re-planning each recorded step from its current survival
+    instead of the lagged one (``util_nolag``; the recorded steps, not a re-run, so an estimate)."""
+    df = r.df('SELECT q.workload, s.forward_ct, s."window" AS w, s.ceiling AS c, s.survival AS s, st.budget '
+              "FROM request_steps s JOIN requests q ON q.run_id = s.run_id AND q.rid = s.rid "
+              "JOIN steps st ON st.run_id = s.run_id AND st.forward_ct = s.forward_ct "
+              "WHERE s.run_id = ? AND s.ceiling IS NOT NULL AND s.survival IS NOT NULL "
+              "ORDER BY s.forward_ct, s.req_pool_index", [run_id])
     if df.empty:
         raise SystemExit(f"{run_id}: no cap-accept steps with a ceiling and survival to diagnose")
     S = np.stack(df["s"].to_numpy()).astype(np.float64)
     c, w, wl = df["c"].to_numpy(), df["w"].to_numpy(), df["workload"].to_numpy()
+    cfg = r.df("SELECT config_json FROM runs WHERE run_id = ?", [run_id])["config_json"]
+    sps_path = json.loads(cfg.iloc[0] or "{}").get("sps_path") if len(cfg) else None
+    w0 = None
+    if sps_path and Path(sps_path).is_file():
+        table, w0 = sps_mod.load_sps(sps_path), w.copy()
+        for (_, budget), g in df.groupby(["forward_ct", df["budget"].isna()], sort=False):
+            idx = g.index.to_numpy()
+            if not budget:  # the planner ran at this step: plan it again from the current survival
+                w0[idx] = allocate(S[idx], compute_budget(S[idx], table).budget)
     # one threshold over every (block, position) keeping as many drafts as the run verified
     kept = int(w.sum())
     thr = np.sort(S.reshape(-1))[::-1][kept - 1] if kept > 0 else np.inf
@@ -68,6 +84,8 @@ def diagnose(r: Reader, run_id: str) -> pd.DataFrame:
                      "util_served": (np.minimum(w[m], c[m]) + 1).sum() / (c[m] + 1).sum(),
                      "window_1thr": w1[m].mean(),
                      "util_1thr": (np.minimum(w1[m], c[m]) + 1).sum() / (c[m] + 1).sum(),
+                     "util_nolag": (np.nan if w0 is None
+                                    else (np.minimum(w0[m], c[m]) + 1).sum() / (c[m] + 1).sum()),
                      "survival_bias_max": bias[np.argmax(np.abs(bias))],
                      "survival_auc": _mean_finite([auc(S[m][:, k], reached[:, k]) for k in range(S.shape[1])])})
     return pd.DataFrame(rows)

@@ -331,5 +331,6 @@ def test_regime_diagnose_separates_served_from_one_threshold_utilization(tmp_pat
         assert d.loc[wl, "util_served"] == pytest.approx((np.minimum(g.w, g.c) + 1).sum() / (g.c + 1).sum())
     assert (d["window_1thr"] * d["blocks"]).sum() >= rs["w"].sum()
     assert d["util_1thr"].between(0, 1).all() and d["survival_bias_max"].abs().le(1).all()
+    assert d["util_nolag"].between(0, 1).all()  # the run's cost profile re-plans each step without the lag
     with pytest.raises(SystemExit, match="nope"):
         bench_regime.diagnose(r, "nope")
