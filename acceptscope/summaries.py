@@ -29,6 +29,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from acceptscope import schema
 
@@ -44,11 +45,14 @@ _COUNTS = """count(*) AS n,
   coalesce(sum(cap_trim), 0)::BIGINT AS sum_cap_trim, count(cap_trim) AS n_cap_trim"""
 
 
-def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
+def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS, max_len: int | None = None) -> str:
     """The SELECT that builds summary table ``t``'s rows from ``src`` (a relation of raw rows).
 
     The one definition of every summary: used on each appended batch, on a rebuild, and as
-    the fallback for runs whose summaries are stale.
+    the fallback for runs whose summaries are stale. ``max_len`` (the longest survival list in
+    ``src``, known for an appended batch): positions are summed without unnesting every row
+    (:func:`_positions_grouped_sql`, ~3x less CPU); a rebuild keeps the unnest, and
+    ``tests/test_summaries.py`` holds the two equal.
     """
     if t is schema.SUM_CELLS:
         return (f'SELECT run_id, coalesce(workload, \'?\'), coalesce("window", -1)::INTEGER, {_COUNTS} '
@@ -56,6 +60,8 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
     if t is schema.SUM_REQUESTS:
         return (f"SELECT run_id, rid, coalesce(workload, '?'), {_COUNTS}, coalesce(sum(1 + list_sum(survival)), 0)::DOUBLE, "
                 f"count(1 + list_sum(survival)) FROM {src} GROUP BY ALL")
+    if t is schema.SUM_POSITIONS and max_len is not None:
+        return _positions_grouped_sql(src, max_len)
     if t is schema.SUM_POSITIONS:
         return f"""
             WITH u AS (
@@ -71,8 +77,9 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
     if t is schema.SUM_RELIABILITY:
         return f"""
             WITH u AS (
-              SELECT run_id, coalesce(workload, '?') AS workload, unnest(generate_series(1, len(confidence))) AS k,
-                     unnest(confidence) AS c, unnest(confidence_logit) AS z, ceiling
+              SELECT run_id, coalesce(workload, '?') AS workload,
+                     unnest(generate_series(1, least(len(confidence), ceiling + 1))) AS k,
+                     unnest(confidence[1:ceiling + 1]) AS c, unnest(confidence_logit[1:ceiling + 1]) AS z, ceiling
               FROM {src} WHERE ceiling IS NOT NULL AND confidence IS NOT NULL),
             lab AS (SELECT run_id, workload, k, c, 1 / (1 + exp(-z)) AS c_raw, (ceiling >= k)::INT AS y
                     FROM u WHERE ceiling >= k - 1),
@@ -100,6 +107,29 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
                    f"WHERE run_id IN (SELECT DISTINCT run_id FROM {src}) GROUP BY run_id, rid)")
         return _keys_sql(src, per_rid, "LEFT", "count(*)")
     raise KeyError(f"{t.name} is not a summary table")
+
+
+def _positions_grouped_sql(src: str, max_len: int) -> str:
+    """sum_positions rows without unnesting: rows grouped first by (run, workload, list length, ceiling,
+    window, correct_drafts) with the survival sum and count per position as columns, then those few
+    groups spread over positions. Equal to the unnest form (sums in another order: last bits)."""
+    max_len = max(int(max_len), 1)  # (every list empty: one position, reached by none)
+    g = range(1, max_len + 1)
+    cols = ", ".join(f"sum(survival[{k}]::DOUBLE) AS s{k}, count(survival[{k}]) AS m{k}" for k in g)
+    s_list, m_list = ", ".join(f"s{k}" for k in g), ", ".join(f"m{k}" for k in g)
+
+    def cnt(cond: str) -> str:
+        return f"coalesce(sum(c) FILTER (WHERE {cond}), 0)::BIGINT"
+    return f"""
+        WITH g AS (SELECT run_id, coalesce(workload, '?') AS workload, len(survival) AS len_, ceiling, "window",
+                          correct_drafts, count(*) AS c, {cols}
+                   FROM {src} WHERE survival IS NOT NULL GROUP BY ALL),
+        u AS (SELECT g.*, k, [{s_list}][k] AS s, [{m_list}][k] AS m FROM g, range(1, {int(max_len)} + 1) r(k)
+              WHERE k <= len_)
+        SELECT run_id, workload, k::INTEGER, sum(c)::BIGINT, coalesce(sum(s), 0), sum(m)::BIGINT,
+               {cnt("ceiling >= k")}, {cnt("ceiling IS NOT NULL")}, {cnt('"window" >= k')},
+               {cnt('"window" >= k AND correct_drafts >= k')}, {cnt('"window" >= k AND correct_drafts IS NOT NULL')}
+        FROM u GROUP BY ALL"""
 
 
 _KEY_SUMS = [c.name for c in schema.SUM_REQUEST_KEYS.columns[6:]]  # n, sum_acc_len, ..., sum_x, n_x
@@ -161,21 +191,30 @@ def present(con: duckdb.DuckDBPyConnection, tables: Sequence[schema.Table] = _V2
 
 
 def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
-    """Fold rows just inserted into ``table`` into its summaries (inside the caller's transaction)."""
+    """Fold rows just inserted into ``table`` into its summaries (inside the caller's transaction).
+
+    Per-request sums are aggregated once and feed both ``sum_requests`` and ``sum_request_keys``."""
     sums = _OF.get(table)
     if not sums or inserted.num_rows == 0:
         return
-    view = f"_summarise_{table}"
+    view, req_view = f"_summarise_{table}", f"_summarise_{table}_req"
     con.register(view, inserted)
     try:
         keys = schema.SUM_REQUEST_KEYS
         for t in sums:
-            if t is not keys:
-                con.execute(_upsert_sql(t, _agg_sql(t, view)))
+            if t is keys or t is schema.SUM_REQUESTS:
+                continue
+            max_len = _max_len(inserted, "survival") if t is schema.SUM_POSITIONS else None
+            con.execute(_upsert_sql(t, _agg_sql(t, view, max_len=max_len)))
         # request keys: new blocks of requests whose requests row is stored, and new requests rows with the
         # blocks stored so far (whichever comes second in a transaction sees the first; nothing counts twice)
         if table == RS:
-            per_rid = f"(SELECT run_id, rid, {_PER_RID} FROM {view} GROUP BY run_id, rid)"
+            rt = schema.SUM_REQUESTS
+            rel = con.sql(f"SELECT * FROM ({_agg_sql(rt, view)}) AS x({', '.join(_q(c) for c in rt.names)})")
+            con.register(req_view, (getattr(rel, "to_arrow_table", None) or rel.arrow)())
+            con.execute(_upsert_sql(rt, f"SELECT * FROM {req_view}"))
+            cols = ", ".join(f"sum({c}) AS {c}" for c in _KEY_SUMS)
+            per_rid = f"(SELECT run_id, rid, {cols} FROM {req_view} GROUP BY run_id, rid)"
             con.execute(_upsert_sql(keys, _keys_sql(REQ, per_rid, "", "0")))
         elif table == REQ:
             cols = ", ".join(f"sum(s.{c}) AS {c}" for c in _KEY_SUMS)
@@ -184,6 +223,14 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
             con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
     finally:
         con.unregister(view)
+        if table == RS:
+            con.unregister(req_view)
+
+
+def _max_len(tbl: pa.Table, column: str) -> int:
+    """Longest list in ``tbl[column]`` (0 when all are NULL or empty)."""
+    m = pc.max(pc.list_value_length(tbl[column])).as_py()
+    return int(m or 0)
 
 
 def _counts(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> dict[str, int]:
