@@ -102,6 +102,9 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS, max_len:
                          for k, c in cols.items())
         return f"""SELECT run_id, rank, epoch, (forward_ct // {schema.STEP_BIN})::BIGINT, count(*), max(wall_time_s),
                           {sums} FROM {src} GROUP BY ALL"""
+    if t is schema.SUM_RUN_RIDS:
+        return (f"SELECT run_id, 0, coalesce(workload, '?'), count(DISTINCT rid) FROM {src} GROUP BY ALL "
+                f"UNION ALL SELECT run_id, 1, '', count(DISTINCT rid) FROM {src} GROUP BY ALL")
     if t is schema.SUM_REQUEST_KEYS:  # src: requests rows; their blocks from the raw request_steps
         per_rid = (f"(SELECT run_id, rid, {_PER_RID} FROM {RS} "
                    f"WHERE run_id IN (SELECT DISTINCT run_id FROM {src}) GROUP BY run_id, rid)")
@@ -152,11 +155,12 @@ _INT_BINS = ("bs", "budget", "num_verify", "executed")
 
 
 _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema.SUM_POSITIONS,
-                                   schema.SUM_RELIABILITY),
+                                   schema.SUM_RELIABILITY, schema.SUM_RUN_RIDS),
        schema.STEPS.name: (schema.SUM_STEPS, schema.SUM_STEP_BINS),
        schema.REQUESTS.name: (schema.SUM_REQUEST_KEYS,)}  # after request_steps: a rebuild reads sum_requests' base
 _NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
-_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3)  # what a version-2 file has
+_NEW_IN_4 = (schema.SUM_RUN_RIDS,)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -202,7 +206,7 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
     try:
         keys = schema.SUM_REQUEST_KEYS
         for t in sums:
-            if t is keys or t is schema.SUM_REQUESTS:
+            if t in (keys, schema.SUM_REQUESTS, schema.SUM_RUN_RIDS):
                 continue
             max_len = _max_len(inserted, "survival") if t is schema.SUM_POSITIONS else None
             con.execute(_upsert_sql(t, _agg_sql(t, view, max_len=max_len)))
@@ -212,6 +216,7 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
             rt = schema.SUM_REQUESTS
             rel = con.sql(f"SELECT * FROM ({_agg_sql(rt, view)}) AS x({', '.join(_q(c) for c in rt.names)})")
             con.register(req_view, (getattr(rel, "to_arrow_table", None) or rel.arrow)())
+            con.execute(_upsert_sql(schema.SUM_RUN_RIDS, _new_rids_sql(req_view)))  # before sum_requests grows
             con.execute(_upsert_sql(rt, f"SELECT * FROM {req_view}"))
             cols = ", ".join(f"sum({c}) AS {c}" for c in _KEY_SUMS)
             per_rid = f"(SELECT run_id, rid, {cols} FROM {req_view} GROUP BY run_id, rid)"
@@ -225,6 +230,22 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
         con.unregister(view)
         if table == RS:
             con.unregister(req_view)
+
+
+def _new_rids_sql(req: str) -> str:
+    """sum_run_rids increments of a batch: its per-request sums ``req`` whose (run, rid, workload), and
+    whose (run, rid), ``sum_requests`` does not hold yet (read before the batch is folded into it)."""
+    sr = schema.SUM_REQUESTS.name
+    mine = f"s.run_id IN (SELECT DISTINCT run_id FROM {req})"
+    return f"""
+        SELECT run_id, 0, workload, count(*) FROM {req} v
+        WHERE NOT EXISTS (SELECT 1 FROM {sr} s WHERE {mine} AND s.run_id = v.run_id AND s.rid = v.rid
+                          AND s.workload = v.workload)
+        GROUP BY ALL
+        UNION ALL
+        SELECT run_id, 1, '', count(DISTINCT rid) FROM {req} v
+        WHERE NOT EXISTS (SELECT 1 FROM {sr} s WHERE {mine} AND s.run_id = v.run_id AND s.rid = v.rid)
+        GROUP BY ALL"""
 
 
 def _max_len(tbl: pa.Table, column: str) -> int:
@@ -336,6 +357,11 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
                     if r not in done]
             rebuild(con, todo, _NEW_IN_3)
             stale = sorted(done | set(todo))
+        if v < 4:  # the per-run request counts are new in version 4
+            done = set(stale)
+            todo = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {RS}").fetchall() if r not in done]
+            rebuild(con, todo, _NEW_IN_4)
+            stale = sorted(done | set(todo))
         con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
                     [str(schema.SCHEMA_VERSION)])
         con.execute("COMMIT")
@@ -355,7 +381,7 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if stale is None:
         stale = stale_runs(con, ids) if ids else set()
     fresh = [r for r in ids if r not in stale] if n_bins == RELIABILITY_BINS else []
-    if t in _NEW_IN_3 and not present(con, (t,)):  # a version-2 file opened read-only
+    if t in _NEW_IN_3 + _NEW_IN_4 and not present(con, (t,)):  # an older file opened read-only
         fresh = []
     raw = [r for r in ids if r not in fresh]
     cols = ", ".join(_q(c) for c in t.names)
@@ -395,8 +421,8 @@ def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
     ``workloads`` restricts the block figures, steps and wall time stay whole-run."""
     stale = stale_runs(con, run_ids)
     cells = _source(con, schema.SUM_CELLS, run_ids, stale)
-    reqs = _source(con, schema.SUM_REQUESTS, run_ids, stale)
     steps = _source(con, schema.SUM_STEPS, run_ids, stale)
+    seen = _requests_seen_sql(con, run_ids, stale, workloads)
     return _df(con, f"""
         WITH b AS (
           SELECT run_id, sum(n)::BIGINT AS blocks,
@@ -409,8 +435,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
                  sum(sum_acc_len_ceil) / nullif(sum(sum_ceil1) FILTER (WHERE n_ceil > 0), 0) AS utilization,
                  {_avg('sum_cap_trim', 'n_cap_trim')} AS mean_cap_trim
           FROM {cells} c{_in_workloads(workloads, "c")} GROUP BY run_id),
-        q AS (SELECT run_id, count(DISTINCT rid) AS requests_seen FROM {reqs} r{_in_workloads(workloads, "r")}
-              GROUP BY run_id),
+        q AS ({seen}),
         s AS (
           SELECT run_id, n AS steps, max_wall_s AS wall_s, sum_bs / nullif(n_bs, 0) AS mean_bs,
                  CASE WHEN n_executed > 0 THEN sum_executed END AS executed_verify_tokens
@@ -422,6 +447,27 @@ def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
         FROM {RUNS} r LEFT JOIN b USING (run_id) LEFT JOIN q USING (run_id) LEFT JOIN s USING (run_id)
         WHERE r.run_id IN (SELECT unnest(?))
         ORDER BY r.arm, r.run_id""", [list(run_ids)])
+
+
+def _requests_seen_sql(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], stale: set[str],
+                       workloads: Sequence[str] | None) -> str:
+    """(run_id, requests_seen): distinct requests with blocks (in ``workloads``) per run, from the run's
+    counts in ``sum_run_rids``. Per-workload counts add up exactly unless a request has blocks under two
+    workloads; such a run (rare) counts its distinct requests over ``sum_requests`` instead."""
+    rids = _source(con, schema.SUM_RUN_RIDS, run_ids, stale)
+    if not workloads:
+        return f"SELECT run_id, n::BIGINT AS requests_seen FROM {rids} x WHERE scope = 1"
+    split = [r for (r,) in con.execute(
+        f"SELECT run_id FROM {rids} x GROUP BY run_id "
+        "HAVING sum(n) FILTER (WHERE scope = 0) <> sum(n) FILTER (WHERE scope = 1)").fetchall()]
+    lit = "[" + ", ".join("'" + r.replace("'", "''") + "'" for r in split) + "]::VARCHAR[]"
+    sql = (f"SELECT run_id, sum(n)::BIGINT AS requests_seen FROM {rids} x{_in_workloads(workloads, 'x')} "
+           f"AND scope = 0 AND NOT list_contains({lit}, run_id) GROUP BY run_id")
+    if split:
+        reqs = _source(con, schema.SUM_REQUESTS, split, stale)
+        sql += (f" UNION ALL SELECT run_id, count(DISTINCT rid) AS requests_seen FROM {reqs} r"
+                f"{_in_workloads(workloads, 'r')} GROUP BY run_id")
+    return sql
 
 
 def window_distribution(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:
