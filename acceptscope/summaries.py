@@ -4,7 +4,8 @@ Why this module exists: with two 5M-row runs selected, panel queries that aggreg
 ``request_steps`` took 0.3-13 s and the dashboard process 7.7 GB. The store instead keeps
 small summary tables (``schema.SUMMARY_TABLES``: sums per run x workload x window, per
 request, per draft position, per calibration bin, per run's steps, per 64 steps, per request
-key: ``(workload, prompt_index, seed)``, the audit arms' pairing) in the same transaction
+key: ``(workload, prompt_index, seed)``, the audit arms' pairing; distinct requests per run and
+workload) in the same transaction
 as every append (:func:`add`, called by ``Store.write_arrow``: ingest, the engine's
 writer and live capture all go through it), counting only rows actually inserted. A panel
 reads those (kilobytes) instead of millions of rows.
