@@ -425,7 +425,8 @@ TABLES: dict[str, Table] = {t.name: t for t in ALL_TABLES}
 # (acceptscope.summaries), so a dashboard panel reads kilobytes, not millions of rows.
 # Not part of the record model: exports and row counts leave them out.
 # ---------------------------------------------------------------------------
-SCHEMA_VERSION = 3  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins, sum_request_keys
+SCHEMA_VERSION = 4  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
+# sum_request_keys; 4: + sum_run_rids
 
 STORE_META = Table(
     "store_meta",
@@ -578,8 +579,21 @@ SUM_REQUEST_KEYS = Table(
         "of the audit arms, so sampling inference joins nothing at read time.",
 )
 
+SUM_RUN_RIDS = Table(
+    "sum_run_rids",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("scope", pa.int32(), "0: one workload's request ids; 1: the whole run's (workload '')", False),
+        _c("workload", pa.string(), "workload label ('?' where NULL; '' for scope 1)", False),
+        _c("n", pa.int64(), "distinct rid with request_steps rows", False),
+    ),
+    key=("run_id", "scope", "workload"),
+    doc="Distinct requests with blocks per (run, workload) and per run: run_summary's requests_seen "
+        "without a count(DISTINCT rid) over every request.",
+)
+
 SUMMARY_TABLES: tuple[Table, ...] = (SUM_CELLS, SUM_REQUESTS, SUM_POSITIONS, SUM_RELIABILITY, SUM_STEPS,
-                                     SUM_STEP_BINS, SUM_REQUEST_KEYS)
+                                     SUM_STEP_BINS, SUM_REQUEST_KEYS, SUM_RUN_RIDS)
 
 
 def table(name: str) -> Table:

@@ -4,7 +4,8 @@ Why this module exists: with two 5M-row runs selected, panel queries that aggreg
 ``request_steps`` took 0.3-13 s and the dashboard process 7.7 GB. The store instead keeps
 small summary tables (``schema.SUMMARY_TABLES``: sums per run x workload x window, per
 request, per draft position, per calibration bin, per run's steps, per 64 steps, per request
-key: ``(workload, prompt_index, seed)``, the audit arms' pairing) in the same transaction
+key: ``(workload, prompt_index, seed)``, the audit arms' pairing; distinct requests per run and
+workload) in the same transaction
 as every append (:func:`add`, called by ``Store.write_arrow``: ingest, the engine's
 writer and live capture all go through it), counting only rows actually inserted. A panel
 reads those (kilobytes) instead of millions of rows.
@@ -29,6 +30,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from acceptscope import schema
 
@@ -44,11 +46,14 @@ _COUNTS = """count(*) AS n,
   coalesce(sum(cap_trim), 0)::BIGINT AS sum_cap_trim, count(cap_trim) AS n_cap_trim"""
 
 
-def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
+def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS, max_len: int | None = None) -> str:
     """The SELECT that builds summary table ``t``'s rows from ``src`` (a relation of raw rows).
 
     The one definition of every summary: used on each appended batch, on a rebuild, and as
-    the fallback for runs whose summaries are stale.
+    the fallback for runs whose summaries are stale. ``max_len`` (the longest survival list in
+    ``src``, known for an appended batch): positions are summed without unnesting every row
+    (:func:`_positions_grouped_sql`, ~3x less CPU); a rebuild keeps the unnest, and
+    ``tests/test_summaries.py`` holds the two equal.
     """
     if t is schema.SUM_CELLS:
         return (f'SELECT run_id, coalesce(workload, \'?\'), coalesce("window", -1)::INTEGER, {_COUNTS} '
@@ -56,6 +61,8 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
     if t is schema.SUM_REQUESTS:
         return (f"SELECT run_id, rid, coalesce(workload, '?'), {_COUNTS}, coalesce(sum(1 + list_sum(survival)), 0)::DOUBLE, "
                 f"count(1 + list_sum(survival)) FROM {src} GROUP BY ALL")
+    if t is schema.SUM_POSITIONS and max_len is not None:
+        return _positions_grouped_sql(src, max_len)
     if t is schema.SUM_POSITIONS:
         return f"""
             WITH u AS (
@@ -71,8 +78,9 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
     if t is schema.SUM_RELIABILITY:
         return f"""
             WITH u AS (
-              SELECT run_id, coalesce(workload, '?') AS workload, unnest(generate_series(1, len(confidence))) AS k,
-                     unnest(confidence) AS c, unnest(confidence_logit) AS z, ceiling
+              SELECT run_id, coalesce(workload, '?') AS workload,
+                     unnest(generate_series(1, least(len(confidence), ceiling + 1))) AS k,
+                     unnest(confidence[1:ceiling + 1]) AS c, unnest(confidence_logit[1:ceiling + 1]) AS z, ceiling
               FROM {src} WHERE ceiling IS NOT NULL AND confidence IS NOT NULL),
             lab AS (SELECT run_id, workload, k, c, 1 / (1 + exp(-z)) AS c_raw, (ceiling >= k)::INT AS y
                     FROM u WHERE ceiling >= k - 1),
@@ -95,11 +103,37 @@ def _agg_sql(t: schema.Table, src: str, n_bins: int = RELIABILITY_BINS) -> str:
                          for k, c in cols.items())
         return f"""SELECT run_id, rank, epoch, (forward_ct // {schema.STEP_BIN})::BIGINT, count(*), max(wall_time_s),
                           {sums} FROM {src} GROUP BY ALL"""
+    if t is schema.SUM_RUN_RIDS:
+        return (f"SELECT run_id, 0, coalesce(workload, '?'), count(DISTINCT rid) FROM {src} GROUP BY ALL "
+                f"UNION ALL SELECT run_id, 1, '', count(DISTINCT rid) FROM {src} GROUP BY ALL")
     if t is schema.SUM_REQUEST_KEYS:  # src: requests rows; their blocks from the raw request_steps
         per_rid = (f"(SELECT run_id, rid, {_PER_RID} FROM {RS} "
                    f"WHERE run_id IN (SELECT DISTINCT run_id FROM {src}) GROUP BY run_id, rid)")
         return _keys_sql(src, per_rid, "LEFT", "count(*)")
     raise KeyError(f"{t.name} is not a summary table")
+
+
+def _positions_grouped_sql(src: str, max_len: int) -> str:
+    """sum_positions rows without unnesting: rows grouped first by (run, workload, list length, ceiling,
+    window, correct_drafts) with the survival sum and count per position as columns, then those few
+    groups spread over positions. Equal to the unnest form (sums in another order: last bits)."""
+    max_len = max(int(max_len), 1)  # (every list empty: one position, reached by none)
+    g = range(1, max_len + 1)
+    cols = ", ".join(f"sum(survival[{k}]::DOUBLE) AS s{k}, count(survival[{k}]) AS m{k}" for k in g)
+    s_list, m_list = ", ".join(f"s{k}" for k in g), ", ".join(f"m{k}" for k in g)
+
+    def cnt(cond: str) -> str:
+        return f"coalesce(sum(c) FILTER (WHERE {cond}), 0)::BIGINT"
+    return f"""
+        WITH g AS (SELECT run_id, coalesce(workload, '?') AS workload, len(survival) AS len_, ceiling, "window",
+                          correct_drafts, count(*) AS c, {cols}
+                   FROM {src} WHERE survival IS NOT NULL GROUP BY ALL),
+        u AS (SELECT g.*, k, [{s_list}][k] AS s, [{m_list}][k] AS m FROM g, range(1, {int(max_len)} + 1) r(k)
+              WHERE k <= len_)
+        SELECT run_id, workload, k::INTEGER, sum(c)::BIGINT, coalesce(sum(s), 0), sum(m)::BIGINT,
+               {cnt("ceiling >= k")}, {cnt("ceiling IS NOT NULL")}, {cnt('"window" >= k')},
+               {cnt('"window" >= k AND correct_drafts >= k')}, {cnt('"window" >= k AND correct_drafts IS NOT NULL')}
+        FROM u GROUP BY ALL"""
 
 
 _KEY_SUMS = [c.name for c in schema.SUM_REQUEST_KEYS.columns[6:]]  # n, sum_acc_len, ..., sum_x, n_x
@@ -122,11 +156,12 @@ _INT_BINS = ("bs", "budget", "num_verify", "executed")
 
 
 _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema.SUM_POSITIONS,
-                                   schema.SUM_RELIABILITY),
+                                   schema.SUM_RELIABILITY, schema.SUM_RUN_RIDS),
        schema.STEPS.name: (schema.SUM_STEPS, schema.SUM_STEP_BINS),
        schema.REQUESTS.name: (schema.SUM_REQUEST_KEYS,)}  # after request_steps: a rebuild reads sum_requests' base
 _NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
-_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3)  # what a version-2 file has
+_NEW_IN_4 = (schema.SUM_RUN_RIDS,)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -161,21 +196,31 @@ def present(con: duckdb.DuckDBPyConnection, tables: Sequence[schema.Table] = _V2
 
 
 def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
-    """Fold rows just inserted into ``table`` into its summaries (inside the caller's transaction)."""
+    """Fold rows just inserted into ``table`` into its summaries (inside the caller's transaction).
+
+    Per-request sums are aggregated once and feed both ``sum_requests`` and ``sum_request_keys``."""
     sums = _OF.get(table)
     if not sums or inserted.num_rows == 0:
         return
-    view = f"_summarise_{table}"
+    view, req_view = f"_summarise_{table}", f"_summarise_{table}_req"
     con.register(view, inserted)
     try:
         keys = schema.SUM_REQUEST_KEYS
         for t in sums:
-            if t is not keys:
-                con.execute(_upsert_sql(t, _agg_sql(t, view)))
+            if t in (keys, schema.SUM_REQUESTS, schema.SUM_RUN_RIDS):
+                continue
+            max_len = _max_len(inserted, "survival") if t is schema.SUM_POSITIONS else None
+            con.execute(_upsert_sql(t, _agg_sql(t, view, max_len=max_len)))
         # request keys: new blocks of requests whose requests row is stored, and new requests rows with the
         # blocks stored so far (whichever comes second in a transaction sees the first; nothing counts twice)
         if table == RS:
-            per_rid = f"(SELECT run_id, rid, {_PER_RID} FROM {view} GROUP BY run_id, rid)"
+            rt = schema.SUM_REQUESTS
+            rel = con.sql(f"SELECT * FROM ({_agg_sql(rt, view)}) AS x({', '.join(_q(c) for c in rt.names)})")
+            con.register(req_view, (getattr(rel, "to_arrow_table", None) or rel.arrow)())
+            con.execute(_upsert_sql(schema.SUM_RUN_RIDS, _new_rids_sql(req_view)))  # before sum_requests grows
+            con.execute(_upsert_sql(rt, f"SELECT * FROM {req_view}"))
+            cols = ", ".join(f"sum({c}) AS {c}" for c in _KEY_SUMS)
+            per_rid = f"(SELECT run_id, rid, {cols} FROM {req_view} GROUP BY run_id, rid)"
             con.execute(_upsert_sql(keys, _keys_sql(REQ, per_rid, "", "0")))
         elif table == REQ:
             cols = ", ".join(f"sum(s.{c}) AS {c}" for c in _KEY_SUMS)
@@ -184,6 +229,30 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
             con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
     finally:
         con.unregister(view)
+        if table == RS:
+            con.unregister(req_view)
+
+
+def _new_rids_sql(req: str) -> str:
+    """sum_run_rids increments of a batch: its per-request sums ``req`` whose (run, rid, workload), and
+    whose (run, rid), ``sum_requests`` does not hold yet (read before the batch is folded into it)."""
+    sr = schema.SUM_REQUESTS.name
+    mine = f"s.run_id IN (SELECT DISTINCT run_id FROM {req})"
+    return f"""
+        SELECT run_id, 0, workload, count(*) FROM {req} v
+        WHERE NOT EXISTS (SELECT 1 FROM {sr} s WHERE {mine} AND s.run_id = v.run_id AND s.rid = v.rid
+                          AND s.workload = v.workload)
+        GROUP BY ALL
+        UNION ALL
+        SELECT run_id, 1, '', count(DISTINCT rid) FROM {req} v
+        WHERE NOT EXISTS (SELECT 1 FROM {sr} s WHERE {mine} AND s.run_id = v.run_id AND s.rid = v.rid)
+        GROUP BY ALL"""
+
+
+def _max_len(tbl: pa.Table, column: str) -> int:
+    """Longest list in ``tbl[column]`` (0 when all are NULL or empty)."""
+    m = pc.max(pc.list_value_length(tbl[column])).as_py()
+    return int(m or 0)
 
 
 def _counts(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> dict[str, int]:
@@ -196,7 +265,7 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     A row count per run (one column scan, pruned by zone maps) against the summaries' own counts:
     rows appended past :func:`add` (an older writer, a raw INSERT) make the run stale.
     """
-    # fast path, one query. Nothing deletes rows, so equal totals mean every run is counted exactly,
+    # fast path. Nothing deletes rows, so equal totals mean every run is counted exactly,
     # unless a run_id was rewritten in place: then the summaries hold an id the runs table no longer
     # has, or a requested run has rows but no summary (both checked; the full count settles it).
     ids = [] if run_ids is None else list(run_ids)
@@ -205,19 +274,21 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     have = _tables(con)
     have_keys = keys in have  # version 3: requests rows are counted too
     v2_present = all(t.name in have for t in _V2)
-    req_terms = (f", (SELECT count(*) FROM {REQ}), (SELECT coalesce(sum(n_requests), 0) FROM {keys})"
-                 if have_keys else ", 0, 0")
     try:
-        raw_n, raw_s, sum_n, sum_s, orphans, unsummarised, raw_q, sum_q = con.execute(
-            f"""SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}),
-                       (SELECT coalesce(sum(n), 0) FROM {cells}), (SELECT coalesce(sum(n), 0) FROM {steps}),
-                       (SELECT count(*) FROM (SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps})
-                        WHERE run_id NOT IN (SELECT run_id FROM {RUNS})),
-                       (SELECT count(*) FROM (SELECT unnest(?::VARCHAR[]) AS run_id) r
-                        WHERE run_id NOT IN (SELECT run_id FROM {cells}) AND run_id NOT IN (SELECT run_id FROM {steps})
-                          AND (EXISTS (SELECT 1 FROM {RS} x WHERE x.run_id = r.run_id)
-                               OR EXISTS (SELECT 1 FROM {STEPS} x WHERE x.run_id = r.run_id))){req_terms}""",
-            [ids]).fetchone()
+        # a few small queries, not one with scalar subqueries and NOT IN (planned as mark joins: that one
+        # query cost 45-80 ms on a 5M-row store, these 10-25 ms together)
+        raw_n, raw_s, raw_q = con.execute(f"SELECT (SELECT count(*) FROM {RS}), (SELECT count(*) FROM {STEPS}), "
+                                          f"{f'(SELECT count(*) FROM {REQ})' if have_keys else '0'}").fetchone()
+        sum_n, sum_s, sum_q = con.execute(
+            f"SELECT (SELECT coalesce(sum(n), 0) FROM {cells}), (SELECT coalesce(sum(n), 0) FROM {steps}), "
+            f"{f'(SELECT coalesce(sum(n_requests), 0) FROM {keys})' if have_keys else '0'}").fetchone()
+        summarised = {r for (r,) in con.execute(f"SELECT run_id FROM {cells} UNION SELECT run_id FROM {steps}").fetchall()}
+        orphans = summarised - {r for (r,) in con.execute(f"SELECT run_id FROM {RUNS}").fetchall()}
+        bare = [r for r in ids if r not in summarised]  # requested runs without a summary row: rows past add?
+        lit = ", ".join("'" + r.replace("'", "''") + "'" for r in bare)  # literals: the scans prune by zone maps
+        unsummarised = bool(bare) and con.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {RS} WHERE run_id IN ({lit})) "
+            f"OR EXISTS (SELECT 1 FROM {STEPS} WHERE run_id IN ({lit}))").fetchone()[0]
         if (raw_n, raw_s, raw_q) == (sum_n, sum_s, sum_q) and not orphans and not unsummarised and v2_present:
             return set()
     except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
@@ -289,6 +360,11 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
                     if r not in done]
             rebuild(con, todo, _NEW_IN_3)
             stale = sorted(done | set(todo))
+        if v < 4:  # the per-run request counts are new in version 4
+            done = set(stale)
+            todo = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {RS}").fetchall() if r not in done]
+            rebuild(con, todo, _NEW_IN_4)
+            stale = sorted(done | set(todo))
         con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
                     [str(schema.SCHEMA_VERSION)])
         con.execute("COMMIT")
@@ -308,7 +384,7 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     if stale is None:
         stale = stale_runs(con, ids) if ids else set()
     fresh = [r for r in ids if r not in stale] if n_bins == RELIABILITY_BINS else []
-    if t in _NEW_IN_3 and not present(con, (t,)):  # a version-2 file opened read-only
+    if t in _NEW_IN_3 + _NEW_IN_4 and not present(con, (t,)):  # an older file opened read-only
         fresh = []
     raw = [r for r in ids if r not in fresh]
     cols = ", ".join(_q(c) for c in t.names)
@@ -348,8 +424,8 @@ def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
     ``workloads`` restricts the block figures, steps and wall time stay whole-run."""
     stale = stale_runs(con, run_ids)
     cells = _source(con, schema.SUM_CELLS, run_ids, stale)
-    reqs = _source(con, schema.SUM_REQUESTS, run_ids, stale)
     steps = _source(con, schema.SUM_STEPS, run_ids, stale)
+    seen = _requests_seen_sql(con, run_ids, stale, workloads)
     return _df(con, f"""
         WITH b AS (
           SELECT run_id, sum(n)::BIGINT AS blocks,
@@ -362,8 +438,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
                  sum(sum_acc_len_ceil) / nullif(sum(sum_ceil1) FILTER (WHERE n_ceil > 0), 0) AS utilization,
                  {_avg('sum_cap_trim', 'n_cap_trim')} AS mean_cap_trim
           FROM {cells} c{_in_workloads(workloads, "c")} GROUP BY run_id),
-        q AS (SELECT run_id, count(DISTINCT rid) AS requests_seen FROM {reqs} r{_in_workloads(workloads, "r")}
-              GROUP BY run_id),
+        q AS ({seen}),
         s AS (
           SELECT run_id, n AS steps, max_wall_s AS wall_s, sum_bs / nullif(n_bs, 0) AS mean_bs,
                  CASE WHEN n_executed > 0 THEN sum_executed END AS executed_verify_tokens
@@ -375,6 +450,27 @@ def run_summary(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
         FROM {RUNS} r LEFT JOIN b USING (run_id) LEFT JOIN q USING (run_id) LEFT JOIN s USING (run_id)
         WHERE r.run_id IN (SELECT unnest(?))
         ORDER BY r.arm, r.run_id""", [list(run_ids)])
+
+
+def _requests_seen_sql(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], stale: set[str],
+                       workloads: Sequence[str] | None) -> str:
+    """(run_id, requests_seen): distinct requests with blocks (in ``workloads``) per run, from the run's
+    counts in ``sum_run_rids``. Per-workload counts add up exactly unless a request has blocks under two
+    workloads; such a run (rare) counts its distinct requests over ``sum_requests`` instead."""
+    rids = _source(con, schema.SUM_RUN_RIDS, run_ids, stale)
+    if not workloads:
+        return f"SELECT run_id, n::BIGINT AS requests_seen FROM {rids} x WHERE scope = 1"
+    split = [r for (r,) in con.execute(
+        f"SELECT run_id FROM {rids} x GROUP BY run_id "
+        "HAVING sum(n) FILTER (WHERE scope = 0) <> sum(n) FILTER (WHERE scope = 1)").fetchall()]
+    lit = "[" + ", ".join("'" + r.replace("'", "''") + "'" for r in split) + "]::VARCHAR[]"
+    sql = (f"SELECT run_id, sum(n)::BIGINT AS requests_seen FROM {rids} x{_in_workloads(workloads, 'x')} "
+           f"AND scope = 0 AND NOT list_contains({lit}, run_id) GROUP BY run_id")
+    if split:
+        reqs = _source(con, schema.SUM_REQUESTS, split, stale)
+        sql += (f" UNION ALL SELECT run_id, count(DISTINCT rid) AS requests_seen FROM {reqs} r"
+                f"{_in_workloads(workloads, 'r')} GROUP BY run_id")
+    return sql
 
 
 def window_distribution(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> pd.DataFrame:

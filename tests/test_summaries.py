@@ -315,3 +315,25 @@ def test_summaries_of_messy_batches_equal_a_sql_rebuild(tmp_path: Path) -> None:
     s.append({"request_steps": pa.concat_tables([a.slice(600), b.slice(0, 400)])})
     s.append({"request_steps": b})
     _assert_add_equals_rebuild(s)
+
+
+def test_requests_seen_counts_distinct_requests_across_batches_and_workloads(tmp_path: Path) -> None:
+    """``sum_run_rids`` (requests_seen without a count(DISTINCT) at read time): a request whose blocks
+    arrive in several batches counts once; one with blocks under two workloads (messy rows: NULL
+    workloads mixed in) counts once per run and once in each workload it has."""
+    s = Store(tmp_path / "m.duckdb")
+    a, b = _messy(1500, "run-a", 21), _messy(900, "run-b", 22)
+    s.append({"runs": [H.run_row("run-a", "compact"), H.run_row("run-b", "cap-accept")]})
+    for part in (a.slice(0, 700), pa.concat_tables([a.slice(700), b.slice(0, 300)]), b.slice(300)):
+        s.append({"request_steps": part})
+    raw = pd.concat([a.to_pandas(), b.to_pandas()], ignore_index=True)
+    raw["workload"] = raw["workload"].fillna("?")
+    assert (raw.groupby(["run_id", "rid"])["workload"].nunique() > 1).any()  # the case being tested
+    r = Reader(s.path)
+    got = r.run_summary(["run-a", "run-b"]).set_index("run_id")["requests_seen"].to_dict()
+    assert got == raw.groupby("run_id")["rid"].nunique().to_dict()
+    w = [x for x in raw["workload"].unique() if x != "?"][:2]
+    for sel in ([w[0]], w, [w[0], "?"]):
+        sub = raw[raw["workload"].isin(sel)]
+        got = r.run_summary(["run-a", "run-b"], workloads=sel).set_index("run_id")["requests_seen"].to_dict()
+        assert got == sub.groupby("run_id")["rid"].nunique().to_dict(), sel

@@ -126,6 +126,32 @@ def test_version_2_file_reads_step_bins_from_raw_and_gets_them_on_a_read_write_o
     assert Store(old).rebuilt_summaries == []
 
 
+def test_version_3_file_counts_requests_from_raw_and_gets_sum_run_rids_on_a_read_write_open(
+        filled: Store, tmp_path: Path) -> None:
+    want = Reader(filled.path).run_summary(RUNS)
+    want_w = Reader(filled.path).run_summary(RUNS, ["chat", "math"])
+    assert want["requests_seen"].min() > 0
+    old = tmp_path / "v3.duckdb"
+    shutil.copy(filled.path, old)
+    con = duckdb.connect(str(old))
+    con.execute(f"DROP TABLE {schema.SUM_RUN_RIDS.name}")
+    con.execute("UPDATE store_meta SET value = '3' WHERE key = 'schema_version'")
+    con.close()
+    with Store(old, read_only=True).snapshot() as c:
+        assert summaries.schema_version(c) == 3
+        assert summaries.stale_runs(c) == set()  # the version-3 summaries still answer
+    pd.testing.assert_frame_equal(Reader(old).run_summary(RUNS), want)  # requests_seen from the raw rows
+    s = Store(old)
+    assert s.rebuilt_summaries == RUNS
+    with s.snapshot() as c:
+        assert summaries.schema_version(c) == schema.SCHEMA_VERSION
+        assert c.execute("SELECT sum(n) FROM sum_run_rids WHERE scope = 1").fetchone()[0] == \
+            want["requests_seen"].sum()
+    pd.testing.assert_frame_equal(Reader(old).run_summary(RUNS), want)
+    pd.testing.assert_frame_equal(Reader(old).run_summary(RUNS, ["chat", "math"]), want_w)
+    assert Store(old).rebuilt_summaries == []
+
+
 def test_request_pages_partition_the_run(filled: Store) -> None:
     r = Reader(filled.path)
     n = r.request_count("run-b")
