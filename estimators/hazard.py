@@ -22,6 +22,14 @@ Methods:
   unresolved-block bias ~0) where the binned table, shrunk toward flat cell means, was
   under-confident (predicted 0.3 / 0.85 hazards were 0.1 / 0.92 empirically). Refits under
   request-bootstrap weights are one lbfgs fit each (~0.04 s on 10k training positions).
+  Keyed (``keys``, default :data:`KEYS`) by the sampling temperature and the workload label: an
+  intercept and a ``logit(c)`` slope per temperature level and per workload, additive in logit.
+  Why: with the retrained fixture pair acceptance at a given confidence differs by both, and the
+  unkeyed model (pooling T = 0.7 with T = 1, chat with math) biased every aggregate whose interval
+  is narrow (10 of 29 groups covered). Both are known for every request in production. A level
+  without training data (a temperature the training runs never served, a workload label they
+  never carried) gets the training-share-weighted mean of the levels' terms, the pooled hazard,
+  and the estimate says so in its notes. ``binned`` is not keyed.
 * ``binned``: per (greedy, walk state, offset ``k - window`` into the trimmed
   tail), quantile bins of ``logit(c)``, rates shrunk toward the (greedy, walk state) rate
   pooled over offsets, made monotone in confidence by weighted isotonic regression. The

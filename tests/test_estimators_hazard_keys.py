@@ -141,3 +141,11 @@ def test_hazard_compatibility_matches_temperatures_not_greedy_share(tmp_path):
         "temperature 0 of cap-t1-mostly-greedy has no training data in cap-t1 (it served 1)"]
     with pytest.raises(ValueError, match="temperature 0.7 of cap-t07 has no training data"):
         hazard_runs(st, "cap-t07", 7, hazards_from="cap-t1")
+
+
+def test_validation_cli_refuses_an_unknown_hazard_key(capsys):
+    from estimators.validation import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--hazard-keys", "temperature,prompt", "missing.duckdb"])
+    assert e.value.code == 2 and "unknown key(s) ['prompt']" in capsys.readouterr().err
