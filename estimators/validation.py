@@ -442,6 +442,10 @@ def main(argv=None) -> None:
     ap.add_argument("--use-sglang-pg", action="store_true", help="feed SGLang's pg p/q into the walk (experimental)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    keys = () if a.hazard_keys.strip() in ("", "none") else tuple(k.strip() for k in a.hazard_keys.split(","))
+    bad = [k for k in keys if k not in KEYS]
+    if bad:
+        ap.error(f"--hazard-keys: unknown key(s) {bad}; choose from {list(KEYS)} or 'none'")
     jsonl = None
     if a.synthetic:
         sim = simulate(n_requests=a.synthetic, seed=a.seed + 21)
@@ -455,10 +459,6 @@ def main(argv=None) -> None:
                 ingest_paths([a.sglang], Store(db), progress=False)
                 dbs.append(db)
             rs, steps, jsonl = load_truth_runs(dbs, a.run)
-    keys = () if a.hazard_keys.strip() in ("", "none") else tuple(k.strip() for k in a.hazard_keys.split(","))
-    bad = [k for k in keys if k not in KEYS]
-    if bad:
-        ap.error(f"--hazard-keys: unknown key(s) {bad}; choose from {list(KEYS)} or 'none'")
     v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed,
                  use_sglang_pg=a.use_sglang_pg, folds=a.folds, hazard_method=a.hazard_method, hazard_keys=keys)
     print(v.report())
