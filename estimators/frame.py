@@ -143,6 +143,14 @@ class BlockFrame:
         return self.temperature <= 0
 
     @property
+    def workload(self) -> np.ndarray:
+        """Workload label per row (object array; :data:`NO_WORKLOAD` where the traffic carried none)."""
+        if "workload" not in self.df:
+            return np.full(self.n, NO_WORKLOAD, dtype=object)
+        w = self.df["workload"].to_numpy(object)
+        return np.where(pd.isna(w), NO_WORKLOAD, w).astype(object) if pd.isna(w).any() else w
+
+    @property
     def has_truth(self) -> np.ndarray:
         return self.ceiling >= 0
 

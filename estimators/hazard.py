@@ -22,6 +22,14 @@ Methods:
   unresolved-block bias ~0) where the binned table, shrunk toward flat cell means, was
   under-confident (predicted 0.3 / 0.85 hazards were 0.1 / 0.92 empirically). Refits under
   request-bootstrap weights are one lbfgs fit each (~0.04 s on 10k training positions).
+  Keyed (``keys``, default :data:`KEYS`) by the sampling temperature and the workload label: an
+  intercept and a ``logit(c)`` slope per temperature level and per workload, additive in logit.
+  Why: with the retrained fixture pair acceptance at a given confidence differs by both, and the
+  unkeyed model (pooling T = 0.7 with T = 1, chat with math) biased every aggregate whose interval
+  is narrow (10 of 29 groups covered). Both are known for every request in production. A level
+  without training data (a temperature the training runs never served, a workload label they
+  never carried) gets the training-share-weighted mean of the levels' terms, the pooled hazard,
+  and the estimate says so in its notes. ``binned`` is not keyed.
 * ``binned``: per (greedy, walk state, offset ``k - window`` into the trimmed
   tail), quantile bins of ``logit(c)``, rates shrunk toward the (greedy, walk state) rate
   pooled over offsets, made monotone in confidence by weighted isotonic regression. The
@@ -68,6 +76,14 @@ from threadpoolctl import threadpool_limits
 from estimators.frame import BlockFrame
 
 _CLIP = 1e-4
+KEYS = ("temperature", "workload")  # what the logistic hazard is keyed by, beyond cell, walk state, greedy
+
+
+def temperature_key(t: np.ndarray) -> np.ndarray:
+    """The sampling temperature as a hazard level: greedy (T <= 0) is 0, others rounded to 3 dp
+    (a float32 0.7 and a float64 0.7 are one level)."""
+    t = np.asarray(t, float)
+    return np.round(np.where(t <= 0, 0.0, t), 3)
 
 
 def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -127,6 +143,7 @@ class HazardModel:
     cv_folds: int = 3
     index: str = "offset"  # cells by offset into the trimmed tail (k - window) or absolute "position" k
     source: str = "auto"  # truth | observed | auto (truth rows if any, else observed)
+    keys: tuple = KEYS  # logistic: per-level intercept and confidence slope for each (see _set_levels)
     fitted_: bool = False
     info_: dict = field(default_factory=dict)
 
@@ -178,7 +195,8 @@ class HazardModel:
         x = conf_feature(frame.confidence[r, kk])
         ki = self._kidx(frame, np.arange(frame.n), used)[r, kk]
         return dict(row=r, k=ki, x=x, y=y, wt=wt, greedy=frame.greedy[r], state=st[r, kk],
-                    req=frame.request[r], n_req=int(frame.request.max()) + 1), used
+                    req=frame.request[r], n_req=int(frame.request.max()) + 1, temp=frame.temperature[r],
+                    workload=frame.workload[r]), used
 
     def fit(self, frame: BlockFrame, walk: np.ndarray | None = None, state: np.ndarray | None = None,
             sample_weight_by_request=None) -> "HazardModel":
@@ -208,6 +226,7 @@ class HazardModel:
             self._set_edges()
             self._table(weights=sample_weight_by_request)
         elif self.method == "logistic":
+            self._set_levels(L)
             self._fit_logistic(sample_weight_by_request)
         else:
             raise ValueError(f"unknown hazard method {self.method!r}")
@@ -301,30 +320,128 @@ class HazardModel:
         self.table_ = np.clip(out, 1e-6, 1 - 1e-6)
         self.counts_ = n2
 
-    def _linear(self, k, x, st, coef):
-        """``_design(k, x, st) @ coef`` (to float rounding) read off the one-hot structure, without
-        building the ``(n, 2G + 2S)`` design matrix."""
+    # ------------------------------------------------------------------
+    # temperature and workload levels (logistic)
+    def _set_levels(self, L: dict) -> None:
+        """Levels of the keys seen in training, each training position's code, and per greedy/sampled
+        the training share of every level. Why: with the retrained fixture pair acceptance at a given
+        confidence differs by sampling temperature and workload (pooled, T = 0.7 runs were over- and
+        T = 1 runs under-estimated beyond their aggregate intervals). Both are known per request in
+        production. A level the training never saw (a temperature, a workload label) is predicted
+        with the share-weighted mean of the trained levels' terms: the pooled hazard, said in the
+        estimate's notes (:meth:`fallback_notes`)."""
+        n = L["k"].size
+        use_t = "temperature" in self.keys and "temp" in L
+        use_w = "workload" in self.keys and "workload" in L
+        t = temperature_key(L["temp"]) if use_t else np.zeros(n)
+        self.temps_ = np.unique(t) if use_t else np.zeros(0)
+        wl = np.asarray(L["workload"], object) if use_w else np.zeros(0, object)
+        wc, wu = pd.factorize(wl, sort=True) if use_w else (np.zeros(n, np.int64), [])
+        self.workloads_ = [str(w) for w in wu]
+        L["t"] = np.searchsorted(self.temps_, t).astype(np.int64) if use_t else np.zeros(n, np.int64)
+        L["w"] = np.asarray(wc, np.int64)
+        NT, NW = len(self.temps_), len(self.workloads_)
+        self.shares_ = {}
+        for g in (False, True):
+            m = L["greedy"] == g
+            ts = np.bincount(L["t"][m], weights=L["wt"][m], minlength=NT)[:NT]
+            ws = np.bincount(L["w"][m], weights=L["wt"][m], minlength=NW)[:NW]
+            self.shares_[g] = (ts / max(ts.sum(), 1e-300), ws / max(ws.sum(), 1e-300))
+        self.info_.update(temperatures=self.temps_.tolist(), workloads=list(self.workloads_))
+
+    def _codes(self, frame: BlockFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Temperature and workload codes of rows (``len(levels)``: unseen, pooled)."""
+        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
+        t = np.full(len(rows), NT, np.int64)
+        if NT:
+            tk = temperature_key(frame.temperature[rows])
+            i = np.minimum(np.searchsorted(self.temps_, tk), NT - 1)
+            t = np.where(self.temps_[i] == tk, i, NT)
+        w = np.full(len(rows), NW, np.int64)
+        if NW:
+            w = pd.Index(self.workloads_, dtype=object).get_indexer(frame.workload[rows].astype(str))
+            w = np.where(w < 0, NW, w).astype(np.int64)
+        return t, w
+
+    def fallback_notes(self, frame: BlockFrame, rows: np.ndarray) -> list[str]:
+        """Notes for rows whose temperature or workload the hazards were not trained on (pooled there)."""
+        if self.method != "logistic" or not self.fitted_ or not len(rows):
+            return []
+        t, w = self._codes(frame, rows)
+        out = []
+        fmt = lambda v: ", ".join(f"{x:g}" for x in v)  # noqa: E731
+        if len(self.temps_) and (t == len(self.temps_)).any():
+            unseen = np.unique(temperature_key(frame.temperature[rows][t == len(self.temps_)]))
+            out.append(f"hazard: temperature {fmt(unseen)} has no training data (trained on {fmt(self.temps_)}): "
+                       "those blocks use hazards pooled over the trained temperatures, not validated there")
+        if len(self.workloads_) and (w == len(self.workloads_)).any():
+            unseen = sorted(set(frame.workload[rows][w == len(self.workloads_)].astype(str)))
+            out.append(f"hazard: workload {', '.join(unseen)} has no training data (trained on "
+                       f"{', '.join(self.workloads_)}): those blocks use hazards pooled over the trained workloads")
+        return out
+
+    def _key_tables(self, coef: np.ndarray, g: bool):
+        """Intercept and slope terms of each temperature and workload code (the last: unseen, the
+        share-weighted mean of the trained levels' terms)."""
         G, S = self.gamma_, self.NSTATE
-        # per (k, state) cell: intercept and slope tables (G x S), one take each (same sums, bit for bit)
-        cell = k * S + st
+        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
+        o = 2 * G + 2 * S
+        ts, ws = self.shares_[g] if NT + NW else (np.zeros(0), np.zeros(0))
+        out = []
+        for at, n, sh in ((o, NT, ts), (o + NT, NT, ts), (o + 2 * NT, NW, ws), (o + 2 * NT + NW, NW, ws)):
+            c = coef[at:at + n]
+            out.append(np.append(c, sh @ c if n else 0.0))
+        return out  # t intercept, t slope, w intercept, w slope
+
+    def _linear(self, k, x, st, coef, t=None, w=None, g: bool = True):
+        """``_design(k, x, st, t, w, g) @ coef`` (to float rounding) read off the one-hot structure,
+        without building the design matrix (``t``/``w`` None: unseen, pooled)."""
+        G, S = self.gamma_, self.NSTATE
+        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
+        ta, tb, wa, wb = self._key_tables(coef, g)
+        # per (k, state, t, w) cell: intercept and slope tables, one take each
         a = (coef[:G, None] + coef[None, 2 * G:2 * G + S]).reshape(-1)
         b = (coef[G:2 * G, None] + coef[None, 2 * G + S:2 * G + 2 * S]).reshape(-1)
+        cell = k * S + st
+        if NT + NW:
+            a = (a[:, None, None] + ta[None, :, None] + wa[None, None, :]).reshape(-1)
+            b = (b[:, None, None] + tb[None, :, None] + wb[None, None, :]).reshape(-1)
+            t = NT if t is None else t
+            w = NW if w is None else w
+            cell = (cell * (NT + 1) + t) * (NW + 1) + w
         return a.take(cell) + x * b.take(cell)
+
+    def _ncoef(self) -> int:
+        return 2 * (self.gamma_ + self.NSTATE + len(getattr(self, "temps_", ())) + len(getattr(self, "workloads_", ())))
 
     def _flat_coef(self, accepted: float, total: float) -> np.ndarray:
         """Logistic coefficients of a constant hazard (accepted + 0.5) / (total + 1) at every position."""
         rate = (accepted + 0.5) / (total + 1.0)
-        coef = np.zeros(2 * self.gamma_ + 2 * self.NSTATE)
+        coef = np.zeros(self._ncoef())
         coef[: self.gamma_] = np.log(rate / (1 - rate))
         return coef
 
-    def _design(self, k, x, st):
-        G = self.gamma_
-        X = np.zeros((k.size, 2 * G + 2 * self.NSTATE))
-        X[np.arange(k.size), k] = 1.0
-        X[np.arange(k.size), G + k] = x
-        X[np.arange(k.size), 2 * G + st] = 1.0
-        X[np.arange(k.size), 2 * G + self.NSTATE + st] = x
+    def _design(self, k, x, st, t=None, w=None, g: bool = True):
+        """Columns: cell intercepts, cell slopes, state intercepts, state slopes, then per temperature
+        level intercepts and slopes, per workload likewise (an unseen level, ``t``/``w`` None or
+        ``len(levels)``: the training shares of the levels, i.e. the pooled term)."""
+        G, S = self.gamma_, self.NSTATE
+        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
+        n = k.size
+        X = np.zeros((n, self._ncoef()))
+        X[np.arange(n), k] = 1.0
+        X[np.arange(n), G + k] = x
+        X[np.arange(n), 2 * G + st] = 1.0
+        X[np.arange(n), 2 * G + S + st] = x
+        o = 2 * G + 2 * S
+        for code, N, sh, at in ((t, NT, self.shares_[g][0] if NT else None, o),
+                                (w, NW, self.shares_[g][1] if NW else None, o + 2 * NT)):
+            if not N:
+                continue
+            code = np.full(n, N) if code is None else np.broadcast_to(code, (n,))
+            oh = np.vstack([np.eye(N), sh[None, :]])[code]  # unseen: the level shares
+            X[:, at:at + N] = oh
+            X[:, at + N:at + 2 * N] = oh * np.asarray(x, float)[:, None]
         return X
 
     def _logistic_cells(self) -> dict:
@@ -341,10 +458,12 @@ class HazardModel:
                 if not m.size:
                     continue
                 k, st, x = L["k"][m], L["state"][m], L["x"][m]
+                t, w = L["t"][m], L["w"][m]
                 xc, xu = pd.factorize(x)
-                key = (k.astype(np.int64) * self.NSTATE + st) * (len(xu) + 1) + xc
+                kc = ((k.astype(np.int64) * self.NSTATE + st) * (len(self.temps_) + 1) + t) * (len(self.workloads_) + 1) + w
+                key = kc * (len(xu) + 1) + xc
                 _, first, cell = np.unique(key, return_index=True, return_inverse=True)
-                out[g] = (m, cell.reshape(-1), self._design(k[first], x[first], st[first]))
+                out[g] = (m, cell.reshape(-1), self._design(k[first], x[first], st[first], t[first], w[first], g))
             L["_logistic_cells"] = out
         return L["_logistic_cells"]
 
@@ -404,7 +523,11 @@ class HazardModel:
         else:
             st = self._eff_state(frame, rows, state)
         g = np.broadcast_to(frame.greedy[rows][:, None], x.shape)
-        return dict(c=c, x=x, st=st, g=g, k=self._kidx(frame, rows))
+        out = dict(c=c, x=x, st=st, g=g, k=self._kidx(frame, rows))
+        if self.method == "logistic":
+            t, w = self._codes(frame, rows)
+            out.update(t=np.broadcast_to(t[:, None], x.shape), w=np.broadcast_to(w[:, None], x.shape))
+        return out
 
     def predict_features(self, f: dict) -> np.ndarray:
         """:meth:`predict` from :meth:`features` of the same model (or of the model it was refitted from)."""
@@ -416,17 +539,20 @@ class HazardModel:
             b = self._bin_index(k.ravel(), x.ravel()).reshape(x.shape)
             return self.table_.reshape(-1).take(self._group(g, st, k) * self.table_.shape[1] + b)  # table_[grp, b]
         out = np.empty(x.shape)
+        t, w = f.get("t"), f.get("w")
         for gg in (False, True):
             m = g[:, 0] == gg
-            coef = self.coef_.get(gg, self.coef_.get(not gg))
+            cg = gg if gg in self.coef_ else (not gg)
+            coef = self.coef_[cg]
             if m.all():  # one kind of row (the usual case): no masked copies
-                z = self._linear(k, x, st, coef)
+                z = self._linear(k, x, st, coef, t, w, cg)
                 np.negative(z, out=z)
                 np.exp(z, out=z)
                 z += 1
                 return np.divide(1, z, out=z)
             if m.any():
-                out[m] = 1 / (1 + np.exp(-self._linear(k[m], x[m], st[m], coef)))
+                out[m] = 1 / (1 + np.exp(-self._linear(k[m], x[m], st[m], coef, None if t is None else t[m],
+                                                       None if w is None else w[m], cg)))
         return out
 
     def refit(self, request_weights: np.ndarray) -> "HazardModel":

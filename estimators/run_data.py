@@ -21,6 +21,7 @@ from acceptscope.ingest.links import named_tables
 from estimators.bracket import bracket_from_jsonl
 from estimators.calibration import compare
 from estimators.cost import CostModel, table_from_long
+from estimators.hazard import temperature_key
 
 RUN_KEYS = ("arm", "engine", "gamma", "temperature", "sts_hash", "sps_hash")  # the run row in run_all's results
 
@@ -92,8 +93,11 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
     """Why ``other``'s observed tails cannot stand in for ``run_id``'s (empty: compatible).
 
     Hazards transfer only between runs whose drafts were scheduled alike: the same gamma,
-    the same STS table in force (it changes what a confidence value means) and the same
-    temperature mix (greedy and sampled acceptance differ; shares within 0.1)."""
+    the same STS table in force (it changes what a confidence value means), and training data
+    at every sampling temperature of ``run_id``: the hazard is keyed by temperature (acceptance at
+    a given confidence differs with it), so the mixes may differ, but a temperature ``other``
+    never served would be predicted from other temperatures' hazards (T = 0.7 from T = 1 biased
+    aggregates by ~0.06 drafts on the reference engine)."""
     runs = store.query_df("SELECT run_id, gamma, sts_hash, temperature FROM runs WHERE run_id IN (?, ?)",
                           [run_id, other]).set_index("run_id")
     if other not in runs.index:
@@ -105,16 +109,19 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
     sa, sb = (None if pd.isna(x) else x for x in (a.sts_hash, b.sts_hash))
     if sa != sb:
         out.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
-    mix = {}
+    temps = {}
     for r in (run_id, other):
         d = _with_temperatures(store, r, store.read_table("request_steps", r, columns=["rid", "temperature"]),
                                runs.loc[r, "temperature"])
         t = d["temperature"]
-        mix[r] = None if t.isna().all() else (t.fillna(1.0) <= 0).mean()
-    if (mix[run_id] is None) != (mix[other] is None):
+        # as the frame reads them: a missing temperature is sampled (T = 1)
+        temps[r] = None if t.isna().all() else set(temperature_key(t.fillna(1.0).to_numpy(float)).tolist())
+    if (temps[run_id] is None) != (temps[other] is None):
         out.append("temperature known for one run only (ingest --temperature or request records)")
-    elif mix[run_id] is not None and abs(mix[run_id] - mix[other]) > 0.1:
-        out.append(f"greedy share {mix[other]:.2f} vs {mix[run_id]:.2f}")
+    elif temps[run_id] is not None and temps[run_id] - temps[other]:
+        fmt = lambda v: ", ".join(f"{x:g}" for x in sorted(v))  # noqa: E731
+        out.append(f"temperature {fmt(temps[run_id] - temps[other])} of {run_id} has no training data in {other} "
+                   f"(it served {fmt(temps[other])})")
     return out
 
 
@@ -130,7 +137,7 @@ def hazard_runs(store, run_id: str, gamma: int, audit_group=None, hazards_from: 
         if problems:
             raise ValueError(f"--hazards-from {hazards_from}: not compatible with {run_id}: " + "; ".join(problems))
         return [hazards_from], (f"hazards fitted on run {hazards_from} (named by --hazards-from; compatible: gamma, "
-                                "STS table, temperature mix)")
+                                "STS table, temperatures)")
     others = [o for o in _audit_truth_runs(store, gamma, run_id, audit_group)
               if not hazard_compatibility(store, run_id, o)]
     if others:

@@ -206,7 +206,7 @@ def _row_keys(frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 TRAIN_FIELDS = [("run_id", pa.string()), ("rid", pa.string()), ("pos", pa.int64()), ("seq", pa.int64()),
                 ("k", pa.int64()), ("x", pa.float64()), ("y", pa.float64()), ("wt", pa.float64()),
                 ("greedy", pa.bool_()), ("state", pa.int64()), ("n", pa.int64()), ("truth", pa.bool_()),
-                ("cpu_s", pa.float64())]
+                ("cpu_s", pa.float64()), ("temp", pa.float64()), ("workload", pa.string())]
 
 
 def _train_partition(batches, est, gamma: int, chunk_rows: int):
@@ -236,7 +236,9 @@ def _train_partition(batches, est, gamma: int, chunk_rows: int):
              pa.array(np.concatenate([np.asarray(L["state"], np.int64), np.zeros(q, np.int64)])),
              pa.array(np.concatenate([np.zeros(m, np.int64), n.astype(np.int64)])),
              pa.array(np.concatenate([np.zeros(m, bool), truth])),
-             pa.array(np.concatenate([np.zeros(m + q - 1), [time.process_time() - t0]]) if q else np.zeros(m))],
+             pa.array(np.concatenate([np.zeros(m + q - 1), [time.process_time() - t0]]) if q else np.zeros(m)),
+             pa.array(np.concatenate([L["temp"], np.zeros(q)])),  # the hazard's keys (HazardModel._set_levels)
+             pa.array(np.concatenate([L["workload"], np.full(q, "", object)]), pa.string())],
             schema=sch)
 
 
@@ -348,7 +350,8 @@ class SparkTail:
         order = np.lexsort((col("seq")[p], row))
         L = dict(row=row[order], k=col("k")[p][order], x=col("x")[p][order], y=col("y")[p][order],
                  wt=col("wt")[p][order], greedy=col("greedy")[p][order].astype(bool), state=col("state")[p][order],
-                 req=req[order], n_req=int(len(codes)))
+                 req=req[order], n_req=int(len(codes)), temp=col("temp")[p][order],
+                 workload=col("workload")[p][order].astype(object))
         self.stats.update(fit_executor_cpu_s=float(col("cpu_s").sum()), fit_rows_collected=int(got.num_rows),
                           fit_bytes_collected=int(got.nbytes))
         hz.fit_long(L, used, gamma)

@@ -304,13 +304,13 @@ class _RunAcc:
     def add(self, tbl: pa.Table) -> None:
         self.chunks += 1
         frame = BlockFrame.from_request_steps(tbl, gamma=self.G)
-        for note in frame.notes:
+        G, n = self.G, frame.n
+        tail = self.est.estimate(frame, hazard_boot=0 if self.exact else self.hazard_boot, seed=self.seed)
+        for note in tail.notes:  # the frame's, then the hazard model's (levels it was not trained on)
             if note.split(" ")[0].isdigit():
                 continue  # per-chunk counts (discontinuities): not repeated per chunk
             if note not in self.notes:
                 self.notes.append(note)
-        G, n = self.G, frame.n
-        tail = self.est.estimate(frame, hazard_boot=0 if self.exact else self.hazard_boot, seed=self.seed)
         b = tail.blocks
         df = frame.df
         idx = pd.MultiIndex.from_arrays([df["rank"].to_numpy(), df["epoch"].to_numpy(), df["forward_ct"].to_numpy()])

@@ -400,7 +400,8 @@ class TailEstimator:
         if frame.has_truth.any():
             cols["truth"] = np.where(frame.has_truth, frame.ceiling, np.nan)
         res = TailResult(blocks=pd.DataFrame(cols, copy=False), pmf=pmf, gamma=G, levels=tuple(self.levels),
-                         hazard_info=dict(self.hazard.info_), notes=list(frame.notes))
+                         hazard_info=dict(self.hazard.info_),
+                         notes=list(frame.notes) + self.hazard.fallback_notes(frame, rows))
         if hazard_boot and (refits is not None or hasattr(self.hazard, "_train")):
             models = self.hazard_refits(hazard_boot, seed) if refits is None else refits
             mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()

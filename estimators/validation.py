@@ -45,7 +45,7 @@ from acceptscope.ingest import ingest_paths
 from acceptscope.store import Store
 from estimators.bracket import bracket_from_frame, bracket_from_jsonl
 from estimators.frame import BlockFrame, padded
-from estimators.hazard import HazardModel
+from estimators.hazard import KEYS, HazardModel
 from estimators.synthetic import simulate
 from estimators.tail import TailEstimator, TailResult, _quantile_intervals
 
@@ -254,10 +254,11 @@ def _prompt_folds(truth: pd.DataFrame, folds: int, seed: int) -> tuple[np.ndarra
 
 
 def _score_fold(train: pd.DataFrame, test: pd.DataFrame, f: int, mode: str, lp: bool, g: dict | None, *,
-                hazard_method: str, levels, interval: str, seed: int, hazard_boot: int):
+                hazard_method: str, levels, interval: str, seed: int, hazard_boot: int, hazard_keys=KEYS):
     """Fit the tail estimator (variant ``mode``) on ``train``, estimate ``test`` with its ceiling hidden
     and score each block against the truth. Returns (blocks, bootstrap replicates, hazard bins)."""
-    est = TailEstimator(hazard=HazardModel(method=hazard_method), mode=mode, levels=levels, interval=interval)
+    est = TailEstimator(hazard=HazardModel(method=hazard_method, keys=tuple(hazard_keys)), mode=mode, levels=levels,
+                        interval=interval)
     est.fit(train, gather=g if lp else None)
     res = est.estimate(hide(test, logprobs=lp), gamma=est.gamma_, seed=seed, gather=g if lp else None,
                        hazard_boot=hazard_boot)
@@ -346,13 +347,16 @@ def _bracket_comparison(blocks: pd.DataFrame, truth: pd.DataFrame, jsonl: dict |
 def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: int = 5,
              hazard_method: str = "logistic", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
              jsonl: dict | None = None, by=("run_id", "workload", "band", "rank"), seed: int = 0,
-             interval: str = "randomized", hazard_boot: int = 30, use_sglang_pg: bool = False) -> ValidationResult:
+             interval: str = "randomized", hazard_boot: int = 30, use_sglang_pg: bool = False,
+             hazard_keys=KEYS) -> ValidationResult:
     """Cross-fitted validation on a truth-bearing ``request_steps`` frame (see module docstring).
 
     ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run (for
     the bracket comparison; ``use_sglang_pg=True`` also feeds their p/q into the walk, which is
     not validated yet: see the module notes). ``hazard_boot``: hazard refits under request-bootstrap
     weights of the training fold (model uncertainty in the aggregate intervals), for both variants.
+    ``hazard_keys``: what the logistic hazard is keyed by beyond cell, walk state and greedy
+    (:data:`estimators.hazard.KEYS`; ``()``: the unkeyed model, for before/after comparisons).
     """
     if "ceiling" not in truth or truth["ceiling"].isna().any():
         raise ValueError("validate needs request_steps with the ceiling on every row (a cap-accept or static run)")
@@ -368,7 +372,8 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
             continue
         for mode, lp in (("auto", True), ("confidence", False)):
             b, boot, bins = _score_fold(train, test, f, mode, lp, g, hazard_method=hazard_method, levels=levels,
-                                        interval=interval, seed=seed, hazard_boot=hazard_boot)
+                                        interval=interval, seed=seed, hazard_boot=hazard_boot,
+                                        hazard_keys=hazard_keys)
             hinfo.append(bins)
             if boot is not None:
                 boots[mode].append(boot)
@@ -385,7 +390,8 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
         aggs.append(a)
     agg = pd.concat(aggs, ignore_index=True)
     bins = sorted(set(x for x in hinfo if x is not None))
-    notes = [f"{folds}-fold cross-fitting by prompt (rid); hazards: {hazard_method}"
+    keyed = f" keyed by {', '.join(hazard_keys)}" if hazard_method == "logistic" and hazard_keys else ""
+    notes = [f"{folds}-fold cross-fitting by prompt (rid); hazards: {hazard_method}{keyed}"
              + (f" (confidence bins chosen per fit: {bins})" if bins else "")
              + f"; intervals: {interval}; aggregate: {hazard_boot} hazard refits x imputation noise"]
     return ValidationResult(per_mode=pd.DataFrame(_mode_rows(cens, levels)), aggregate=agg,
@@ -430,10 +436,16 @@ def main(argv=None) -> None:
     ap.add_argument("--hazard-method", default="logistic", help="logistic | binned (HazardModel.method)")
     ap.add_argument("--n-boot", type=int, default=300)
     ap.add_argument("--hazard-boot", type=int, default=30)
+    ap.add_argument("--hazard-keys", default=",".join(KEYS),
+                    help="logistic hazard keys, comma-separated (temperature,workload; 'none': unkeyed)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--use-sglang-pg", action="store_true", help="feed SGLang's pg p/q into the walk (experimental)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    keys = () if a.hazard_keys.strip() in ("", "none") else tuple(k.strip() for k in a.hazard_keys.split(","))
+    bad = [k for k in keys if k not in KEYS]
+    if bad:
+        ap.error(f"--hazard-keys: unknown key(s) {bad}; choose from {list(KEYS)} or 'none'")
     jsonl = None
     if a.synthetic:
         sim = simulate(n_requests=a.synthetic, seed=a.seed + 21)
@@ -448,7 +460,7 @@ def main(argv=None) -> None:
                 dbs.append(db)
             rs, steps, jsonl = load_truth_runs(dbs, a.run)
     v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed,
-                 use_sglang_pg=a.use_sglang_pg, folds=a.folds, hazard_method=a.hazard_method)
+                 use_sglang_pg=a.use_sglang_pg, folds=a.folds, hazard_method=a.hazard_method, hazard_keys=keys)
     print(v.report())
     for n in v.notes:
         print("note:", n)

@@ -96,13 +96,14 @@ def test_logistic_hazard_fit_on_distinct_rows_equals_the_row_by_row_fit():
     cells = L["_logistic_cells"]
     for g, (m, cell, X) in cells.items():  # every position maps to its own design row
         assert X.shape[0] <= m.size
-        np.testing.assert_array_equal(X[cell], est.hazard._design(L["k"][m], L["x"][m], L["state"][m]))
+        np.testing.assert_array_equal(X[cell], est.hazard._design(L["k"][m], L["x"][m], L["state"][m], L["t"][m],
+                                                                  L["w"][m], g))
     from sklearn.linear_model import LogisticRegression
 
     # the base fit with the production solver settings, one row per training position
     for g, coef in est.hazard.coef_.items():
         sel = L["greedy"] == g
-        X = est.hazard._design(L["k"][sel], L["x"][sel], L["state"][sel])
+        X = est.hazard._design(L["k"][sel], L["x"][sel], L["state"][sel], L["t"][sel], L["w"][sel], g)
         y, w = L["y"][sel], L["wt"][sel]
         Xd, yd = np.concatenate([X, X]), np.concatenate([np.ones(y.size), np.zeros(y.size)])
         wd = np.concatenate([w * y, w * (1 - y)])

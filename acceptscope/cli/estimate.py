@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
         hazards_from: Optional[str] = typer.Option(
             None, "--hazards-from",
             help="Take the tail hazards of --run from this truth-bearing run (a cap-accept audit arm). Refused "
-                 "unless the two are compatible (gamma, STS table in force, temperature mix). Default: the run's "
+                 "unless the two are compatible (gamma, STS table in force, training data at every sampling "
+                 "temperature of --run). Default: the run's "
                  "own observed outcomes, or the cap-accept arm of its own audit."),
         n_boot: int = typer.Option(200, "--n-boot", min=10, help="Bootstrap replicates for intervals."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and the splits."),
