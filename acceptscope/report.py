@@ -32,7 +32,7 @@ from acceptscope import estimate_views as est
 from acceptscope.figures import regime as R
 from acceptscope.figures import tables as F
 from acceptscope.figures.estimates import tail_truth_figure
-from acceptscope.parity import ParityReport, check_parity
+from acceptscope.parity import PAIR_KEY, ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
 from estimators.bootstrap import cluster_weights, request_keys
@@ -374,7 +374,7 @@ def _regime_sections(c: _Ctx) -> None:
 
 def _parity_section(c: _Ctx, par: ParityReport | None) -> ParityReport | None:
     if par is None and c.compact and c.audit:
-        par = check_parity(c.reader, c.compact, c.audit)
+        par = _parity_all_identical(c.reader, c.compact, c.audit) or check_parity(c.reader, c.compact, c.audit)
     if par is None:
         c.page.note("parity", "no compact + cap-accept pair in this selection: parity not checked.")
         return None
@@ -400,6 +400,31 @@ def _parity_section(c: _Ctx, par: ParityReport | None) -> ParityReport | None:
                                                   "token_a", "token_b", "block_a", "block_b"]))
     c.headline["parity"] = {"ok": par.ok, "pairs": par.pairs, **counts}
     return par
+
+
+def _parity_all_identical(reader: Reader, run_a: str, run_b: str) -> ParityReport | None:
+    """``check_parity``'s report when DuckDB finds nothing to report: every request paired (as its merge
+    pairs them: on PAIR_KEY; A's unpaired requests allowed when B is the smaller, sampled arm) and every
+    pair identical or without output tokens. One aggregate instead of both runs' token lists in pandas
+    (they grow with the run); None (anything else, even a NULL key part) leaves the findings to check_parity."""
+    req = schema.REQUESTS.name
+    cols = ", ".join(PAIR_KEY)
+    r = reader.df(f"""
+        WITH a AS (SELECT {cols}, output_tokens, true AS here FROM "{req}" WHERE run_id = ?),
+             b AS (SELECT {cols}, output_tokens, true AS here FROM "{req}" WHERE run_id = ?)
+        SELECT (SELECT count(*) FROM a) AS n_a, (SELECT count(*) FROM b) AS n_b, count(*) AS joined,
+               count(*) FILTER (WHERE b.here IS NULL) AS a_only, count(*) FILTER (WHERE a.here IS NULL) AS b_only,
+               count(*) FILTER (WHERE a.here AND b.here AND (a.output_tokens IS NULL OR b.output_tokens IS NULL))
+                   AS unverifiable,
+               count(*) FILTER (WHERE a.output_tokens = b.output_tokens) AS identical
+        FROM a FULL OUTER JOIN b ON {" AND ".join(f"a.{k} = b.{k}" for k in PAIR_KEY)}""", [run_a, run_b]).iloc[0]
+    n_a, n_b = int(r.n_a), int(r.n_b)
+    sampled = 0 < n_b < n_a
+    pairs = int(r.joined - r.a_only - r.b_only)
+    if r.b_only or (r.a_only and not sampled) or r.identical + r.unverifiable != pairs:
+        return None
+    return ParityReport(run_a, run_b, pairs, int(r.identical), [], sampled=sampled, requests_a=n_a,
+                        unverifiable=int(r.unverifiable))
 
 
 def _calibration_section(c: _Ctx) -> None:

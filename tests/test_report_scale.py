@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+import pytest
 
 from acceptscope.figures import tables as F
 from acceptscope.figures.estimates import PLOT_POINTS, budget_audit_figure, thin
-from acceptscope.report import _TailSums, _tail_by_workload
+from acceptscope.parity import check_parity
+from acceptscope.reader import Reader
+from acceptscope.report import _parity_all_identical, _TailSums, _tail_by_workload
+from acceptscope.store import Store
+from estimators.synthetic import simulate
 
 
 def _steps(n: int, run_id: str) -> pd.DataFrame:
@@ -59,3 +66,46 @@ def test_tail_sums_in_chunks_equal_one_pass():
     assert list(chunked["workload"]) == ["a", "b", "c"] and chunked["requests"].tolist() == [999, 1000, 1000]
     num = ["truth", "truth_lo", "truth_hi", "conf_only", "conf_lo", "conf_hi"]
     np.testing.assert_allclose(chunked[num].to_numpy(float), whole[num].to_numpy(float), rtol=1e-12)
+
+
+def _parity_store(tmp_path, edit=None) -> Path:
+    """Two arms of the same 30 requests (the synthetic generator's, with seeds and output tokens); ``edit``
+    changes arm B's requests frame first."""
+    t = simulate(n_requests=30, seed=1).tables
+    req = t["requests"].assign(seed=7, output_tokens=[[i, i + 1, i + 2] for i in range(len(t["requests"]))])
+    a = req.assign(run_id="arm-a")
+    b = req.assign(run_id="arm-b", rid=req["rid"] + "-b")
+    b = edit(b) if edit else b
+    st = Store(tmp_path / "p.duckdb")
+    runs = t["runs"]
+    st.append({"runs": pd.concat([runs.assign(run_id="arm-a", arm="compact"), runs.assign(run_id="arm-b")]),
+               "requests": pd.concat([a, b], ignore_index=True)})
+    return tmp_path / "p.duckdb"
+
+
+def _mutate_tokens(b):
+    b = b.copy()
+    b.at[b.index[3], "output_tokens"] = [9, 9, 9]
+    return b
+
+
+def _null_seed(b):
+    b = b.copy()
+    b["seed"] = b["seed"].astype("Int64")
+    b.loc[b.index[2], "seed"] = pd.NA
+    return b
+
+
+@pytest.mark.parametrize("edit, fast", [(None, True), (lambda b: b.iloc[5:], True), (lambda b: b.iloc[1:-1], True),
+                                        (_mutate_tokens, False), (_null_seed, False),
+                                        (lambda b: b.assign(output_tokens=None), True)])
+def test_parity_fast_path_is_check_paritys_report(tmp_path, edit, fast):
+    """The DuckDB aggregate answers only when check_parity would find nothing, and then says what it says."""
+    reader = Reader(_parity_store(tmp_path, edit))
+    got = _parity_all_identical(reader, "arm-a", "arm-b")
+    full = check_parity(reader, "arm-a", "arm-b")
+    assert (got is not None) == fast
+    if fast:
+        assert got.to_dict() == full.to_dict() and full.ok
+    else:
+        assert not full.ok
