@@ -8,12 +8,13 @@ through bench/scale.py's harness (``cli``: wall and CPU seconds, ``VmHWM``). The
 tables from the summaries and runs the estimators through ``estimators.run_all``, which streams a run
 of more than ``estimators.STREAM_ROWS`` request-steps in chunks of whole requests (the path
 ``acceptscope estimate`` takes). The last line fits time and peak memory against the store's rows
-(least squares, ``a + b * rows``) and extrapolates to 100M request-steps.
+(least squares, ``a + b * rows``) and extrapolates to 100M request-steps. ``--build-only`` grows the store
+and stops (copy the file to keep one store per size, then ``--reuse`` each).
 
 Usage::
 
     .venv/bin/python bench/report.py --sizes 500000,5000000 --workdir /work/scratch-s3-15d/report \\
-        [--reuse] [--no-estimators] [--timeout 3000]
+        [--reuse] [--no-estimators] [--build-only] [--timeout 3000]
 """
 
 from __future__ import annotations
