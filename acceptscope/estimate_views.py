@@ -133,6 +133,22 @@ def run_estimates(db: str | Path, run_id: str, *, n_boot: int = 200) -> tuple[di
     return views, None
 
 
+STEP_KEY = ["run_id", "rank", "epoch", "forward_ct"]
+
+
+def _steps_of(con: Any, run_id: str, rs: pd.DataFrame) -> pd.DataFrame:
+    """The steps the sampled request-steps were verified in, with the one column validation reads of
+    them (``bs``: the batch band): the run's whole steps table grows with the run, the sample does not."""
+    keys = rs[STEP_KEY[1:]].drop_duplicates()
+    con.register("_sample_step_keys", keys)
+    try:
+        return con.execute(f'''SELECT s.run_id, s.rank, s.epoch, s.forward_ct, s.bs FROM "{schema.STEPS.name}" s
+                               SEMI JOIN _sample_step_keys k USING (rank, epoch, forward_ct)
+                               WHERE s.run_id = ?''', [run_id]).df()
+    finally:
+        con.unregister("_sample_step_keys")
+
+
 def run_validation(db: str | Path, truth_run: str, *, n_boot: int = 100, seed: int = 0) -> EstimateView:
     """Hide the ceiling of a cap-accept/static run, estimate as compact would, compare with the truth."""
     r = Reader(db)
@@ -140,7 +156,7 @@ def run_validation(db: str | Path, truth_run: str, *, n_boot: int = 100, seed: i
     n_all = int(r.df(f'SELECT count(*) AS n FROM "{schema.REQUEST_STEPS.name}" WHERE run_id = ?', [truth_run]).n.iloc[0])
     rs = read_sample(Store(db), [truth_run], VALIDATION_ROWS, seed=seed,
                      columns=schema.REQUEST_STEPS.names).to_pandas()
-    steps = r.df(f'SELECT * FROM "{schema.STEPS.name}" WHERE run_id = ?', [truth_run])
+    steps = r.summary(_steps_of, truth_run, rs)
     try:
         v = view("validation", validate(rs, steps=steps, n_boot=n_boot, seed=seed))
         if len(rs) < n_all:

@@ -27,12 +27,12 @@ import pandas as pd
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
-from acceptscope import audit_sampling, schema
+from acceptscope import audit_sampling, schema, summaries
 from acceptscope import estimate_views as est
 from acceptscope.figures import regime as R
 from acceptscope.figures import tables as F
 from acceptscope.figures.estimates import tail_truth_figure
-from acceptscope.parity import ParityReport, check_parity
+from acceptscope.parity import PAIR_KEY, ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
 from estimators.bootstrap import cluster_weights, request_keys
@@ -374,7 +374,7 @@ def _regime_sections(c: _Ctx) -> None:
 
 def _parity_section(c: _Ctx, par: ParityReport | None) -> ParityReport | None:
     if par is None and c.compact and c.audit:
-        par = check_parity(c.reader, c.compact, c.audit)
+        par = _parity_all_identical(c.reader, c.compact, c.audit) or check_parity(c.reader, c.compact, c.audit)
     if par is None:
         c.page.note("parity", "no compact + cap-accept pair in this selection: parity not checked.")
         return None
@@ -400,6 +400,31 @@ def _parity_section(c: _Ctx, par: ParityReport | None) -> ParityReport | None:
                                                   "token_a", "token_b", "block_a", "block_b"]))
     c.headline["parity"] = {"ok": par.ok, "pairs": par.pairs, **counts}
     return par
+
+
+def _parity_all_identical(reader: Reader, run_a: str, run_b: str) -> ParityReport | None:
+    """``check_parity``'s report when DuckDB finds nothing to report: every request paired (as its merge
+    pairs them: on PAIR_KEY; A's unpaired requests allowed when B is the smaller, sampled arm) and every
+    pair identical or without output tokens. One aggregate instead of both runs' token lists in pandas
+    (they grow with the run); None (anything else, even a NULL key part) leaves the findings to check_parity."""
+    req = schema.REQUESTS.name
+    cols = ", ".join(PAIR_KEY)
+    r = reader.df(f"""
+        WITH a AS (SELECT {cols}, output_tokens, true AS here FROM "{req}" WHERE run_id = ?),
+             b AS (SELECT {cols}, output_tokens, true AS here FROM "{req}" WHERE run_id = ?)
+        SELECT (SELECT count(*) FROM a) AS n_a, (SELECT count(*) FROM b) AS n_b, count(*) AS joined,
+               count(*) FILTER (WHERE b.here IS NULL) AS a_only, count(*) FILTER (WHERE a.here IS NULL) AS b_only,
+               count(*) FILTER (WHERE a.here AND b.here AND (a.output_tokens IS NULL OR b.output_tokens IS NULL))
+                   AS unverifiable,
+               count(*) FILTER (WHERE a.output_tokens = b.output_tokens) AS identical
+        FROM a FULL OUTER JOIN b ON {" AND ".join(f"a.{k} = b.{k}" for k in PAIR_KEY)}""", [run_a, run_b]).iloc[0]
+    n_a, n_b = int(r.n_a), int(r.n_b)
+    sampled = 0 < n_b < n_a
+    pairs = int(r.joined - r.a_only - r.b_only)
+    if r.b_only or (r.a_only and not sampled) or r.identical + r.unverifiable != pairs:
+        return None
+    return ParityReport(run_a, run_b, pairs, int(r.identical), [], sampled=sampled, requests_a=n_a,
+                        unverifiable=int(r.unverifiable))
 
 
 def _calibration_section(c: _Ctx) -> None:
@@ -511,7 +536,7 @@ def _tail_section(c: _Ctx) -> None:
         if not shown:
             c.page.note("tail", "needs a compact run and a cap-accept (or static) run of the same workload.")
         return
-    tail_tbl = _tail_by_workload(audit_sampling.per_request(c.reader, c.compact, c.truth_run))
+    tail_tbl = _tail_table(c.reader, c.compact, c.truth_run)
     if tail_tbl.empty:
         return
     c.page.fig("tail", tail_truth_figure(tail_tbl), "compact's confidence-only estimate (Σ survival + 1 per block) "
@@ -641,28 +666,66 @@ def _sampling_html(s: Any) -> Markup:
 STEP_POINTS = 20_000  # steps per run in the cost figures and the step-time error; longer runs are thinned evenly
 
 
+TAIL_CHUNK_VECTORS = 64  # the tail table reads its per-request rows in chunks of 64 x 2,048 requests
+
+
+class _TailSums:
+    """Per workload: the sums the tail table is made of (Σw, Σwx, Σwy and their n_boot replicates), fed
+    chunks of per-request rows. A request's bootstrap weights depend on its key only, so chunks add up:
+    the table needs no frame of every request (a 100M-row run has millions)."""
+
+    def __init__(self, n_boot: int = 1000, seed: int = 0) -> None:
+        self.n_boot, self.seed = n_boot, seed
+        self.acc: dict[Any, list] = {}  # workload -> [requests, Σw, Σwx, Σwy, sw[], swx[], swy[]]
+
+    def add(self, pr: pd.DataFrame) -> None:
+        n_boot = self.n_boot
+        for wl, g in pr.dropna(subset=["y", "x"]).groupby("workload"):
+            w, x, y = (g[c].to_numpy(float) for c in ("w", "x", "y"))
+            a = self.acc.setdefault(wl, [0, 0.0, 0.0, 0.0, np.zeros(n_boot), np.zeros(n_boot), np.zeros(n_boot)])
+            a[0] += len(g)
+            a[1], a[2], a[3] = a[1] + np.sum(w), a[2] + np.sum(w * x), a[3] + np.sum(w * y)
+            keys = request_keys(g["workload"], g["prompt_index"].astype(str) + "/" + g["seed"].astype(str))
+            step = max(1, (1 << 21) // max(n_boot, 1))  # requests per block: weights of <= 16 MB, never n_boot x n
+            for i in range(0, len(g), step):  # a request's weights depend on its key only: blocks add up
+                bw = cluster_weights(keys[i:i + step], n_boot, self.seed) * w[i:i + step]
+                a[4], a[5], a[6] = a[4] + bw.sum(axis=1), a[5] + bw @ x[i:i + step], a[6] + bw @ y[i:i + step]
+
+    def table(self) -> pd.DataFrame:
+        rows = []
+        for wl in sorted(self.acc):
+            n, s_w, s_wx, s_wy, sw, swx, swy = self.acc[wl]
+            truth, conf = float(s_wy / s_w), float(s_wx / s_w)
+            drawn = sw > 0  # a replicate that drew no request has no mean (Poisson(1) weights, small n)
+            bx, by = swx[drawn] / sw[drawn], swy[drawn] / sw[drawn]
+            lo, hi = np.quantile(bx, [0.025, 0.975]) if drawn.any() else (np.nan, np.nan)
+            tlo, thi = np.quantile(by, [0.025, 0.975]) if drawn.any() else (np.nan, np.nan)
+            rows.append(dict(workload=wl, requests=n, truth=truth, truth_lo=tlo, truth_hi=thi, conf_only=conf,
+                             conf_lo=lo, conf_hi=hi, truth_in_interval=bool(lo <= truth <= hi)))
+        return pd.DataFrame(rows)
+
+
 def _tail_by_workload(pr: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per workload: cap-accept truth vs the compact confidence-only estimate, with request-clustered
     bootstrap intervals (estimators.bootstrap's keyed Poisson weights, the estimators' own bootstrap;
     a request is keyed by (workload, prompt_index, seed), the same in the compact and audited runs)."""
-    rows = []
-    for wl, g in pr.dropna(subset=["y", "x"]).groupby("workload"):
-        w, x, y = (g[c].to_numpy(float) for c in ("w", "x", "y"))
-        truth = float(np.sum(w * y) / np.sum(w))
-        conf = float(np.sum(w * x) / np.sum(w))
-        keys = request_keys(g["workload"], g["prompt_index"].astype(str) + "/" + g["seed"].astype(str))
-        sw, swx, swy = np.zeros(n_boot), np.zeros(n_boot), np.zeros(n_boot)
-        step = max(1, (1 << 21) // max(n_boot, 1))  # requests per block: weights of <= 16 MB, never n_boot x n
-        for a in range(0, len(g), step):  # a request's weights depend on its key only: blocks add up
-            bw = cluster_weights(keys[a:a + step], n_boot, seed) * w[a:a + step]
-            sw, swx, swy = sw + bw.sum(axis=1), swx + bw @ x[a:a + step], swy + bw @ y[a:a + step]
-        drawn = sw > 0  # a replicate that drew no request has no mean (Poisson(1) weights, small n)
-        bx, by = swx[drawn] / sw[drawn], swy[drawn] / sw[drawn]
-        lo, hi = np.quantile(bx, [0.025, 0.975]) if drawn.any() else (np.nan, np.nan)
-        tlo, thi = np.quantile(by, [0.025, 0.975]) if drawn.any() else (np.nan, np.nan)
-        rows.append(dict(workload=wl, requests=len(g), truth=truth, truth_lo=tlo, truth_hi=thi, conf_only=conf,
-                         conf_lo=lo, conf_hi=hi, truth_in_interval=bool(lo <= truth <= hi)))
-    return pd.DataFrame(rows)
+    sums = _TailSums(n_boot, seed)
+    sums.add(pr)
+    return sums.table()
+
+
+def _tail_table(reader: Reader, compact_run: str, truth_run: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """:func:`_tail_by_workload` over ``audit_sampling.per_request``'s rows, read from DuckDB in chunks
+    (in its order, so a run of one chunk gets the same table): memory bounded by a chunk, not the run."""
+    def read(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+        sums = _TailSums(n_boot, seed)
+        cur = con.execute(summaries._per_request_sql(con, compact_run, truth_run)
+                          + " ORDER BY workload, prompt_index, seed", {"c": compact_run, "a": truth_run})
+        while len(chunk := cur.fetch_df_chunk(TAIL_CHUNK_VECTORS)):
+            sums.add(chunk)
+        return sums.table()
+
+    return reader.summary(read)
 
 
 def _mape(steps: pd.DataFrame) -> float | None:

@@ -8,12 +8,13 @@ through bench/scale.py's harness (``cli``: wall and CPU seconds, ``VmHWM``). The
 tables from the summaries and runs the estimators through ``estimators.run_all``, which streams a run
 of more than ``estimators.STREAM_ROWS`` request-steps in chunks of whole requests (the path
 ``acceptscope estimate`` takes). The last line fits time and peak memory against the store's rows
-(least squares, ``a + b * rows``) and extrapolates to 100M request-steps.
+(least squares, ``a + b * rows``) and extrapolates to 100M request-steps. ``--build-only`` grows the store
+and stops (copy the file to keep one store per size, then ``--reuse`` each).
 
 Usage::
 
     .venv/bin/python bench/report.py --sizes 500000,5000000 --workdir /work/scratch-s3-15d/report \\
-        [--reuse] [--no-estimators] [--timeout 3000]
+        [--reuse] [--no-estimators] [--build-only] [--timeout 3000]
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="keep WORKDIR's store and append only the copies it lacks")
     ap.add_argument("--no-estimators", action="store_true", help="measure `report --no-estimators` instead")
     ap.add_argument("--timeout", type=float, default=3000)
+    ap.add_argument("--build-only", action="store_true", help="grow WORKDIR's store to the last size and stop")
     a = ap.parse_args()
     from acceptscope.store import Store
     import pyarrow.compute as pc
@@ -71,11 +73,16 @@ def main() -> None:
             grow(store, bases, span, copies, want)
             copies = want
         n = 2 * copies * per_copy
+        if a.build_only:
+            print(json.dumps({"store_rows": n, "built": str(db)}), flush=True)
+            continue
         args = ["report", "--db", str(db), "--run", RUNS[0], "--run", RUNS[1], "-o", str(a.workdir / "report.html")]
         got = cli(args + (["--no-estimators"] if a.no_estimators else []), a.timeout)
         row = {"store_rows": n, **got}
         print(json.dumps(row), flush=True)
         rows.append(row)
+    if a.build_only:
+        return
     what = "report --no-estimators" if a.no_estimators else "report"
     print(f"\n{what:24s}{'store rows':>12}{'wall s':>10}{'CPU s':>10}{'peak MB':>10}")
     for r in rows:

@@ -24,7 +24,21 @@ from estimators.utilization import UtilizationResult
 from estimators.validation import ValidationResult
 
 MIN_COVERAGE_N = 2  # blocks a coverage group needs before its line is drawn
+PLOT_POINTS = 5_000  # points per trace at most: a per-step series of a long run is thinned evenly (HTML size)
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
+
+
+def thin(df: pd.DataFrame, n: int = PLOT_POINTS) -> pd.DataFrame:
+    """At most ``n`` evenly spaced rows of ``df`` (first and last kept): a plot cannot show 200k points, and
+    each one costs the report's HTML ~25 bytes. A frame of ``n`` rows or fewer comes back as it is."""
+    if len(df) <= n:
+        return df
+    return df.iloc[np.unique(np.linspace(0, len(df) - 1, n).round().astype(np.int64))]
+
+
+def thinned_note(rows: int, n: int = PLOT_POINTS) -> str:
+    """The title suffix of a figure whose traces were thinned (empty when none was)."""
+    return f" ({n:,} evenly spaced of {rows:,} points per trace)" if rows > n else ""
 
 
 def _layout(fig: go.Figure, title: str, height: int = 400) -> go.Figure:
@@ -110,7 +124,9 @@ def pred_vs_measured_figure(pred: pd.DataFrame, title: str = "") -> go.Figure:
     """Predicted vs measured step time, coloured by split."""
     fig = go.Figure()
     d = pred[pred.split != "dropped"]
+    most = 0
     for i, (s, g) in enumerate(d.groupby("split")):
+        most, g = max(most, len(g)), thin(g)
         fig.add_trace(go.Scatter(x=g.measured_ms, y=g.predicted_ms, mode="markers", name=s, opacity=0.6,
                                  marker=dict(size=5, color=PALETTE[i])))
     if len(d):
@@ -118,12 +134,13 @@ def pred_vs_measured_figure(pred: pd.DataFrame, title: str = "") -> go.Figure:
         fig.add_trace(go.Scatter(x=[0, m], y=[0, m], mode="lines", name="y = x", line=dict(dash="dash", color="grey")))
     fig.update_xaxes(title="measured step time (ms)")
     fig.update_yaxes(title="predicted (ms)")
-    return _layout(fig, title)
+    return _layout(fig, title + thinned_note(most))
 
 
 def budget_audit_figure(ps: pd.DataFrame) -> go.Figure:
     """Recorded vs recomputed budgets over steps."""
     fig = go.Figure()
+    rows, ps = len(ps), thin(ps)
     x = ps.forward_ct
     if "budget" in ps:
         fig.add_trace(go.Scatter(x=x, y=ps.budget, mode="lines", name="recorded budget"))
@@ -131,7 +148,7 @@ def budget_audit_figure(ps: pd.DataFrame) -> go.Figure:
     fig.add_trace(go.Scatter(x=x, y=ps.scheduled_window_tokens, mode="lines", name="scheduled window tokens", opacity=0.6))
     fig.update_xaxes(title="forward_ct")
     fig.update_yaxes(title="tokens")
-    return _layout(fig, "Planner audit: budget from lagged survival")
+    return _layout(fig, "Planner audit: budget from lagged survival" + thinned_note(rows))
 
 
 def windows_figure(win: pd.DataFrame, util: pd.DataFrame | None = None) -> go.Figure:

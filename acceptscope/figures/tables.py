@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from acceptscope import summaries
+from acceptscope.figures.estimates import thin, thinned_note
 from acceptscope.reader import RUNS, Reader
 from estimators.calibration_metrics import ece
 
@@ -191,8 +192,10 @@ def fig_step_costs(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> go.
     s = steps.dropna(subset=["predicted_step_ms"])
     measured = s["step_gpu_ms"].where(s["step_gpu_ms"].notna(), s["step_cpu_ms"])
     s = s.assign(measured=measured).dropna(subset=["measured"])
+    most = 0
     for run_id, g in s.groupby("run_id", sort=False):
         arm = arms.get(run_id, run_id)
+        most, g = max(most, len(g)), thin(g)
         fig.add_trace(go.Scatter(x=g["predicted_step_ms"], y=g["measured"], mode="markers", name=arm,
                                  marker=dict(size=5, opacity=0.5, color=ARM_COLORS.get(arm))))
     if len(s):
@@ -201,21 +204,23 @@ def fig_step_costs(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> go.
                                  name="perfect model"))
     fig.update_xaxes(title="predicted step (ms)")
     fig.update_yaxes(title="measured step (ms)")
-    return _layout(fig, "Cost model: predicted vs measured step time")
+    return _layout(fig, "Cost model: predicted vs measured step time" + thinned_note(most))
 
 
 def fig_throughput(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> go.Figure:
     """Verify tokens executed per step over the run (what the budget spent)."""
     fig = go.Figure()
     arms = {} if runs is None else dict(zip(runs["run_id"], runs["arm"]))
+    most = 0
     for run_id, g in steps.groupby("run_id", sort=False):
+        most, g = max(most, len(g)), thin(g)
         y = g["executed_verify_tokens"].where(g["executed_verify_tokens"].notna(), g["num_verify_tokens"])
         arm = arms.get(run_id, run_id)
         fig.add_trace(go.Scatter(x=g["wall_time_s"], y=y, mode="lines", name=arm,
                                  line=dict(color=ARM_COLORS.get(arm))))
     fig.update_xaxes(title="time since run start (s)")
     fig.update_yaxes(title="verify tokens per step")
-    return _layout(fig, "Verify tokens per step")
+    return _layout(fig, "Verify tokens per step" + thinned_note(most))
 
 
 def fig_request(steps: pd.DataFrame, rid: str) -> go.Figure:
