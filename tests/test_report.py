@@ -155,6 +155,7 @@ def test_regime_and_curve_sections_show_the_audit_next_to_the_blog(audit, report
     assert set(curve["workload"]) == {"math", "poetry"}  # the high- and the low-accept workload of `mixed`
     r = R.curve_ratios(curve)
     assert len(r) == 2 and r["ratio"].notna().all()
+    assert r.columns.name is None and "<th>arm</th>" not in r.to_html(index=False)  # no empty pivot-label column
     p = _Collect()
     p.feed(out.read_text(encoding="utf-8"))
     assert p.figures.get("regime", 0) >= 1 and p.figures.get("curve", 0) >= 1

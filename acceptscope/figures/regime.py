@@ -86,6 +86,7 @@ def curve_ratios(curve: pd.DataFrame) -> pd.DataFrame:
     if curve.empty:
         return pd.DataFrame(columns=["workload", "batch", "compact", "static", "ratio"])
     w = curve.pivot_table(index=["workload", "batch"], columns="arm", values="tokens_per_s").reset_index()
+    w.columns.name = None  # the pivot's "arm" label would render as an empty first column in HTML
     for a in ("compact", "static"):
         if a not in w:
             w[a] = float("nan")
