@@ -73,7 +73,8 @@ TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "p
 ORDER = "run_id, rid, epoch, forward_ct"
 S_ORDER = "s.run_id, s.rid, s.epoch, s.forward_ct"
 PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
-DUCKDB_MEMORY = "384MB"  # DuckDB's share while sorting by request (it spills beyond)
+DUCKDB_MEMORY = "256MB"  # DuckDB's share while sorting by request (it spills beyond; 3M: 955 vs 1051 MB peak at 384MB)
+CHUNK_ROWS = 1 << 16  # request-steps per chunk: a chunk's estimator arrays sit on top of the sort (1 << 17: +~100 MB)
 FOLD_CHUNKS = 32  # per-chunk group sums (utilization, windows, refit shifts) are added up every this many chunks
 
 
@@ -127,7 +128,7 @@ def _select(con, columns, run_ids) -> tuple[str, str]:
                              "LEFT JOIN runs r ON s.run_id = r.run_id")
 
 
-def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",
+def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_COLUMNS, where: str = "",
                    params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY,
                    whole_runs: bool = False) -> Iterator[tuple[str, pa.Table]]:
     """``(run_id, table)`` pieces of ``request_steps`` holding whole requests of one run, about
@@ -607,7 +608,7 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
 
 
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
-                   chunk_rows: int = 1 << 17, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
+                   chunk_rows: int = CHUNK_ROWS, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
                    duckdb_memory: str | None = DUCKDB_MEMORY, progress=None,
                    hazards_from: str | None = None, whole_runs: bool = False) -> dict[str, Any]:
     """:func:`estimators.run_all` for every run in ``run_ids`` (default: all) in one ordered pass
