@@ -16,14 +16,18 @@ run's :class:`~estimators.tail.TailEstimator` and reduced to sums before the nex
   ``sample_rows``); hazards are fitted on such a sample of their training requests (at most
   ``fit_rows`` request-steps);
 * cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps; only the
-  columns the cost fit, the batch-size bands and the planner read: :data:`STEP_COLUMNS`);
+  columns the cost fit, the batch-size bands and the planner read: :data:`STEP_COLUMNS`); past
+  :data:`COST_STEPS` steps it is not held through the pass: the batch sizes only (:class:`StepSizes`,
+  16 bytes a step), then at the end a stable hash-sample of :data:`COST_STEPS` steps for the cost fit;
 * planner audit: exact on runs that fit in one chunk; on bigger runs, on the first
   :data:`PLANNER_ROWS` request-steps in step order (the budget recomputation needs whole decode
-  steps with each request's history), with the run's streamed totals for the trimming counts.
+  steps with each request's history; those steps found and read in DuckDB when the run's are not
+  held), with the run's streamed totals for the trimming counts.
 
 Memory: a chunk (``chunk_rows`` request-steps, a few hundred bytes each plus the estimator's
-per-block arrays), the per-request statistics (~100 bytes per (group, request)) and DuckDB's
-sort, capped by ``duckdb_memory`` (it spills to a temporary directory). Results have the
+per-block arrays), the per-request statistics (~100 bytes per (group, request); runs up to
+``sample_rows`` only, bigger ones keep per-replicate sums) and DuckDB's sort, capped by
+``duckdb_memory`` (it spills to a temporary directory); the peak is the sort with a chunk on top. Results have the
 interface of :func:`estimators.run_all`'s (``to_json()``; drawn by ``acceptscope.figures``) and equal them on a
 run that fits in one chunk (the tail's point estimates for any chunking).
 
