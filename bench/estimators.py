@@ -117,7 +117,7 @@ def _timed(f, repeats: int):
 
 
 def bench_tail(rows: int, sglang_steps: int, seed: int = 0, repeats: int = 3, vocab: int = 32,
-               base_requests: int = 400) -> dict:
+               base_requests: int = 400, sglang: bool = True) -> dict:
     from estimators.synthetic import compact_view, simulate
     from estimators.tail import TailEstimator
 
@@ -136,6 +136,13 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0, repeats: int = 3, vo
                ours_rows_per_s=big.num_rows / best, ours_blocks_per_s=ncens / best,
                ours_rows_per_cpu_s=big.num_rows / best_cpu, ours_blocks_per_cpu_s=ncens / best_cpu)
     del big, res  # SGLang's logits below are large at big vocabularies
+    if not sglang:  # ours only, on the same prefix rows SGLang's recorder would consume
+        fcts = {s["forward_ct"] for s in base.meta["step_tensors"][:sglang_steps]}
+        sub_tbl = pa.Table.from_pandas(comp[comp.forward_ct.isin(fcts)], preserve_index=False)
+        t4, c4, _ = _timed(lambda: est.estimate(sub_tbl, gamma=base.gamma), repeats)
+        out.update(sglang_error="skipped (--no-sglang)", ours_same_stream_rows=sub_tbl.num_rows,
+                   ours_same_stream_rows_per_cpu_s=sub_tbl.num_rows / c4)
+        return out
     # SGLang's recorder on the first `sglang_steps` verify steps of the same base stream
     if SGLANG_PY.exists():
         st = base.meta["step_tensors"][:sglang_steps]
@@ -239,6 +246,9 @@ def _print_tail(t: dict) -> None:
           f"{t['ours_blocks_per_cpu_s']:>9,.0f} censored blocks/CPU-s  ({t['cpu_seconds']:.2f} CPU-s; "
           f"wall {t['seconds']:.2f}s = {t['ours_rows_per_s']:,.0f} rows/s)")
     if "sglang_rows_per_s" not in t:
+        if "ours_same_stream_rows" in t:
+            print(f"  ours on the {t['ours_same_stream_rows']}-row prefix SGLang's recorder would consume: "
+                  f"{t['ours_same_stream_rows_per_cpu_s']:,.0f} request-steps/CPU-s")
         print("  SGLang:", t.get("sglang_error", "")[:300])
         return
     print(f"  SGLang recorder (CPU) : {t['sglang_rows_per_cpu_s']:>10,.0f} request-steps/CPU-s  "
@@ -263,9 +273,12 @@ def main() -> None:
                     help="requests in the simulated base stream (tiled to --rows; its logits are kept for SGLang)")
     ap.add_argument("--repeats", type=int, default=3, help="best of N timed passes, ours and SGLang's alike")
     ap.add_argument("--skip-sts", action="store_true")
+    ap.add_argument("--no-sglang", action="store_true",
+                    help="ours only (the tiled rows and the same prefix rows): e.g. two trees side by side")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    res = {"tail": [bench_tail(a.rows, a.sglang_steps, repeats=a.repeats, vocab=int(v), base_requests=a.base_requests)
+    res = {"tail": [bench_tail(a.rows, a.sglang_steps, repeats=a.repeats, vocab=int(v), base_requests=a.base_requests,
+                               sglang=not a.no_sglang)
                     for v in a.vocab.split(",")]}
     for t in res["tail"]:
         _print_tail(t)

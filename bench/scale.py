@@ -27,6 +27,10 @@ audit group per copy); ``estimate`` over all of them, timed side by side in chil
 the side tables read once per table); seconds per run, CPU seconds, peak RSS, and whether the two
 give the same JSON.
 
+``--phases S``: one streamed estimate of ``syn-c`` in store ``S`` in a child process that samples its
+VmRSS every 50 ms and prints the peak of each phase (ordered scan, hazard fit, side tables, chunk,
+utilization, calibration, cost fit, planner, json): where the peak is, not only how big.
+
 Rows are JSON lines on stdout (and in ``--out``); the table at the end fits ``time = a * rows^b``
 and ``peak = c + d * rows`` per command on the measured sizes and extrapolates to 100M
 request-steps (an extrapolation, labelled as such).
@@ -36,6 +40,7 @@ Usage::
     .venv/bin/python bench/scale.py --sizes 100000,300000,1000000,3000000,10000000 --workdir /tmp/scale \
         [--out scale.jsonl] [--timeout 900] [--skip report,ingest]
     .venv/bin/python bench/scale.py --many-runs 200 --workdir /tmp/scale
+    .venv/bin/python bench/scale.py --phases /tmp/scale/scale.duckdb [--stream-kw '{"chunk_rows": 131072}']
 """
 
 from __future__ import annotations
@@ -119,6 +124,43 @@ json.dump(out, open(sys.argv[4], "w"), sort_keys=True, default=str)
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
 print(json.dumps({"seconds": sec, "cpu_seconds": cpu, "runs": len(ids), "s_per_run": sec / len(ids),
                   "cpu_s_per_run": cpu / len(ids), "peak_mb": int(hwm) / 1024, "rc": 0}))
+"""
+
+_PHASES = r"""
+import json, os, sys, threading, time
+import estimators
+import estimators.stream as S
+from acceptscope.store import Store
+phase, peaks = ["start"], {}
+def rss():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]) / 1024
+def sample():
+    while True:
+        p = phase[-1]
+        peaks[p] = max(peaks.get(p, 0), rss())
+        time.sleep(0.05)
+threading.Thread(target=sample, daemon=True).start()
+def wrap(owner, name, tag):
+    f = getattr(owner, name)
+    def g(*a, **k):
+        phase.append(tag)
+        try:
+            return f(*a, **k)
+        finally:
+            phase.pop()
+    setattr(owner, name, g)
+for n, t in (("_fit_estimator", "hazard fit"), ("load_run", "side tables"), ("_read_steps", "steps read"),
+             ("fit_calibration", "calibration"), ("fit_cost", "cost fit"), ("_planner_window", "planner")):
+    wrap(S, n, t)
+wrap(S._RunAcc, "add", "chunk")
+wrap(S._RunAcc, "utilization_result", "utilization")
+phase.append("ordered scan")
+c0 = time.process_time()
+out = S.run_all_stream(Store(sys.argv[1], read_only=True), [sys.argv[2]], **json.loads(sys.argv[3]))
+phase.append("json")
+estimators.to_jsonable(out[sys.argv[2]])
+time.sleep(0.2)
+print(json.dumps({"cpu_seconds": time.process_time() - c0, "peak_mb_by_phase": {k: round(v) for k, v in peaks.items()}, "rc": 0}))
 """
 
 PANELS = ("run_summary", "window_distribution", "position_acceptance", "utilization_by_workload", "step_costs",
@@ -321,7 +363,16 @@ def main() -> None:
     ap.add_argument("--many-runs", type=int, default=0, help="instead: estimate over a store of N small runs")
     ap.add_argument("--many-requests", type=int, default=12, help="requests per run with --many-runs")
     ap.add_argument("--many-boot", type=int, default=200, help="bootstrap replicates with --many-runs")
+    ap.add_argument("--phases", type=Path, default=None,
+                    help="instead: peak RSS of each phase of a streamed estimate of syn-c in this store (a child "
+                         "process sampling VmRSS every 50 ms; the scan's DuckDB sort stays open under the chunks)")
+    ap.add_argument("--stream-kw", default="{}", help="with --phases: run_all_stream keywords as JSON, e.g. "
+                                                      "'{\"chunk_rows\": 131072, \"duckdb_memory\": \"384MB\"}'")
     a = ap.parse_args()
+    if a.phases:
+        print(json.dumps({"what": "estimate phases", "db": str(a.phases), **_child(_PHASES, [str(a.phases.resolve()), "syn-c",
+                                                                                              a.stream_kw], a.timeout)}))
+        return
     if a.many_runs:
         a.workdir.mkdir(parents=True, exist_ok=True)
         return many_runs(a)

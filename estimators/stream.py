@@ -16,14 +16,18 @@ run's :class:`~estimators.tail.TailEstimator` and reduced to sums before the nex
   ``sample_rows``); hazards are fitted on such a sample of their training requests (at most
   ``fit_rows`` request-steps);
 * cost: the run's ``steps`` table (one row per decode step, ~1/batch of the request-steps; only the
-  columns the cost fit, the batch-size bands and the planner read: :data:`STEP_COLUMNS`);
+  columns the cost fit, the batch-size bands and the planner read: :data:`STEP_COLUMNS`); past
+  :data:`COST_STEPS` steps it is not held through the pass: the batch sizes only (:class:`StepSizes`,
+  16 bytes a step), then at the end a stable hash-sample of :data:`COST_STEPS` steps for the cost fit;
 * planner audit: exact on runs that fit in one chunk; on bigger runs, on the first
   :data:`PLANNER_ROWS` request-steps in step order (the budget recomputation needs whole decode
-  steps with each request's history), with the run's streamed totals for the trimming counts.
+  steps with each request's history; those steps found and read in DuckDB when the run's are not
+  held), with the run's streamed totals for the trimming counts.
 
 Memory: a chunk (``chunk_rows`` request-steps, a few hundred bytes each plus the estimator's
-per-block arrays), the per-request statistics (~100 bytes per (group, request)) and DuckDB's
-sort, capped by ``duckdb_memory`` (it spills to a temporary directory). Results have the
+per-block arrays), the per-request statistics (~100 bytes per (group, request); runs up to
+``sample_rows`` only, bigger ones keep per-replicate sums) and DuckDB's sort, capped by
+``duckdb_memory`` (it spills to a temporary directory); the peak is the sort with a chunk on top. Results have the
 interface of :func:`estimators.run_all`'s (``to_json()``; drawn by ``acceptscope.figures``) and equal them on a
 run that fits in one chunk (the tail's point estimates for any chunking).
 
@@ -73,7 +77,8 @@ TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "p
 ORDER = "run_id, rid, epoch, forward_ct"
 S_ORDER = "s.run_id, s.rid, s.epoch, s.forward_ct"
 PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
-DUCKDB_MEMORY = "384MB"  # DuckDB's share while sorting by request (it spills beyond)
+DUCKDB_MEMORY = "256MB"  # DuckDB's share while sorting by request (it spills beyond; 3M: 955 vs 1051 MB peak at 384MB)
+CHUNK_ROWS = 1 << 16  # request-steps per chunk: a chunk's estimator arrays sit on top of the sort (1 << 17: +~100 MB)
 FOLD_CHUNKS = 32  # per-chunk group sums (utilization, windows, refit shifts) are added up every this many chunks
 
 
@@ -127,7 +132,7 @@ def _select(con, columns, run_ids) -> tuple[str, str]:
                              "LEFT JOIN runs r ON s.run_id = r.run_id")
 
 
-def request_chunks(store, run_ids, chunk_rows: int = 1 << 17, columns=TAIL_COLUMNS, where: str = "",
+def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_COLUMNS, where: str = "",
                    params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY,
                    whole_runs: bool = False) -> Iterator[tuple[str, pa.Table]]:
     """``(run_id, table)`` pieces of ``request_steps`` holding whole requests of one run, about
@@ -268,6 +273,48 @@ class StreamTail:
         return dict(summary=self.summary(), aggregate=self.aggregate().to_dict("records"))
 
 
+class StepSizes:
+    """Batch size per decode step ``(rank, epoch, forward_ct)``, looked up per request-step: one sorted
+    int64 key and one float per step (16 bytes; a pandas MultiIndex Series took several times that,
+    and a ``steps`` row is ~1/batch of a run's request-steps, so this is the part that grows)."""
+
+    def __init__(self, d: pd.DataFrame):
+        d = d.drop_duplicates(["rank", "epoch", "forward_ct"])  # the first row of a key wins, as before
+        cols = [d[c].to_numpy(np.int64) for c in ("rank", "epoch", "forward_ct")]
+        self.lo = [int(c.min()) if c.size else 0 for c in cols]
+        self.span = [int(c.max()) - lo + 1 if c.size else 1 for c, lo in zip(cols, self.lo)]
+        if self.span[0] * self.span[1] * self.span[2] >= 1 << 62:  # never in practice: keys far apart
+            self._series = d.set_index(["rank", "epoch", "forward_ct"])["bs"]
+            return
+        self._series = None
+        key = self._key(*cols)
+        order = np.argsort(key, kind="stable")
+        self.keys, self.bs = key[order], d["bs"].to_numpy(float)[order]
+
+    def _key(self, rank, epoch, fct) -> np.ndarray:
+        (r0, e0, f0), (_, E, F) = self.lo, self.span
+        return ((rank.astype(np.int64) - r0) * E + (epoch.astype(np.int64) - e0)) * F + (fct.astype(np.int64) - f0)
+
+    def lookup(self, rank, epoch, fct) -> np.ndarray:
+        """Batch sizes of these decode steps (NaN where the step is not in the table)."""
+        if self._series is not None:
+            return self._series.reindex(pd.MultiIndex.from_arrays([rank, epoch, fct])).to_numpy(float)
+        out = np.full(len(rank), np.nan)
+        inside = np.ones(len(rank), bool)
+        for v, lo, sp in zip((rank, epoch, fct), self.lo, self.span):
+            v = np.asarray(v, np.int64)
+            inside &= (v >= lo) & (v < lo + sp)
+        if not self.keys.size or not inside.any():
+            return out
+        k = self._key(*(np.asarray(v)[inside] for v in (rank, epoch, fct)))
+        at = np.minimum(np.searchsorted(self.keys, k), self.keys.size - 1)
+        hit = self.keys[at] == k
+        sub = np.full(k.size, np.nan)
+        sub[hit] = self.bs[at[hit]]
+        out[inside] = sub
+        return out
+
+
 class _RunAcc:
     """Sums of one run over its chunks."""
 
@@ -275,7 +322,7 @@ class _RunAcc:
                  cal_fraction: float, temperatures, step_rows: pd.DataFrame | None = None, keep_per_request: bool = True,
                  specs=(), keep_stats: bool = True):
         self.run_id, self.G, self.est, self.exact = run_id, gamma, est, exact
-        self.steps, self.hazard_boot, self.seed = steps, hazard_boot, seed
+        self.hazard_boot, self.seed = hazard_boot, seed
         self.cal_fraction, self.temperatures = cal_fraction, temperatures
         self.counts = dict(n=0, n_censored=0, sum_mean=0.0, greedy_resolved=0, modes={}, resolved=0, n_truth=0,
                            sum_truth=0.0)
@@ -296,9 +343,7 @@ class _RunAcc:
         self.notes: list[str] = []
         self.chunks = 0
         # batch size per decode step: the steps table, else (as run_all) the run's request rows per step
-        k = steps[["rank", "epoch", "forward_ct", "bs"]] if len(steps) else step_rows
-        k = k.drop_duplicates(["rank", "epoch", "forward_ct"])
-        self._bs = k.set_index(["rank", "epoch", "forward_ct"])["bs"]
+        self._bs = StepSizes(steps if len(steps) else step_rows)
         self.bs_note = None if len(steps) else "batch size taken as the number of request rows per step (no steps table)"
 
     def add(self, tbl: pa.Table) -> None:
@@ -313,8 +358,7 @@ class _RunAcc:
                 self.notes.append(note)
         b = tail.blocks
         df = frame.df
-        idx = pd.MultiIndex.from_arrays([df["rank"].to_numpy(), df["epoch"].to_numpy(), df["forward_ct"].to_numpy()])
-        b["band"] = batch_band(self._bs.reindex(idx).to_numpy(float))
+        b["band"] = batch_band(self._bs.lookup(df["rank"].to_numpy(), df["epoch"].to_numpy(), df["forward_ct"].to_numpy()))
         keys = row_request_keys(b["run_id"], b["rid"])
         cens = b["censored"].to_numpy(bool)
         c = self.counts
@@ -508,14 +552,30 @@ STEP_COLUMNS = ("rank", "epoch", "forward_ct", "bs", "budget", "lag_steps", "num
                 "predicted_step_ms", "predicted_theta", "step_cpu_ms", "step_gpu_ms")  # what cost fit and planner read
 
 
-def _read_steps(store, run_id: str) -> pd.DataFrame:
+COST_STEPS = 1 << 17  # decode steps a big run's cost fit reads (a stable hash-sample of them beyond)
+
+
+def _read_steps(store, run_id: str, columns=STEP_COLUMNS, max_steps: int | None = None) -> pd.DataFrame:
     """The run's ``steps`` in key order, only the columns the cost fit, the batch sizes and the planner
     audit read, without ``run_id`` (one value; :func:`_with_run` adds it back to the rows the audit
-    gets): a ``steps`` row is ~1/batch of the request-steps, so its width is the streamed path's
-    growth in memory with the run's rows."""
+    gets): a ``steps`` row is ~1/batch of the request-steps, so whatever is kept per step is the
+    streamed path's growth in memory with the run's rows. ``max_steps``: beyond that many steps, a
+    stable hash-sample of about that many (multiplicative hash of the step key, computed in DuckDB)."""
     have = set(schema.table("steps").names)
-    d = store.read_table("steps", run_id, columns=[c for c in STEP_COLUMNS if c in have])
+    cols = [c for c in columns if c in have]
+    n = _count_steps(store, run_id) if max_steps else 0
+    if max_steps and n > max_steps:
+        keep = int((max_steps / n) * (1 << 32))
+        d = store.query_df(f"SELECT {', '.join(cols)} FROM steps WHERE run_id = ? AND ((forward_ct * 2654435761 + "
+                           "epoch * 40503 + rank * 97) % 4294967296) < ?", [run_id, keep])
+        d.attrs["sampled_from"] = n
+    else:
+        d = store.read_table("steps", run_id, columns=cols)
     return d if len(d) < 2 else d.sort_values(["rank", "epoch", "forward_ct"], kind="stable", ignore_index=True)
+
+
+def _count_steps(store, run_id: str) -> int:
+    return int(store.query_df("SELECT count(*) AS n FROM steps WHERE run_id = ?", [run_id]).n.iloc[0])
 
 
 def _with_run(steps: pd.DataFrame, run_id: str) -> pd.DataFrame:
@@ -552,7 +612,7 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
 
 
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
-                   chunk_rows: int = 1 << 17, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
+                   chunk_rows: int = CHUNK_ROWS, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
                    duckdb_memory: str | None = DUCKDB_MEMORY, progress=None,
                    hazards_from: str | None = None, whole_runs: bool = False) -> dict[str, Any]:
     """:func:`estimators.run_all` for every run in ``run_ids`` (default: all) in one ordered pass
@@ -579,7 +639,10 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
         m = meta.loc[rid]
         est, notes = _fit_estimator(store, m, meta, fit_rows, seed, cache, hazards_from)
         data = load_run(store, rid, skip=("request_steps", "steps"))
-        data["steps"] = _read_steps(store, rid)
+        # a big run's steps are not held through the pass (they grow with its rows): the batch sizes
+        # only, kept compactly by the accumulator; the cost fit and the planner read theirs at the end
+        big = _count_steps(store, rid) > COST_STEPS
+        data["steps"] = _read_steps(store, rid, ("rank", "epoch", "forward_ct", "bs") if big else STEP_COLUMNS)
         try:
             sts_in_force(data)
         except ValueError as e:  # the confidences are post-STS and the table is missing: no calibration
@@ -595,6 +658,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
         acc = _RunAcc(rid, int(m.gamma), est, bool(m.n_truth == m.n_rows), data["steps"], hazard_boot, seed,
                       frac, data["sts_temperatures"], step_rows, keep_per_request=int(m.n_rows) <= sample_rows,
                       specs=aggregate_specs(n_boot, seed), keep_stats=int(m.n_rows) <= sample_rows)
+        if big:
+            data["steps"] = None  # read again at the end (:func:`_results`)
         side[rid] = dict(data=data, notes=notes, skipped=side_skips)
         return acc
 
@@ -651,13 +716,19 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
 
     fit_calibration(res, make_data, n_boot, seed)
     steps = data["steps"]
+    if steps is None:  # a big run: the cost fit on a stable hash-sample of its decode steps
+        steps = _read_steps(store, acc.run_id, max_steps=COST_STEPS)
     table = fit_cost(res, steps, data["sps_table"], seed)
+    if "sampled_from" in steps.attrs and "cost" in res:
+        res["cost"].notes.append(f"fitted on a stable hash-sample of {len(steps)} of {steps.attrs['sampled_from']} "
+                                 "decode steps (bounded memory)")
     if table is not None and len(steps):
         if acc.chunks == 1:  # the whole run was one chunk: the exact audit
             frame, ptail = acc.last_frame, acc.last_tail
             p = audit(frame, _with_run(steps, acc.run_id), table, ceiling_estimate=None if acc.exact else ptail.blocks["mean"].to_numpy())
         else:
-            p = _planner_window(store, acc, steps, table, PLANNER_ROWS, duckdb_memory)
+            p = _planner_window(store, acc, None if "sampled_from" in steps.attrs else steps, table, PLANNER_ROWS,
+                                duckdb_memory)
         p.notes.append("SPS table: " + ("the run's recorded table" if data["sps_table"] else "fitted from this run's timings"))
         res["planner"] = p
     else:
@@ -667,18 +738,23 @@ def _results(store, acc: _RunAcc, side: dict, n_boot: int, seed: int, sample_row
 
 def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: int, duckdb_memory):
     """Planner audit of the run's first decode steps (at most ``max_rows`` request-steps: the
-    budget needs whole steps and each request's history), with the streamed run totals."""
-    st = steps.sort_values(["epoch", "forward_ct"])
-    per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
-    upto = per[per <= max_rows]
-    last = upto.index[-1] if len(upto) else per.index[0]
+    budget needs whole steps and each request's history), with the streamed run totals.
+    ``steps=None``: the window's steps are found and read in DuckDB (a big run's are not held)."""
+    if steps is None:
+        last, steps = _window_steps(store, acc.run_id, max_rows, duckdb_memory)
+        upto = pd.MultiIndex.from_frame(steps[["epoch", "forward_ct"]].drop_duplicates())
+    else:
+        st = steps.sort_values(["epoch", "forward_ct"])
+        per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
+        upto = per[per <= max_rows].index
+        last = upto[-1] if len(upto) else per.index[0]
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
         cols, src = _select(con, TAIL_COLUMNS, [acc.run_id])
         tbl = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? AND (s.epoch < ? OR (s.epoch = ? AND "
                                f"s.forward_ct <= ?)) ORDER BY {S_ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
     frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
-    p = audit(frame, _with_run(steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto.index if len(upto) else [last])],
+    p = audit(frame, _with_run(steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto if len(upto) else [last])],
                                acc.run_id), table, ceiling_estimate=None)
     t = acc.trim
     s = p.summary
@@ -692,3 +768,22 @@ def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: i
     p.notes.append(f"budget recomputation on the first {window_steps} decode steps ({frame.n} request-steps); "
                    "trimming counts over the whole run")
     return p
+
+
+def _window_steps(store, run_id: str, max_rows: int, duckdb_memory) -> tuple[tuple, pd.DataFrame]:
+    """The last (epoch, forward_ct) of the run's first decode steps holding at most ``max_rows``
+    request-steps (each step counted at its largest ``bs`` over ranks; at least the first step), and
+    the ``steps`` rows up to it: what :func:`_planner_window` computes from a whole ``steps`` table."""
+    with store.connect(read_only=True) as con:
+        _configure(con, duckdb_memory)
+        cum = ("SELECT epoch, forward_ct, sum(coalesce(b, 0)) OVER (ORDER BY epoch, forward_ct ROWS UNBOUNDED PRECEDING) "
+               "AS cum FROM (SELECT epoch, forward_ct, max(bs) AS b FROM steps WHERE run_id = ? GROUP BY epoch, forward_ct)")
+        last = con.execute(f"SELECT epoch, forward_ct FROM ({cum}) WHERE cum <= ? ORDER BY epoch DESC, forward_ct DESC "
+                           "LIMIT 1", [run_id, max_rows]).fetchone() or \
+            con.execute("SELECT epoch, forward_ct FROM steps WHERE run_id = ? ORDER BY epoch, forward_ct LIMIT 1",
+                        [run_id]).fetchone()
+        have = set(schema.table("steps").names)
+        cols = ", ".join(c for c in STEP_COLUMNS if c in have)
+        steps = con.execute(f"SELECT {cols} FROM steps WHERE run_id = ? AND (epoch < ? OR (epoch = ? AND forward_ct <= ?)) "
+                            "ORDER BY rank, epoch, forward_ct", [run_id, last[0], last[0], last[1]]).df()
+    return tuple(last), steps

@@ -368,6 +368,9 @@ class TailEstimator:
         rows = np.flatnonzero(cens)
         parts = [self._censored(frame, r, gather, seed)
                  for r in np.array_split(rows, max(1, -(-rows.size // chunk_rows)))]
+        at = np.cumsum([0] + [len(p["mean"]) for p in parts[:-1]])
+        for p, a in zip(parts, at):  # open blocks: part-relative -> among all censored rows
+            p["open"] = p["open"] + a
         c = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
         def fill(exact, values):  # a column over all rows: ``exact`` (uncensored rows), ``values`` (censored)
@@ -407,29 +410,53 @@ class TailEstimator:
             mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()
             means = np.empty((len(models), n))
             vars_ = np.empty((len(models), n))
-            feats = self.hazard.features(frame, rows, c["state"])  # shared by every refit
+            # resolved blocks keep their point mass under any hazards: only the open ones are refitted
+            op = c["open"]
+            ro = rows[op]
+            feats = self.hazard.features(frame, ro, c["state"][op])  # shared by every refit
+            h_op = c["h"][op]
             for i, model in enumerate(models):
                 hm = model.predict_features(feats)
-                _, mc, vc = self._pmf(frame, rows, c["h"], hm)
+                _, mc, vc = self._pmf(frame, ro, h_op, hm)
                 means[i], vars_[i] = mean, var
-                means[i, rows], vars_[i, rows] = mc, vc
+                means[i, ro], vars_[i, ro] = mc, vc
             res._boot = dict(means=means, vars=vars_)
         return res
 
     def _censored(self, frame: BlockFrame, rows: np.ndarray, gather, seed: int) -> dict:
-        """Walk, hazards, predictive pmf, identification bounds and intervals of censored ``rows``."""
+        """Walk, hazards, predictive pmf, identification bounds and intervals of censored ``rows``.
+
+        A block the walk resolved (its identification bounds meet) has all its mass on that
+        bound whatever the hazards say (the known 1s up to a known 0, or to gamma): its pmf, mean,
+        variance and intervals are written directly (the same values the general path computes,
+        bit for bit); only the open blocks (``open``) get hazard predictions, pmfs and intervals.
+        Why: on the reference engine about two thirds of the censored blocks are resolved."""
         wk = self._walk(frame, rows, gather)
         Hk = wk["h"]
-        pm, mean, var = self._pmf(frame, rows, Hk, self.hazard.predict(frame, rows, wk["state"]))
+        G, n = frame.gamma, len(rows)
+        w = frame.window[rows]
         # identification bounds: leading exact accepts / first exact rejection
-        tail = np.arange(frame.gamma)[None, :] >= frame.window[rows][:, None]
+        tail = np.arange(G)[None, :] >= w[:, None]
         lead1 = np.logical_and.accumulate(~tail | (Hk == 1.0), 1) & tail
         notzero = np.logical_and.accumulate(~tail | (Hk != 0.0), 1) & tail
+        blo, bhi = w + lead1.sum(1), w + notzero.sum(1)
+        op = np.flatnonzero(blo != bhi)
+        pm = np.zeros((n, G + 1))
+        pm.reshape(-1)[np.arange(n) * (G + 1) + blo] = 1.0
+        mean, var = blo.astype(float), np.zeros(n)
         out = dict(h=Hk, state=wk["state"], walked=wk["walked"], has_q=wk["has_q"], pmf=pm, mean=mean, var=var,
-                   bound_lo=frame.window[rows] + lead1.sum(1), bound_hi=frame.window[rows] + notzero.sum(1))
-        u = _block_uniforms(frame, rows, seed)
-        for L, (lo, hi, m) in _quantile_intervals(pm, self.levels, self.interval, u).items():
+                   bound_lo=blo, bound_hi=bhi, open=op)
+        ro = rows[op]
+        if op.size:
+            pmo, mean[op], var[op] = self._pmf(frame, ro, Hk[op], self.hazard.predict(frame, ro, wk["state"][op]))
+            pm[op] = pmo
+            u = _block_uniforms(frame, ro, seed)
+            iv = _quantile_intervals(pmo, self.levels, self.interval, u)
+        for L in self.levels:
             tag = int(round(L * 100))
+            lo, hi, m = blo.copy(), blo.copy(), np.ones(n)
+            if op.size:
+                lo[op], hi[op], m[op] = iv[L]
             out[f"lo{tag}"], out[f"hi{tag}"], out[f"mass{tag}"] = lo, hi, m
         return out
 

@@ -192,3 +192,47 @@ def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path
     for rid in ids:
         one = run_all(st, rid, n_boot=40)
         _assert_same(_drop_timings(to_jsonable(many[rid])), _drop_timings(to_jsonable(one)))
+
+
+def test_step_sizes_lookup_equals_the_multiindex_reindex():
+    """``StepSizes``: the compact per-step batch sizes give what a MultiIndex reindex gave, missing
+    steps (and keys outside the table's range) NaN, the first row of a repeated key winning."""
+    from estimators.stream import StepSizes
+
+    rng = np.random.default_rng(3)
+    d = pd.DataFrame({"rank": rng.integers(0, 3, 500), "epoch": rng.integers(0, 2, 500),
+                      "forward_ct": rng.integers(100, 400, 500), "bs": rng.integers(1, 257, 500)})
+    q = (rng.integers(-1, 4, 2000), rng.integers(0, 3, 2000), rng.integers(90, 420, 2000))
+    want = d.drop_duplicates(["rank", "epoch", "forward_ct"]).set_index(["rank", "epoch", "forward_ct"])["bs"] \
+        .reindex(pd.MultiIndex.from_arrays(q)).to_numpy(float)
+    got = StepSizes(d).lookup(*q)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got).any() and (~np.isnan(got)).sum() > 100
+
+
+def test_big_run_steps_are_read_at_the_end_not_held(store, monkeypatch):
+    """Past ``COST_STEPS`` decode steps a run's ``steps`` are not held through the pass: batch sizes
+    only (compactly), the cost fit on a stable hash-sample of steps read at the end, the planner
+    window found and read in DuckDB. Tail and utilization are unchanged; the window's steps equal
+    what the whole-table computation selects."""
+    import estimators.stream as stream
+
+    held = run_all_stream(store, n_boot=40, chunk_rows=250)
+    n_steps = stream._count_steps(store, "syn-c")
+    monkeypatch.setattr(stream, "COST_STEPS", n_steps // 3)
+    big = run_all_stream(store, n_boot=40, chunk_rows=250)
+    for rid in ("syn-cap", "syn-c"):
+        a, b = to_jsonable(held[rid]), to_jsonable(big[rid])
+        _assert_same(a["tail"], b["tail"])
+        _assert_same(a["utilization"], b["utilization"])
+        note = [x for x in b["cost"]["notes"] if "hash-sample" in x]
+        assert note and 0 < b["cost"]["n_steps"] < a["cost"]["n_steps"]
+        assert b["planner"]["summary"]["audited_steps"] > 0
+    steps = stream._read_steps(store, "syn-c")
+    per = steps.sort_values(["epoch", "forward_ct"]).groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
+    for max_rows in (1, 300, 10 ** 9):
+        upto = per[per <= max_rows].index
+        last, win = stream._window_steps(store, "syn-c", max_rows, None)
+        assert last == (upto[-1] if len(upto) else per.index[0])
+        want = steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto if len(upto) else [last])]
+        pd.testing.assert_frame_equal(win.reset_index(drop=True), want.reset_index(drop=True), check_dtype=False)
