@@ -104,15 +104,22 @@ def test_step_bins_count_each_step_once_and_long_runs_read_means(filled: Store) 
     assert set(sampled["forward_ct"]) <= set(raw["forward_ct"])
 
 
+def _as_older_version(filled: Store, tmp_path: Path, version: int, missing: schema.Table) -> Path:
+    """A copy of ``filled`` as a file of schema ``version`` wrote it: without the summary table that
+    version lacked."""
+    old = tmp_path / f"v{version}.duckdb"
+    shutil.copy(filled.path, old)
+    con = duckdb.connect(str(old))
+    con.execute(f"DROP TABLE {missing.name}")
+    con.execute(f"UPDATE store_meta SET value = '{version}' WHERE key = 'schema_version'")
+    con.close()
+    return old
+
+
 def test_version_2_file_reads_step_bins_from_raw_and_gets_them_on_a_read_write_open(filled: Store,
                                                                                       tmp_path: Path) -> None:
     want = Reader(filled.path).step_costs(RUNS, 5)
-    old = tmp_path / "v2.duckdb"
-    shutil.copy(filled.path, old)
-    con = duckdb.connect(str(old))
-    con.execute(f"DROP TABLE {schema.SUM_STEP_BINS.name}")
-    con.execute("UPDATE store_meta SET value = '2' WHERE key = 'schema_version'")
-    con.close()
+    old = _as_older_version(filled, tmp_path, 2, schema.SUM_STEP_BINS)
     with Store(old, read_only=True).snapshot() as c:
         assert summaries.schema_version(c) == 2
         assert summaries.stale_runs(c) == set()  # the version-2 summaries still answer
@@ -131,12 +138,7 @@ def test_version_3_file_counts_requests_from_raw_and_gets_sum_run_rids_on_a_read
     want = Reader(filled.path).run_summary(RUNS)
     want_w = Reader(filled.path).run_summary(RUNS, ["chat", "math"])
     assert want["requests_seen"].min() > 0
-    old = tmp_path / "v3.duckdb"
-    shutil.copy(filled.path, old)
-    con = duckdb.connect(str(old))
-    con.execute(f"DROP TABLE {schema.SUM_RUN_RIDS.name}")
-    con.execute("UPDATE store_meta SET value = '3' WHERE key = 'schema_version'")
-    con.close()
+    old = _as_older_version(filled, tmp_path, 3, schema.SUM_RUN_RIDS)
     with Store(old, read_only=True).snapshot() as c:
         assert summaries.schema_version(c) == 3
         assert summaries.stale_runs(c) == set()  # the version-3 summaries still answer
