@@ -358,26 +358,28 @@ class HazardModel:
             i = np.minimum(np.searchsorted(self.temps_, tk), NT - 1)
             t = np.where(self.temps_[i] == tk, i, NT)
         w = np.full(len(rows), NW, np.int64)
-        if NW:
-            w = pd.Index(self.workloads_, dtype=object).get_indexer(frame.workload[rows].astype(str))
-            w = np.where(w < 0, NW, w).astype(np.int64)
+        if NW:  # factorize first: a chunk holds a handful of labels, so only those are looked up
+            codes, labels = pd.factorize(frame.workload[rows], use_na_sentinel=False)
+            lv = pd.Index(self.workloads_, dtype=object).get_indexer(np.asarray([str(v) for v in labels], object))
+            w = np.where(lv < 0, NW, lv).astype(np.int64)[codes]
         return t, w
 
     def fallback_notes(self, frame: BlockFrame, rows: np.ndarray) -> list[str]:
         """Notes for rows whose temperature or workload the hazards were not trained on (pooled there)."""
         if self.method != "logistic" or not self.fitted_ or not len(rows):
             return []
-        t, w = self._codes(frame, rows)
-        out = []
+        out = []  # compares the rows' distinct levels with the trained ones (no per-row codes)
         fmt = lambda v: ", ".join(f"{x:g}" for x in v)  # noqa: E731
-        if len(self.temps_) and (t == len(self.temps_)).any():
-            unseen = np.unique(temperature_key(frame.temperature[rows][t == len(self.temps_)]))
-            out.append(f"hazard: temperature {fmt(unseen)} has no training data (trained on {fmt(self.temps_)}): "
-                       "those blocks use hazards pooled over the trained temperatures, not validated there")
-        if len(self.workloads_) and (w == len(self.workloads_)).any():
-            unseen = sorted(set(frame.workload[rows][w == len(self.workloads_)].astype(str)))
-            out.append(f"hazard: workload {', '.join(unseen)} has no training data (trained on "
-                       f"{', '.join(self.workloads_)}): those blocks use hazards pooled over the trained workloads")
+        if len(self.temps_):
+            unseen = np.setdiff1d(np.unique(temperature_key(frame.temperature[rows])), self.temps_)
+            if unseen.size:
+                out.append(f"hazard: temperature {fmt(unseen)} has no training data (trained on {fmt(self.temps_)}): "
+                           "those blocks use hazards pooled over the trained temperatures, not validated there")
+        if len(self.workloads_):
+            unseen = sorted({str(v) for v in pd.unique(frame.workload[rows])} - set(self.workloads_))
+            if unseen:
+                out.append(f"hazard: workload {', '.join(unseen)} has no training data (trained on "
+                           f"{', '.join(self.workloads_)}): those blocks use hazards pooled over the trained workloads")
         return out
 
     def _key_tables(self, coef: np.ndarray, g: bool):
