@@ -173,6 +173,27 @@ def _is_busy(e: Exception) -> bool:
     )
 
 
+_DUCKDB_HEADER_BYTES = 3 * 4096  # the main header and the two database headers before the first block
+
+
+def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Raise when the file is shorter than the blocks its header counts (a cut copy or a partial
+    download). Why: DuckDB reads blocks lazily, so a truncated file can open and answer from the
+    blocks that survived while the rest of the data is gone. Read-only opens only, and not while a
+    write-ahead log is pending (its blocks are not in the file yet)."""
+    if Path(f"{path}.wal").exists():
+        return
+    row = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
+                      "WHERE database_name = current_database()").fetchone()
+    if not row or not row[0]:
+        return
+    expected = _DUCKDB_HEADER_BYTES + int(row[0]) * int(row[1])
+    size = path.stat().st_size
+    if size < expected:
+        raise ValueError(f"{path}: truncated DuckDB file ({size:,} bytes; its header counts {int(row[1])} blocks of "
+                         f"{int(row[0]):,} bytes = {expected:,})")
+
+
 WRITER_WAITING_SUFFIX = ".writer-waiting"
 _MARKER_STALE_S = 2.0  # a marker not refreshed for this long is from a dead writer: ignore it
 
@@ -509,6 +530,8 @@ class Store:
         self._key = str(self.path.resolve())
         self.rebuilt_summaries: list[str] = []  # runs whose summaries this open rebuilt from the raw tables
         with self.connect(read_only=read_only) as con:
+            if read_only:
+                _check_not_truncated(con, self.path)
             existing = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
             missing = [t for t in schema.ALL_TABLES if t.name not in existing]
             if missing and read_only:

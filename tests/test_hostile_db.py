@@ -105,3 +105,18 @@ def test_file_from_before_the_mark_is_migrated_and_not_misreported(real_db, tmp_
     assert len(store.incomplete_runs()) == 1
     store.mark_complete(store.runs().run_id.tolist())
     assert store.incomplete_runs() == []
+
+
+def test_truncated_file_that_duckdb_still_opens_is_refused(real_db, tmp_path):
+    """DuckDB reads blocks lazily: a copy cut to a third can open and answer from the blocks that
+    survived. The store compares the file's length with the blocks its header counts."""
+    db = _corrupt("truncated", real_db, tmp_path / "cut.duckdb")
+    try:
+        con = duckdb.connect(str(db), read_only=True)
+        opens = con.execute("SELECT count(*) FROM request_steps").fetchone()[0] > 0
+        con.close()
+    except duckdb.Error:
+        opens = False  # this cut already fails inside DuckDB; the store must still refuse it
+    with pytest.raises(ValueError, match="truncated DuckDB file") if opens else pytest.raises((ValueError, duckdb.Error)):
+        Store(db, read_only=True)
+    Store(real_db, read_only=True)  # the whole file opens
