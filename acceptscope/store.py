@@ -177,21 +177,22 @@ _DUCKDB_HEADER_BYTES = 3 * 4096  # the main header and the two database headers 
 
 
 def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Raise when the file is shorter than the blocks its header counts (a cut copy or a partial
-    download). Why: DuckDB reads blocks lazily, so a truncated file can open and answer from the
-    blocks that survived while the rest of the data is gone. Read-only opens only, and not while a
+    """Raise when the file is shorter than the blocks in use its header counts (a cut copy or a
+    partial download). Why: DuckDB reads blocks lazily, so a truncated file can open and answer
+    from the blocks that survived while the rest of the data is gone. Used blocks, not all: free
+    blocks at the end are trimmed from the file. Read-only opens only, and not while a
     write-ahead log is pending (its blocks are not in the file yet)."""
     if Path(f"{path}.wal").exists():
         return
-    row = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
+    row = con.execute("SELECT block_size, used_blocks FROM pragma_database_size() "
                       "WHERE database_name = current_database()").fetchone()
     if not row or not row[0]:
         return
     expected = _DUCKDB_HEADER_BYTES + int(row[0]) * int(row[1])
     size = path.stat().st_size
     if size < expected:
-        raise ValueError(f"{path}: truncated DuckDB file ({size:,} bytes; its header counts {int(row[1])} blocks of "
-                         f"{int(row[0]):,} bytes = {expected:,})")
+        raise ValueError(f"{path}: truncated DuckDB file ({size:,} bytes; its header counts {int(row[1])} blocks in use "
+                         f"of {int(row[0]):,} bytes = {expected:,})")
 
 
 WRITER_WAITING_SUFFIX = ".writer-waiting"
