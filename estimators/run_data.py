@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from acceptscope import schema
+from acceptscope.store import Store, fetch_arrow
 from acceptscope.engine.sps import parse_sps
 from acceptscope.ingest.links import named_tables
 from estimators.bracket import bracket_from_jsonl
@@ -33,14 +35,11 @@ def load_run(store, run_id: str, skip: tuple = ()) -> dict[str, Any]:
     if runs.empty:
         raise KeyError(f"run {run_id!r} not in {store.path}")
     out = {"run": runs.iloc[0].to_dict()}
-    for t in ("request_steps", "steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
-        if t in skip:
-            continue
-        out[t] = store.read_table(t, run_id)
-        if t != "request_steps":  # (BlockFrame sorts request_steps itself)
-            out[t] = _key_order(out[t], t)
-    if "request_steps" in out:
-        out["request_steps"] = _with_temperatures(store, run_id, out["request_steps"], out["run"].get("temperature"))
+    if "request_steps" not in skip:  # (BlockFrame sorts request_steps itself)
+        out["request_steps"] = read_request_steps(store, run_id)
+    for t in ("steps", "estimator_rows", "estimator_gather", "estimator_eos", "sts_samples"):
+        if t not in skip:
+            out[t] = _key_order(store.read_table(t, run_id), t)
     sps_hash = out["run"].get("sps_hash")
     out["sps_table"] = None
     if sps_hash:
@@ -73,20 +72,41 @@ def sts_in_force(data: dict):
     return data["sts_temperatures"]
 
 
-def _with_temperatures(store, run_id: str, rs: pd.DataFrame, run_temperature) -> pd.DataFrame:
-    """Fill request-steps' missing temperatures: the request's own (``requests``: a traffic
-    driver's records), else the run's (``acceptscope ingest --temperature``). SGLang's dumps
-    carry none; a greedy request known as such resolves its trimmed tail exactly."""
-    if rs.empty or "temperature" not in rs or not rs["temperature"].isna().any():
-        return rs
-    req = store.query_df("SELECT rid, temperature FROM requests WHERE run_id = ? AND temperature IS NOT NULL",
-                         [run_id])
-    t = rs["temperature"]
-    if len(req):
-        t = t.fillna(rs["rid"].map(pd.Series(req["temperature"].to_numpy(), index=req["rid"])))
-    if run_temperature is not None and not pd.isna(run_temperature):
-        t = t.fillna(float(run_temperature))
-    return rs.assign(temperature=t.astype(float))
+def temperature_filled_select(con, columns, run_ids) -> tuple[str, str]:
+    """SELECT list and FROM clause over ``request_steps s`` with ``temperature`` filled: the
+    request's own (``requests``: a traffic driver's records), else the run's (``acceptscope ingest
+    --temperature``); SGLang's dumps carry none. The one place this read-time rule lives (the
+    streamed scan and :func:`read_request_steps` both use it); the join is made only when some row
+    of these runs lacks a temperature."""
+    cols = [f's."{c}"' for c in columns]
+    if "temperature" not in columns or not con.execute(
+            "SELECT count(*) FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) AND temperature IS NULL",
+            [list(run_ids)]).fetchall()[0][0]:
+        return ", ".join(cols), "request_steps s"
+    cols[list(columns).index("temperature")] = \
+        'CAST(coalesce(s.temperature, q.temperature, r.temperature) AS DOUBLE) AS "temperature"'
+    return ", ".join(cols), ("request_steps s LEFT JOIN (SELECT run_id, rid, temperature FROM requests WHERE "
+                             "temperature IS NOT NULL) q ON s.run_id = q.run_id AND s.rid = q.rid "
+                             "LEFT JOIN runs r ON s.run_id = r.run_id")
+
+
+def read_request_steps(store, run_id: str, columns=None) -> pd.DataFrame:
+    """``request_steps`` of one run as ``store.read_table`` returns them (stored row order, the
+    record model's types), temperatures filled by :func:`temperature_filled_select`. A lake
+    (``estimators.spark.LakeStore``) applies the same rule in Spark."""
+    if not isinstance(store, Store):
+        return store.read_request_steps(run_id, columns)
+    columns = list(columns or schema.REQUEST_STEPS.names)
+    with store.connect(read_only=True) as con:
+        cols, src = temperature_filled_select(con, columns, [run_id])
+        if src == "request_steps s":
+            got = None
+        else:
+            got = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? ORDER BY s.rowid", [run_id])
+    if got is None:
+        return store.read_table("request_steps", run_id, columns=columns)
+    want = pa.schema([schema.REQUEST_STEPS.arrow_schema.field(n) for n in got.column_names])
+    return got.cast(want).to_pandas()
 
 
 def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
@@ -111,9 +131,7 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
         out.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
     temps = {}
     for r in (run_id, other):
-        d = _with_temperatures(store, r, store.read_table("request_steps", r, columns=["rid", "temperature"]),
-                               runs.loc[r, "temperature"])
-        t = d["temperature"]
+        t = read_request_steps(store, r, columns=["rid", "temperature"])["temperature"]
         # as the frame reads them: a missing temperature is sampled (T = 1)
         temps[r] = None if t.isna().all() else set(temperature_key(t.fillna(1.0).to_numpy(float)).tolist())
     if (temps[run_id] is None) != (temps[other] is None):
@@ -149,10 +167,7 @@ def hazard_runs(store, run_id: str, gamma: int, audit_group=None, hazards_from: 
 
 def read_training(store, runs: list[str]) -> pd.DataFrame:
     """``request_steps`` of truth-bearing runs, with their temperatures filled as :func:`load_run` does."""
-    temps = store.query_df("SELECT run_id, temperature FROM runs WHERE run_id IN (SELECT UNNEST(?))", [runs])
-    t = dict(zip(temps.run_id, temps.temperature))
-    return pd.concat([_with_temperatures(store, r, store.read_table("request_steps", r), t.get(r)) for r in runs],
-                     ignore_index=True)
+    return pd.concat([read_request_steps(store, r) for r in runs], ignore_index=True)
 
 
 def _key_order(df: pd.DataFrame, table: str) -> pd.DataFrame:

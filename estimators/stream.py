@@ -65,7 +65,7 @@ from estimators.calibration import CalData, calibration_data
 from estimators.frame import BlockFrame
 from estimators.planner import audit
 from estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
-                                 sts_in_force)
+                                 sts_in_force, temperature_filled_select)
 from estimators.tail import TailEstimator, observation_statement
 from estimators.utilization import UtilizationResult
 from estimators.validation import batch_band
@@ -116,22 +116,6 @@ def _configure(con, duckdb_memory: str | None) -> None:
         pass
 
 
-def _select(con, columns, run_ids) -> tuple[str, str]:
-    """SELECT list and FROM clause over ``request_steps s`` with ``temperature`` filled as
-    :func:`estimators.load_run` fills it (the request's own from ``requests``, else the run's: SGLang
-    dumps carry none), joined only when some row of these runs lacks one."""
-    cols = [f's."{c}"' for c in columns]
-    if "temperature" not in columns or not con.execute(
-            "SELECT count(*) FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) AND temperature IS NULL",
-            [list(run_ids)]).fetchall()[0][0]:
-        return ", ".join(cols), "request_steps s"
-    cols[list(columns).index("temperature")] = \
-        'CAST(coalesce(s.temperature, q.temperature, r.temperature) AS DOUBLE) AS "temperature"'
-    return ", ".join(cols), ("request_steps s LEFT JOIN (SELECT run_id, rid, temperature FROM requests WHERE "
-                             "temperature IS NOT NULL) q ON s.run_id = q.run_id AND s.rid = q.rid "
-                             "LEFT JOIN runs r ON s.run_id = r.run_id")
-
-
 def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_COLUMNS, where: str = "",
                    params: list | None = None, duckdb_memory: str | None = DUCKDB_MEMORY,
                    whole_runs: bool = False) -> Iterator[tuple[str, pa.Table]]:
@@ -140,7 +124,7 @@ def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_CO
     ``whole_runs``: cut only between runs (each run is one piece, however long)."""
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
-        cols, src = _select(con, columns, run_ids)
+        cols, src = temperature_filled_select(con, columns, run_ids)
         sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) {where} ORDER BY {S_ORDER}"
         reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []), batch_rows=min(chunk_rows, 1 << 16))
         for tbl in whole_requests(reader, chunk_rows, whole_runs):
@@ -213,7 +197,7 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
     sel = _sample_requests(store, run_ids, max_rows, seed)
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
-        cols, src = _select(con, columns, run_ids)
+        cols, src = temperature_filled_select(con, columns, run_ids)
         if sel is None:
             sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {S_ORDER}"
             return fetch_arrow(con, sql, [list(run_ids)])
@@ -337,7 +321,7 @@ class _RunAcc:
         # the keyed bootstrap: per-replicate partial sums of ``specs`` added chunk by chunk (memory flat in
         # rows); the per-(group, request) statistics too only when ``keep_stats`` (any aggregate, small runs)
         self.specs, self.keep_stats = tuple(specs), keep_stats
-        self.sums: dict = {}
+        self.sums: dict = {}  # spec -> one replicate_sums part (the chunks so far, added up)
         self.trim = dict(request_steps=0, trimmed=0, regret=0, window_tokens=0, delivered=0, ceiling_tokens=0.0)
         self.cal: list = []
         self.notes: list[str] = []
@@ -389,7 +373,7 @@ class _RunAcc:
             for sp in self.specs:
                 if sp[0] == g:
                     part = replicate_sums(st, by, n_boot=sp[1], target=sp[2], seed=sp[3])
-                    self.sums[sp] = [add_sums(self.sums[sp] + [part]) if sp in self.sums else part]
+                    self.sums[sp] = add_sums([self.sums[sp], part]) if sp in self.sums else part
             if self.keep_stats:
                 self.stats[g].append(self._compact(st, g))
             if deltas is not None:
@@ -477,7 +461,7 @@ class _RunAcc:
                 shifts[g] = d.groupby(list(g), dropna=False).sum().reset_index() if g else d.sum().to_frame().T
         return StreamTail(counts=self.counts, stats=stats, shifts=shifts, gamma=self.G,
                           levels=tuple(self.est.levels), hazard_info=info, notes=list(self.notes) + notes,
-                          sums=dict(self.sums))
+                          sums={sp: [part] for sp, part in self.sums.items()})
 
     def utilization_result(self, tail: StreamTail, n_boot: int, seed: int):
         rows = []
@@ -750,7 +734,7 @@ def _planner_window(store, acc: _RunAcc, steps: pd.DataFrame, table, max_rows: i
         last = upto[-1] if len(upto) else per.index[0]
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
-        cols, src = _select(con, TAIL_COLUMNS, [acc.run_id])
+        cols, src = temperature_filled_select(con, TAIL_COLUMNS, [acc.run_id])
         tbl = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? AND (s.epoch < ? OR (s.epoch = ? AND "
                                f"s.forward_ct <= ?)) ORDER BY {S_ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
     frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)

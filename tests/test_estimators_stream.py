@@ -236,3 +236,27 @@ def test_big_run_steps_are_read_at_the_end_not_held(store, monkeypatch):
         assert last == (upto[-1] if len(upto) else per.index[0])
         want = steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto if len(upto) else [last])]
         pd.testing.assert_frame_equal(win.reset_index(drop=True), want.reset_index(drop=True), check_dtype=False)
+
+
+def test_read_request_steps_fills_temperature_request_first_then_run_in_stored_order(tmp_path):
+    """The one read-time temperature rule (``run_data.temperature_filled_select``): a request-step's
+    own temperature, else its request's, else its run's; rows come back in stored order with the
+    record model's types, as ``Store.read_table`` returns them."""
+    from estimators.run_data import read_request_steps
+
+    st = Store(tmp_path / "t.duckdb")
+    t = dict(simulate(n_requests=12, seed=4, run_id="t-run").tables)
+    rs = t["request_steps"].sample(frac=1.0, random_state=0).reset_index(drop=True)  # a stored order not by key
+    rs["temperature"] = np.where(rs.rid == "r1", 0.3, np.nan)  # r1 keeps its own
+    t["request_steps"], t["runs"] = rs, t["runs"].assign(temperature=1.0)
+    t["requests"] = t["requests"].assign(temperature=np.where(t["requests"].rid.isin(["r1", "r2"]), 0.7, np.nan))
+    st.append(t)
+    plain = st.read_table("request_steps", "t-run")
+    got = read_request_steps(st, "t-run")
+    assert list(got.columns) == list(plain.columns) and list(got.dtypes) == list(plain.dtypes)
+    assert got.rid.tolist() == plain.rid.tolist() and got.forward_ct.tolist() == plain.forward_ct.tolist()
+    want = np.where(plain.rid == "r1", 0.3, np.where(plain.rid == "r2", 0.7, 1.0))
+    np.testing.assert_array_equal(got.temperature.to_numpy(), want)
+    pd.testing.assert_frame_equal(got.drop(columns="temperature"), plain.drop(columns="temperature"))
+    only = read_request_steps(st, "t-run", columns=["rid", "temperature"])
+    np.testing.assert_array_equal(only.temperature.to_numpy(), want)
