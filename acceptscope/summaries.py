@@ -800,7 +800,8 @@ def pair_totals(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
     compact keys' count and weighted totals (Σw, Σwa, Σwx, Σwz), the audited keys' count, tail count
     and six totals, and, unless every key is audited, the audited keys' (w, t, z, y) rows in
     :func:`per_request`'s order (the bootstrap resamples them). None when the pair is not kept, a run
-    is stale, or a key lacks a or x (NaN there: :func:`per_request_columns` answers)."""
+    is stale, or a key lacks a or x or has a NaN one (a NaN survival: :func:`per_request_columns` answers,
+    with numpy's NaN semantics)."""
     if not present(con, _PAIR_TABLES):
         return None
     p = {"c": compact_run, "a": audit_run}
@@ -815,7 +816,8 @@ def pair_totals(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
         SELECT workload, prompt_index, seed, w, a, x, y, y - a AS t, greatest(x - a, 0) AS z FROM k"""
     au = "FILTER (WHERE y IS NOT NULL)"
     got = con.execute(f"""
-        SELECT count(*), count(a), count(x), sum(w), sum(w * a), sum(w * x), sum(w * z),
+        SELECT count(*), count(a) - count(*) FILTER (WHERE isnan(a)), count(x) - count(*) FILTER (WHERE isnan(x)),
+               sum(w), sum(w * a), sum(w * x), sum(w * z),
                count(*) {au}, count(*) FILTER (WHERE y IS NOT NULL AND t > 1e-9),
                sum(w) {au}, sum(w * t) {au}, sum(w * z) {au}, sum(w * z * z) {au}, sum(w * z * t) {au}, sum(w * y) {au}
         FROM ({rows})""", p).fetchone()
