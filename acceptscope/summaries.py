@@ -537,6 +537,25 @@ def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_b
         FROM {rel} x{_in_workloads(workloads, "x")} GROUP BY ALL ORDER BY run_id, position, variant, bin""")
 
 
+def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000, offset: int = 0) -> pd.DataFrame:
+    """One page of a run's requests (``limit`` from ``offset``, in workload, prompt order) with their
+    block statistics: the page is picked first, then only its requests' summary rows are summed."""
+    reqs = _source(con, schema.SUM_REQUESTS, [run_id])
+    return _df(con, f"""
+        WITH q AS MATERIALIZED (
+          SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s
+          FROM {REQ} WHERE run_id = ? ORDER BY workload, prompt_index, rid LIMIT ? OFFSET ?),
+        b AS (SELECT rid, sum(n) AS n, sum(sum_acc_len) AS sum_acc_len, sum(n_acc_len) AS n_acc_len,
+                     sum(sum_window) AS sum_window, sum(n_window) AS n_window, sum(sum_ceil1) AS sum_ceil1,
+                     sum(n_ceil) AS n_ceil
+              FROM {reqs} r WHERE rid IN (SELECT rid FROM q) GROUP BY rid)
+        SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
+               b.sum_window / nullif(b.n_window, 0) AS mean_window,
+               b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
+        FROM q LEFT JOIN b USING (rid)
+        ORDER BY q.workload, q.prompt_index, q.rid""", [run_id, int(limit), int(offset)])
+
+
 def request_count(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     """Requests of one run (how many pages :func:`requests` has)."""
     return int(con.execute(f"SELECT count(*) FROM {REQ} WHERE run_id = ?", [run_id]).fetchone()[0])
@@ -832,24 +851,3 @@ def pair_totals(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
                            "ORDER BY workload, prompt_index, seed", p).fetchnumpy()
         out["rows"] = tuple(np.asarray(cols[c], dtype=float) for c in ("w", "t", "z", "y"))
     return out
-
-
-def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000, offset: int = 0) -> pd.DataFrame:
-    """One page of a run's requests (``limit`` from ``offset``, in workload, prompt order) with their
-    block statistics: the page is picked first, then its requests' summary rows are found by a join on
-    the page's request ids (the page is the small side; ~1.5x less than an ``IN`` over a materialised
-    page at 200k requests)."""
-    reqs = _source(con, schema.SUM_REQUESTS, [run_id])
-    return _df(con, f"""
-        WITH q AS (
-          SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s
-          FROM {REQ} WHERE run_id = $r ORDER BY workload, prompt_index, rid LIMIT $l OFFSET $o),
-        b AS (SELECT s.rid, sum(n) AS n, sum(sum_acc_len) AS sum_acc_len, sum(n_acc_len) AS n_acc_len,
-                     sum(sum_window) AS sum_window, sum(n_window) AS n_window, sum(sum_ceil1) AS sum_ceil1,
-                     sum(n_ceil) AS n_ceil
-              FROM q JOIN {reqs} s ON s.rid = q.rid WHERE s.run_id = $r GROUP BY s.rid)
-        SELECT q.*, b.n AS blocks, b.sum_acc_len / nullif(b.n_acc_len, 0) AS mean_acc_len,
-               b.sum_window / nullif(b.n_window, 0) AS mean_window,
-               b.sum_ceil1 / nullif(b.n_ceil, 0) AS ceiling_accept_len
-        FROM q LEFT JOIN b USING (rid)
-        ORDER BY q.workload, q.prompt_index, q.rid""", {"r": run_id, "l": int(limit), "o": int(offset)})
