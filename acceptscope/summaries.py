@@ -715,6 +715,14 @@ def _derived_pairs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> se
     return {(c, a) for c, a in rows}
 
 
+def _kept_pairs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> set[tuple[str, str]]:
+    """The pairs in sum_pairs that one of ``run_ids`` belongs to."""
+    ids = _lit_list(run_ids)
+    return {(c, a) for c, a in con.execute(
+        f"SELECT compact_run, audit_run FROM {schema.SUM_PAIRS.name} "
+        f"WHERE list_contains({ids}, compact_run) OR list_contains({ids}, audit_run)").fetchall()}
+
+
 def _pair_rows_sql(pairs: str, keys: str | None) -> str:
     """sum_key_pairs rows of the pairs in relation ``pairs`` (c, a) from sum_request_keys: every key of
     the compact run, or (``keys``: a relation of run_id + key) only the keys touched on either side."""
@@ -767,9 +775,7 @@ def add_pairs(con: duckdb.DuckDBPyConnection, table: str, view: str) -> None:
         return
     runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
     want = _derived_pairs(con, runs)
-    have = {(c, a) for c, a in con.execute(
-        f"SELECT compact_run, audit_run FROM {schema.SUM_PAIRS.name} "
-        f"WHERE list_contains({_lit_list(runs)}, compact_run) OR list_contains({_lit_list(runs)}, audit_run)").fetchall()}
+    have = _kept_pairs(con, runs)
     _drop_pairs(con, sorted(have - want))
     _build_pairs(con, sorted(want - have))
     kept = sorted(want & have)
@@ -797,9 +803,7 @@ def rebuild_pairs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
         return []
     ids = list(run_ids)
     want = _derived_pairs(con, ids)
-    have = {(c, a) for c, a in con.execute(
-        f"SELECT compact_run, audit_run FROM {schema.SUM_PAIRS.name} "
-        f"WHERE list_contains({_lit_list(ids)}, compact_run) OR list_contains({_lit_list(ids)}, audit_run)").fetchall()}
+    have = _kept_pairs(con, ids)
     _drop_pairs(con, sorted(have - want))
     _build_pairs(con, sorted(want))
     return sorted({r for p in want for r in p})
@@ -821,11 +825,12 @@ def pair_totals(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
     :func:`per_request`'s order (the bootstrap resamples them). None when the pair is not kept, a run
     is stale, or a key lacks a or x or has a NaN one (a NaN survival: :func:`per_request_columns` answers,
     with numpy's NaN semantics)."""
-    if not present(con, _PAIR_TABLES):
-        return None
     p = {"c": compact_run, "a": audit_run}
-    kept = con.execute(f"SELECT count(*) FROM {schema.SUM_PAIRS.name} WHERE compact_run = $c AND audit_run = $a",
-                       p).fetchone()[0]
+    try:
+        kept = con.execute(f"SELECT count(*) FROM {schema.SUM_PAIRS.name} WHERE compact_run = $c AND audit_run = $a",
+                           p).fetchone()[0]
+    except duckdb.CatalogException:  # a file from before version 5, read-only
+        return None
     if not kept or stale_runs(con, [compact_run, audit_run]):
         return None
     rows = f"""
