@@ -161,7 +161,8 @@ _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema
        schema.REQUESTS.name: (schema.SUM_REQUEST_KEYS,)}  # after request_steps: a rebuild reads sum_requests' base
 _NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
 _NEW_IN_4 = (schema.SUM_RUN_RIDS,)
-_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4)  # what a version-2 file has
+_NEW_IN_5 = (schema.SUM_KEY_PAIRS, schema.SUM_PAIRS)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4 + _NEW_IN_5)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -691,7 +692,7 @@ def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_
 # schema version 5: each (compact, cap-accept) pair's request keys side by side (sum_key_pairs), so
 # sampling inference reads one table and DuckDB returns its totals (no join of 2 x n keys per call)
 # ---------------------------------------------------------------------------
-_PAIR_TABLES = (schema.SUM_KEY_PAIRS, schema.SUM_PAIRS)
+_PAIR_TABLES = _NEW_IN_5
 MAX_PAIRS_PER_GROUP = 4  # a group (audit_group, NULL counting as one) with more arm combinations keeps none
 
 
