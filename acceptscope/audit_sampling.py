@@ -253,10 +253,25 @@ def infer_moments(mom: Moments, *, n_boot: int = 2000, level: float = 0.95, seed
     )
 
 
+def moments_of_totals(tot: dict) -> Moments:
+    """:class:`Moments` from :func:`summaries.pair_totals` (DuckDB's totals over the compact keys; the
+    audited rows' own totals by :func:`_sums`, as :func:`moments_of` makes them, when they came along)."""
+    sw = tot["sw"]
+    sums = tot["sums"] if tot["rows"] is None else _sums(*tot["rows"])
+    return Moments(n_requests=tot["n_requests"], abar=float(tot["swa"] / sw), xbar=float(tot["swx"] / sw),
+                   zbar=float(tot["swz"] / sw), m=tot["m"], n_with_tail=tot["n_with_tail"], sums=sums,
+                   rows=tot["rows"] if tot["rows"] is not None else ())
+
+
 def infer_runs(reader: Any, compact_run: str, audit_run: str, **kw: Any) -> SamplingInference:
-    """:func:`infer` for a pair of runs from four numeric columns per request (DuckDB joins the two runs'
-    request-key summaries; no frame, no request-step rows). A sample small enough for the exact
-    bootstrap is read again in :func:`per_request`'s order, so its replicates are those of :func:`infer`."""
+    """:func:`infer` for a pair of runs. A kept audit pair (``summaries.pair_totals``, schema version 5)
+    answers from one table: a row of totals, plus the audited keys' rows unless every key is audited
+    (a few kilobytes at a 1% audit). Otherwise four numeric columns per request (DuckDB joins the two
+    runs' request-key summaries); a sample small enough for the exact bootstrap is read again in
+    :func:`per_request`'s order, so its replicates are those of :func:`infer`."""
+    tot = reader.summary(summaries.pair_totals, compact_run, audit_run)
+    if tot is not None:
+        return infer_moments(moments_of_totals(tot), **kw)
     mom = moments_of(*reader.summary(summaries.per_request_columns, compact_run, audit_run))
     if mom.m <= EXACT_BOOT_MAX and mom.m < mom.n_requests:
         mom = moments_of(*reader.summary(summaries.per_request_columns, compact_run, audit_run, True))

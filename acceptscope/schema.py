@@ -425,8 +425,8 @@ TABLES: dict[str, Table] = {t.name: t for t in ALL_TABLES}
 # (acceptscope.summaries), so a dashboard panel reads kilobytes, not millions of rows.
 # Not part of the record model: exports and row counts leave them out.
 # ---------------------------------------------------------------------------
-SCHEMA_VERSION = 4  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
-# sum_request_keys; 4: + sum_run_rids
+SCHEMA_VERSION = 5  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
+# sum_request_keys; 4: + sum_run_rids; 5: + sum_key_pairs, sum_pairs
 
 STORE_META = Table(
     "store_meta",
@@ -592,8 +592,40 @@ SUM_RUN_RIDS = Table(
         "without a count(DISTINCT rid) over every request.",
 )
 
+SUM_KEY_PAIRS = Table(
+    "sum_key_pairs",
+    (
+        _c("compact_run", pa.string(), "the pair's compact run", False),
+        _c("audit_run", pa.string(), "the pair's cap-accept run", False),
+        _c("workload", pa.string(), "sum_request_keys.workload", False),
+        _c("prompt_index", pa.int32(), "sum_request_keys.prompt_index", False),
+        _c("seed", pa.int64(), "sum_request_keys.seed", False),
+        _c("nulls", pa.int32(), "sum_request_keys.nulls", False),
+        _c("n", pa.int64(), "the compact run's blocks with this key (w)", False),
+        _c("sum_acc_len", pa.int64(), "its Σ acc_len"),
+        _c("n_acc_len", pa.int64(), "its rows with acc_len"),
+        _c("sum_x", pa.float64(), "its Σ (1 + Σ_k survival_k)"),
+        _c("n_x", pa.int64(), "its rows with survival"),
+        _c("audit_sum_ceil1", pa.int64(), "the audit run's Σ (ceiling + 1) (NULL: key not audited)"),
+        _c("audit_n_ceil", pa.int64(), "the audit run's rows with a ceiling (NULL: key not audited)"),
+    ),
+    key=("compact_run", "audit_run", "workload", "prompt_index", "seed", "nulls"),
+    doc="sum_request_keys of a compact run side by side with its audit run's, per request key of the compact "
+        "run: sampling inference reads one table, no join of 2 x n keys.",
+)
+
+SUM_PAIRS = Table(
+    "sum_pairs",
+    (
+        _c("compact_run", pa.string(), "compact run", False),
+        _c("audit_run", pa.string(), "cap-accept run of the same audit group", False),
+    ),
+    key=("compact_run", "audit_run"),
+    doc="The (compact, cap-accept) run pairs whose sum_key_pairs rows are kept complete.",
+)
+
 SUMMARY_TABLES: tuple[Table, ...] = (SUM_CELLS, SUM_REQUESTS, SUM_POSITIONS, SUM_RELIABILITY, SUM_STEPS,
-                                     SUM_STEP_BINS, SUM_REQUEST_KEYS, SUM_RUN_RIDS)
+                                     SUM_STEP_BINS, SUM_REQUEST_KEYS, SUM_RUN_RIDS, SUM_KEY_PAIRS, SUM_PAIRS)
 
 
 def table(name: str) -> Table:

@@ -161,7 +161,8 @@ _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema
        schema.REQUESTS.name: (schema.SUM_REQUEST_KEYS,)}  # after request_steps: a rebuild reads sum_requests' base
 _NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
 _NEW_IN_4 = (schema.SUM_RUN_RIDS,)
-_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4)  # what a version-2 file has
+_NEW_IN_5 = (schema.SUM_KEY_PAIRS, schema.SUM_PAIRS)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4 + _NEW_IN_5)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -227,6 +228,7 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
             per_rid = (f"(SELECT s.run_id, s.rid, {cols} FROM {schema.SUM_REQUESTS.name} s "
                        f"JOIN {view} v ON v.run_id = s.run_id AND v.rid = s.rid GROUP BY s.run_id, s.rid)")
             con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
+        add_pairs(con, table, view)  # version 5: the pairs' copies of the keys just touched
     finally:
         con.unregister(view)
         if table == RS:
@@ -320,6 +322,7 @@ def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
                 continue
             con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
             con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
+    rebuild_pairs(con, ids, tables)  # version 5: pairs of these runs from their rebuilt request keys
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -365,6 +368,7 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
             todo = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {RS}").fetchall() if r not in done]
             rebuild(con, todo, _NEW_IN_4)
             stale = sorted(done | set(todo))
+        stale = ensure_pairs(con, v, stale)  # version 5: sum_key_pairs of the audit pairs
         con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
                     [str(schema.SCHEMA_VERSION)])
         con.execute("COMMIT")
@@ -682,3 +686,174 @@ def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     return out.sort_values(["run_id", "rank", "epoch", "forward_ct"], kind="stable", ignore_index=True) \
         if len(parts) > 1 else out
+
+
+# ---------------------------------------------------------------------------
+# schema version 5: each (compact, cap-accept) pair's request keys side by side (sum_key_pairs), so
+# sampling inference reads one table and DuckDB returns its totals (no join of 2 x n keys per call)
+# ---------------------------------------------------------------------------
+_PAIR_TABLES = _NEW_IN_5
+MAX_PAIRS_PER_GROUP = 4  # a group (audit_group, NULL counting as one) with more arm combinations keeps none
+
+
+def _lit_list(xs: Sequence[str]) -> str:
+    return "[" + ", ".join("'" + str(x).replace("'", "''") + "'" for x in xs) + "]::VARCHAR[]"
+
+
+def _derived_pairs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> set[tuple[str, str]]:
+    """The (compact, cap-accept) pairs of ``run_ids``' audit groups that the store keeps: the two arms
+    of one audit (a group of up to MAX_PAIRS_PER_GROUP combinations; thousands of ungrouped runs
+    pair nothing)."""
+    if not run_ids:
+        return set()
+    rows = con.execute(f"""
+        WITH r AS (SELECT run_id, arm, coalesce(audit_group, '') AS g FROM {RUNS} WHERE arm IN ('compact', 'cap-accept')),
+             ok AS (SELECT g FROM r GROUP BY g HAVING count(*) FILTER (WHERE arm = 'compact')
+                                                      * count(*) FILTER (WHERE arm = 'cap-accept') <= {MAX_PAIRS_PER_GROUP})
+        SELECT c.run_id, a.run_id FROM r c JOIN r a USING (g)
+        WHERE c.arm = 'compact' AND a.arm = 'cap-accept' AND g IN (SELECT g FROM ok)
+          AND (list_contains({_lit_list(run_ids)}, c.run_id) OR list_contains({_lit_list(run_ids)}, a.run_id))""").fetchall()
+    return {(c, a) for c, a in rows}
+
+
+def _kept_pairs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> set[tuple[str, str]]:
+    """The pairs in sum_pairs that one of ``run_ids`` belongs to."""
+    ids = _lit_list(run_ids)
+    return {(c, a) for c, a in con.execute(
+        f"SELECT compact_run, audit_run FROM {schema.SUM_PAIRS.name} "
+        f"WHERE list_contains({ids}, compact_run) OR list_contains({ids}, audit_run)").fetchall()}
+
+
+def _pair_rows_sql(pairs: str, keys: str | None) -> str:
+    """sum_key_pairs rows of the pairs in relation ``pairs`` (c, a) from sum_request_keys: every key of
+    the compact run, or (``keys``: a relation of run_id + key) only the keys touched on either side."""
+    k = schema.SUM_REQUEST_KEYS.name
+
+    def on(u: str, v: str) -> str:
+        return " AND ".join(f"{u}.{c} = {v}.{c}" for c in ("workload", "prompt_index", "seed", "nulls"))
+    if keys is None:
+        tk = f"(SELECT p.c, p.a, x.workload, x.prompt_index, x.seed, x.nulls FROM {pairs} p JOIN {k} x ON x.run_id = p.c)"
+    else:
+        tk = (f"(SELECT DISTINCT p.c, p.a, t.workload, t.prompt_index, t.seed, t.nulls FROM {pairs} p "
+              f"JOIN {keys} t ON t.run_id = p.c OR t.run_id = p.a)")
+    return f"""
+        SELECT tk.c, tk.a, x.workload, x.prompt_index, x.seed, x.nulls, x.n, x.sum_acc_len, x.n_acc_len, x.sum_x, x.n_x,
+               CASE WHEN y.n_ceil > 0 AND y.nulls = 0 THEN y.sum_ceil1 END,
+               CASE WHEN y.n_ceil > 0 AND y.nulls = 0 THEN y.n_ceil END
+        FROM {tk} tk JOIN {k} x ON x.run_id = tk.c AND {on('x', 'tk')}
+        LEFT JOIN {k} y ON y.run_id = tk.a AND {on('y', 'tk')}"""
+
+
+def _pairs_relation(pairs: Sequence[tuple[str, str]]) -> str:
+    vals = ", ".join("('" + c.replace("'", "''") + "', '" + a.replace("'", "''") + "')" for c, a in pairs)
+    return f"(SELECT * FROM (VALUES {vals}) v(c, a))"
+
+
+def _build_pairs(con: duckdb.DuckDBPyConnection, pairs: Sequence[tuple[str, str]]) -> None:
+    """(Re)build ``pairs``' rows from sum_request_keys and record them as kept."""
+    if not pairs:
+        return
+    rel = _pairs_relation(sorted(pairs))
+    for t in _PAIR_TABLES:
+        con.execute(f"DELETE FROM {t.name} WHERE (compact_run, audit_run) IN (SELECT (c, a) FROM {rel})")
+    con.execute(f"INSERT INTO {schema.SUM_KEY_PAIRS.name} {_pair_rows_sql(rel, None)}")
+    con.execute(f"INSERT INTO {schema.SUM_PAIRS.name} SELECT c, a FROM {rel}")
+
+
+def _drop_pairs(con: duckdb.DuckDBPyConnection, pairs: Sequence[tuple[str, str]]) -> None:
+    if pairs:
+        rel = _pairs_relation(sorted(pairs))
+        for t in _PAIR_TABLES:
+            con.execute(f"DELETE FROM {t.name} WHERE (compact_run, audit_run) IN (SELECT (c, a) FROM {rel})")
+
+
+def add_pairs(con: duckdb.DuckDBPyConnection, table: str, view: str) -> None:
+    """After :func:`add` folded the rows of ``view`` into ``sum_request_keys``: copy the keys they touched
+    into the pairs of their runs (sum_request_keys' current rows, so a key is never counted twice). A
+    pair seen for the first time is built from every key its runs have; a pair whose group no longer
+    pairs its runs (a third run in the group, an arm changed) is dropped and read by the join."""
+    if table not in (RS, REQ) or not present(con, _PAIR_TABLES):
+        return
+    runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
+    want = _derived_pairs(con, runs)
+    have = _kept_pairs(con, runs)
+    _drop_pairs(con, sorted(have - want))
+    _build_pairs(con, sorted(want - have))
+    kept = sorted(want & have)
+    if not kept:
+        return
+    if table == REQ:
+        keys = (f"(SELECT DISTINCT run_id, coalesce(workload, '') AS workload, coalesce(prompt_index, 0)::INTEGER "
+                f"AS prompt_index, coalesce(seed, 0)::BIGINT AS seed, ((workload IS NULL)::INT + 2 * (prompt_index "
+                f"IS NULL)::INT + 4 * (seed IS NULL)::INT) AS nulls FROM {view})")
+    else:  # the blocks' keys are on their requests rows
+        keys = (f"(SELECT DISTINCT q.run_id, coalesce(q.workload, '') AS workload, coalesce(q.prompt_index, 0)::INTEGER "
+                f"AS prompt_index, coalesce(q.seed, 0)::BIGINT AS seed, ((q.workload IS NULL)::INT + 2 * "
+                f"(q.prompt_index IS NULL)::INT + 4 * (q.seed IS NULL)::INT) AS nulls FROM {REQ} q "
+                f"JOIN (SELECT DISTINCT run_id, rid FROM {view}) v ON v.run_id = q.run_id AND v.rid = q.rid "
+                f"WHERE list_contains({_lit_list(runs)}, q.run_id))")
+    con.execute(f"INSERT OR REPLACE INTO {schema.SUM_KEY_PAIRS.name} {_pair_rows_sql(_pairs_relation(kept), keys)}")
+
+
+def rebuild_pairs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+                  tables: Sequence[schema.Table] = schema.SUMMARY_TABLES) -> list[str]:
+    """After :func:`rebuild` (request keys of ``run_ids`` recomputed): rebuild their runs' pairs; returns
+    the runs of the pairs built."""
+    if not run_ids or not present(con, _PAIR_TABLES) or not (
+            schema.SUM_REQUEST_KEYS in tables or schema.SUM_KEY_PAIRS in tables):
+        return []
+    ids = list(run_ids)
+    want = _derived_pairs(con, ids)
+    have = _kept_pairs(con, ids)
+    _drop_pairs(con, sorted(have - want))
+    _build_pairs(con, sorted(want))
+    return sorted({r for p in want for r in p})
+
+
+def ensure_pairs(con: duckdb.DuckDBPyConnection, version: int, rebuilt: list[str]) -> list[str]:
+    """In :func:`ensure`, a file from before version 5: build every pair its runs make; returns the
+    runs rebuilt so far plus those."""
+    if version >= 5:
+        return rebuilt
+    ids = [r for (r,) in con.execute(f"SELECT run_id FROM {RUNS}").fetchall()]
+    return sorted(set(rebuilt) | set(rebuild_pairs(con, ids, _PAIR_TABLES)))
+
+
+def pair_totals(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str) -> dict | None:
+    """What sampling inference needs from a kept pair, read from ``sum_key_pairs`` (no join): the
+    compact keys' count and weighted totals (Σw, Σwa, Σwx, Σwz), the audited keys' count, tail count
+    and six totals, and, unless every key is audited, the audited keys' (w, t, z, y) rows in
+    :func:`per_request`'s order (the bootstrap resamples them). None when the pair is not kept, a run
+    is stale, or a key lacks a or x or has a NaN one (a NaN survival: :func:`per_request_columns` answers,
+    with numpy's NaN semantics)."""
+    p = {"c": compact_run, "a": audit_run}
+    try:
+        kept = con.execute(f"SELECT count(*) FROM {schema.SUM_PAIRS.name} WHERE compact_run = $c AND audit_run = $a",
+                           p).fetchone()[0]
+    except duckdb.CatalogException:  # a file from before version 5, read-only
+        return None
+    if not kept or stale_runs(con, [compact_run, audit_run]):
+        return None
+    rows = f"""
+        WITH k AS (SELECT workload, prompt_index, seed, n::DOUBLE AS w, sum_acc_len / nullif(n_acc_len, 0) AS a,
+                          sum_x / nullif(n_x, 0) AS x, audit_sum_ceil1 / audit_n_ceil AS y
+                   FROM {schema.SUM_KEY_PAIRS.name} WHERE compact_run = $c AND audit_run = $a AND n > 0)
+        SELECT workload, prompt_index, seed, w, a, x, y, y - a AS t, greatest(x - a, 0) AS z FROM k"""
+    au = "FILTER (WHERE y IS NOT NULL)"
+    got = con.execute(f"""
+        SELECT count(*), count(a) - count(*) FILTER (WHERE isnan(a)), count(x) - count(*) FILTER (WHERE isnan(x)),
+               sum(w), sum(w * a), sum(w * x), sum(w * z),
+               count(*) {au}, count(*) FILTER (WHERE y IS NOT NULL AND t > 1e-9),
+               sum(w) {au}, sum(w * t) {au}, sum(w * z) {au}, sum(w * z * z) {au}, sum(w * z * t) {au}, sum(w * y) {au}
+        FROM ({rows})""", p).fetchone()
+    n, n_a, n_x = got[:3]
+    if n == 0 or n_a < n or n_x < n:
+        return None
+    out = {"n_requests": int(n), "sw": got[3], "swa": got[4], "swx": got[5], "swz": got[6], "m": int(got[7]),
+           "n_with_tail": int(got[8]), "sums": np.array([v if v is not None else 0.0 for v in got[9:15]], float),
+           "rows": None}
+    if out["m"] < out["n_requests"]:
+        cols = con.execute(f"SELECT w, t, z, y FROM ({rows}) WHERE y IS NOT NULL "
+                           "ORDER BY workload, prompt_index, seed", p).fetchnumpy()
+        out["rows"] = tuple(np.asarray(cols[c], dtype=float) for c in ("w", "t", "z", "y"))
+    return out

@@ -9,12 +9,14 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from acceptscope import audit_sampling, schema, summaries
 from acceptscope.reader import Reader
 from acceptscope.store import Store
-from tests.test_summaries import RUNS, _copy, template  # noqa: F401  (the module-scoped filled store)
+from tests import _store_helpers as H
+from tests.test_summaries import RUNS, _copy, _messy, _requests, template  # noqa: F401  (the module-scoped filled store)
 
 
 @pytest.fixture
@@ -179,8 +181,6 @@ def _keys_reference(rs: pd.DataFrame, req: pd.DataFrame, c: str, a: str) -> pd.D
 
 @pytest.mark.parametrize("order", ["requests-first", "blocks-first", "interleaved"])
 def test_request_keys_equal_the_join_whichever_rows_come_first(tmp_path: Path, order: str) -> None:
-    from tests import _store_helpers as H
-
     a = H.request_steps(1600, run_id="c", seed=3)
     b = H.request_steps(1200, run_id="p", seed=4)
 
@@ -219,3 +219,110 @@ def test_request_keys_equal_the_join_whichever_rows_come_first(tmp_path: Path, o
     with s.snapshot() as con:
         assert summaries.stale_runs(con) == {"p"}
     pd.testing.assert_frame_equal(audit_sampling.per_request(Reader(s.path), "c", "p"), got)
+
+
+# --- schema version 5: sum_key_pairs (sampling inference from one table, no join of the two runs' keys) ---
+def _flat(x, prefix=""):
+    out = {}
+    for k, v in (x.to_dict() if hasattr(x, "to_dict") else x).items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _join_path(r: Reader, c: str, a: str, monkeypatch, **kw):
+    """infer_runs as it answers without the pair table (the two runs' request keys joined)."""
+    with monkeypatch.context() as m:
+        m.setattr(summaries, "pair_totals", lambda *_: None)
+        return audit_sampling.infer_runs(r, c, a, **kw)
+
+
+def _assert_pair_path_equals_join(path: Path, c: str, a: str, monkeypatch, kept: bool = True, **kw) -> None:
+    r = Reader(path)
+    assert (r.summary(summaries.pair_totals, c, a) is not None) == kept
+    got, want = _flat(audit_sampling.infer_runs(r, c, a, **kw)), _flat(_join_path(r, c, a, monkeypatch, **kw))
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == (pytest.approx(v, rel=1e-9, abs=1e-12, nan_ok=True) if isinstance(v, float) else v), k
+
+
+@pytest.mark.parametrize("exact_max", [audit_sampling.EXACT_BOOT_MAX, 1], ids=["exact-bootstrap", "normal-limit"])
+def test_pair_table_inference_equals_the_join(filled: Store, monkeypatch, exact_max: int) -> None:
+    monkeypatch.setattr(audit_sampling, "EXACT_BOOT_MAX", exact_max)
+    tot = Reader(filled.path).summary(summaries.pair_totals, "run-a", "run-b")
+    assert 20 <= tot["m"] < tot["n_requests"] and len(tot["rows"][0]) == tot["m"]  # a sampled audit: rows come along
+    _assert_pair_path_equals_join(filled.path, "run-a", "run-b", monkeypatch, n_boot=500)
+
+
+def _pair_store(path: Path, rs_c, rs_a, group: str | None = "g", req_workload_nulls: bool = False) -> Store:
+    """A compact run ``c`` and an audit run ``p`` with the same request keys, written in interleaved pieces
+    (requests rows before and after their blocks)."""
+    def reqs(rs):
+        out = _requests(rs)
+        if req_workload_nulls:
+            out = [{**q, "workload": q["workload"] if isinstance(q["workload"], str) else None} for q in out]
+        return out
+    s = Store(path)
+    s.append({"runs": [{**H.run_row("c", "compact"), "audit_group": group},
+                       {**H.run_row("p", "cap-accept"), "audit_group": group}]})
+    qc, qa = reqs(rs_c), reqs(rs_a)
+    s.append({"request_steps": rs_c.slice(0, 500), "requests": qc[: len(qc) // 2]})
+    s.append({"request_steps": rs_a.slice(0, 700), "requests": qa})
+    s.append({"requests": qc, "request_steps": pa.concat_tables([rs_c, rs_a.slice(300)])})
+    return s
+
+
+def test_pair_table_with_every_request_audited_and_with_messy_rows(tmp_path: Path, monkeypatch) -> None:
+    rs = H.request_steps(1200, run_id="c", seed=5)
+    s = _pair_store(tmp_path / "all.duckdb", rs, _as_run(rs, "p"))
+    tot = Reader(s.path).summary(summaries.pair_totals, "c", "p")
+    assert tot["m"] == tot["n_requests"] > 10 and tot["rows"] is None  # every key audited: one row of totals
+    _assert_pair_path_equals_join(s.path, "c", "p", monkeypatch)
+    # NULL workloads, ceilings, windows, ragged lists; some NaN survivals make x NaN: the join answers
+    messy = _messy(1500, "c", 31)
+    m = _pair_store(tmp_path / "messy.duckdb", messy, _as_run(messy, "p"), group=None, req_workload_nulls=True)
+    _assert_pair_path_equals_join(m.path, "c", "p", monkeypatch, kept=False, n_boot=300)
+    with duckdb.connect(str(m.path)) as con:  # the same rows without the NaN elements: the pair table answers
+        assert con.execute("SELECT count(*) FROM sum_pairs").fetchone()[0] == 1
+        con.execute("UPDATE request_steps SET survival = list_transform(survival, lambda v: CASE WHEN isnan(v) THEN 0.5 "
+                    "ELSE v END)")
+        summaries.rebuild(con, ["c", "p"])
+    _assert_pair_path_equals_join(m.path, "c", "p", monkeypatch, n_boot=300)
+
+
+def test_pairs_follow_the_runs_table_and_a_version_4_file_upgrades(filled: Store, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    want = _flat(audit_sampling.infer_runs(Reader(filled.path), "run-a", "run-b", n_boot=300))
+    # version 4 (no pair tables): read-only it joins, the first read-write open builds the pair
+    old = tmp_path / "v4.duckdb"
+    shutil.copy(filled.path, old)
+    with duckdb.connect(str(old)) as con:
+        con.execute("DROP TABLE sum_key_pairs")
+        con.execute("DROP TABLE sum_pairs")
+        con.execute("UPDATE store_meta SET value = '4' WHERE key = 'schema_version'")
+    with Store(old, read_only=True).snapshot() as c:
+        assert summaries.stale_runs(c) == set()  # its other summaries still answer
+    _assert_pair_path_equals_join(old, "run-a", "run-b", monkeypatch, kept=False, n_boot=300)
+    assert Store(old).rebuilt_summaries == RUNS
+    _assert_pair_path_equals_join(old, "run-a", "run-b", monkeypatch, n_boot=300)
+    assert _flat(audit_sampling.infer_runs(Reader(old), "run-a", "run-b", n_boot=300)) == pytest.approx(want)
+    assert Store(old).rebuilt_summaries == []
+    # a group with more arm combinations than MAX_PAIRS_PER_GROUP: the next write drops the pair
+    s = Store(old)
+    s.append({"runs": [H.run_row(f"x{i}", arm) for i, arm in enumerate(["compact", "compact", "cap-accept",
+                                                                            "cap-accept"])]})
+    s.append({"requests": [dict(run_id="run-a", rid="late", workload="chat", prompt_index=999, seed=7)]})
+    _assert_pair_path_equals_join(old, "run-a", "run-b", monkeypatch, kept=False, n_boot=300)
+    # runs rows written after the data: the pair is built, from every key, on the runs' next write
+    late = Store(tmp_path / "late.duckdb")
+    rs = H.request_steps(600, run_id="c", seed=9)
+    late.append({"request_steps": rs, "requests": _requests(rs)})
+    late.append({"request_steps": _as_run(rs, "p"), "requests": [{**q, "run_id": "p"} for q in _requests(rs)]})
+    late.append({"runs": [H.run_row("c", "compact"), H.run_row("p", "cap-accept")]})
+    _assert_pair_path_equals_join(late.path, "c", "p", monkeypatch, kept=False)
+    late.append({"requests": [dict(run_id="c", rid="late", workload="chat", prompt_index=999, seed=7)]})
+    _assert_pair_path_equals_join(late.path, "c", "p", monkeypatch)
+
+
+def _as_run(rs: pa.Table, run_id: str) -> pa.Table:
+    i = rs.schema.get_field_index("run_id")
+    return rs.set_column(i, rs.schema.field(i), pa.array([run_id] * rs.num_rows, pa.string()))
