@@ -154,7 +154,7 @@ def run_validation(db: str | Path, truth_run: str, *, n_boot: int = 100, seed: i
     r = Reader(db)
     # a big run is validated on a stable hash-sample of whole requests (bounded memory)
     n_all = int(r.df(f'SELECT count(*) AS n FROM "{schema.REQUEST_STEPS.name}" WHERE run_id = ?', [truth_run]).n.iloc[0])
-    rs = read_sample(Store(db), [truth_run], VALIDATION_ROWS, seed=seed,
+    rs = read_sample(Store(db, read_only=True), [truth_run], VALIDATION_ROWS, seed=seed,
                      columns=schema.REQUEST_STEPS.names).to_pandas()
     steps = r.summary(_steps_of, truth_run, rs)
     try:

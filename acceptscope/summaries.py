@@ -345,6 +345,11 @@ def check_version(con: duckdb.DuckDBPyConnection, path: object) -> int:
     return v
 
 
+# DuckDB's memory for a rebuild (its default is 80% of RAM): the aggregation of a 100M request-step run
+# spills to the database's temp directory instead (bench/scale.py's 100M store: see docs/scale.md §8)
+REBUILD_MEMORY = "1GB"
+
+
 def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     """On a read-write open (the store has created any missing summary table): rebuild stale runs and
     record the schema version.
@@ -353,6 +358,8 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     version 2 gets the step bins of every run with steps, from the steps table only).
     """
     v = check_version(con, path)
+    limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    con.execute(f"SET memory_limit='{REBUILD_MEMORY}'")  # a rebuild aggregates whole runs: spill, not grow with them
     con.execute("BEGIN TRANSACTION")
     try:
         stale = sorted(stale_runs(con))
@@ -375,6 +382,8 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     except BaseException:
         con.execute("ROLLBACK")
         raise
+    finally:
+        con.execute(f"SET memory_limit='{limit}'")
     return stale
 
 
