@@ -337,3 +337,32 @@ def test_requests_seen_counts_distinct_requests_across_batches_and_workloads(tmp
         sub = raw[raw["workload"].isin(sel)]
         got = r.run_summary(["run-a", "run-b"], workloads=sel).set_index("run_id")["requests_seen"].to_dict()
         assert got == sub.groupby("run_id")["rid"].nunique().to_dict(), sel
+
+
+def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
+    """The numpy form of the reliability summary (``summaries._reliability_rows``, used by ``add``) gives
+    the rows of its SQL definition on messy, multi-chunk batches: keys and counts exactly, ``sum_p`` to
+    the last bits (DuckDB's hash aggregate adds partial sums in an order of its own); a confidence outside
+    [0, 1] leaves the batch to the SQL."""
+    con = duckdb.connect(config={"threads": 1})
+    a, b = _messy(1500, "run-a", 21), _messy(700, "run-b", 22)
+    batch = pa.concat_tables([a.slice(0, 900), b, a.slice(900)])  # several chunks, two runs
+    con.register("v", batch)
+    want = con.sql(f"SELECT * FROM ({summaries._agg_sql(schema.SUM_RELIABILITY, 'v')}) ORDER BY ALL").to_arrow_table()
+    got = summaries._reliability_rows(con, batch)
+    assert got is not None and got.num_rows == want.num_rows > 0
+    assert {"after", "before"} <= set(got.column("variant").to_pylist())
+    con.register("g", got)
+    got = con.sql("SELECT * FROM g ORDER BY run_id, workload, position, variant, bin").to_arrow_table()
+    want = want.rename_columns(got.column_names).sort_by([(c, "ascending") for c in got.column_names[:5]])
+    for c in got.column_names:
+        if c == "sum_p":
+            np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-12, atol=0)
+        else:
+            assert got[c].to_pylist() == want[c].to_pylist(), c
+    conf = batch.column("confidence").to_pylist()
+    i = next(j for j, (c, k) in enumerate(zip(conf, batch.column("ceiling").to_pylist()))
+             if c and k is not None and k >= 0 and c[0] is not None and c[0] == c[0])
+    conf[i] = [1.5] + conf[i][1:]
+    odd = batch.set_column(batch.schema.get_field_index("confidence"), "confidence", pa.array(conf, schema.F32_LIST))
+    assert summaries._reliability_rows(con, odd) is None
