@@ -290,27 +290,17 @@ def _reliability_rows(con: duckdb.DuckDBPyConnection, tbl: pa.Table, n_bins: int
     acc_n = np.zeros(0, dtype=np.int64)
     for rb in tbl.to_batches(max_chunksize=1 << 17):
         n = rb.num_rows
-        ceil = rb.column("ceiling")
-        conf = rb.column("confidence")
+        ceil, conf = rb.column("ceiling"), rb.column("confidence")
         ok = np.asarray(pc.and_(pc.is_valid(ceil), pc.is_valid(conf)))
         if not ok.any():
             continue
         c_np = np.asarray(pc.fill_null(ceil, -1)).astype(np.int64)
         offs = np.asarray(conf.offsets, dtype=np.int64)
-        m = np.where(ok, np.clip(np.minimum(offs[1:] - offs[:-1], c_np + 1), 0, None), 0)
-        total = int(m.sum())
-        if total == 0:
+        lens = offs[1:] - offs[:-1]
+        m = np.where(ok, np.clip(np.minimum(lens, c_np + 1), 0, None), 0)  # labelled positions per row
+        if not m.any():
             continue
-        # per row's group: (run_id, workload or '?'), global codes
-        run = pc.dictionary_encode(rb.column("run_id"))
-        wl = pc.dictionary_encode(pc.fill_null(rb.column("workload"), "?"))
-        rd, wd = run.dictionary.to_pylist(), wl.dictionary.to_pylist()
-        ri, wi = np.asarray(run.indices, dtype=np.int64), np.asarray(wl.indices, dtype=np.int64)
-        pair = ri * len(wd) + wi
-        code = np.empty(len(rd) * len(wd), dtype=np.int64)
-        for p in np.unique(pair[ok]):
-            g = groups.setdefault((rd[p // len(wd)], wd[p % len(wd)]), len(groups))
-            code[p] = g
+        code = _group_codes(rb, ok, groups)
         if len(groups) * size > _REL_MAX_CELLS:
             return None
         if len(acc_n) < len(groups) * size:
@@ -318,12 +308,18 @@ def _reliability_rows(con: duckdb.DuckDBPyConnection, tbl: pa.Table, n_bins: int
             acc_p = np.concatenate([acc_p, np.zeros(grow)])
             acc_h = np.concatenate([acc_h, np.zeros(grow, dtype=np.int64)])
             acc_n = np.concatenate([acc_n, np.zeros(grow, dtype=np.int64)])
-        row = np.repeat(np.arange(n), m)
-        k0 = np.arange(total) - np.repeat(np.cumsum(m) - m, m)  # 0-based position
-        y = (k0 < c_np[row]).astype(np.int64)  # label: ceiling >= k
-        base = code[pair[row]] * size + k0 * (2 * n_bins)
         vals = conf.values.slice(offs[0], offs[-1] - offs[0]).to_numpy(zero_copy_only=False)
-        variants = [(0, np.asarray(vals, dtype=np.float64)[offs[row] - offs[0] + k0], None)]
+        width = int(lens[0])
+        if width and (lens == width).all():  # fixed-width lists (gamma): a 2-D view, no gather by offsets
+            row, k0 = np.nonzero(np.arange(width) < m[:, None])  # (row, position) order
+            p = vals.reshape(n, width)[row, k0]
+        else:
+            row = np.repeat(np.arange(n), m)
+            k0 = np.arange(len(row)) - np.repeat(np.cumsum(m) - m, m)  # 0-based position
+            p = vals[offs[row] - offs[0] + k0]
+        y = k0 < c_np[row]  # label: ceiling >= k
+        base = k0 * (2 * n_bins) if code is None else code[row] * size + k0 * (2 * n_bins)
+        variants = [(0, p, None)]
         lg = rb.column("confidence_logit")
         if lg.null_count < n:
             lo = np.asarray(lg.offsets, dtype=np.int64)
@@ -334,21 +330,19 @@ def _reliability_rows(con: duckdb.DuckDBPyConnection, tbl: pa.Table, n_bins: int
                 raw = con.execute("SELECT 1 / (1 + exp(-z)) FROM _summarise_z").fetchnumpy()
             finally:
                 con.unregister("_summarise_z")
-            p = next(iter(raw.values()))  # (a NULL logit element: a masked value, dropped as NaN)
-            p = np.asarray(p.filled(np.nan) if np.ma.isMaskedArray(p) else p, dtype=np.float64)
-            variants.append((1, p, have))
+            z = next(iter(raw.values()))  # (a NULL logit element: a masked value, dropped as NaN)
+            variants.append((1, np.asarray(z.filled(np.nan) if np.ma.isMaskedArray(z) else z), have))
         for v, p, sel in variants:
+            p = p.astype(np.float64)  # (c::DOUBLE)
+            b, yy = (base, y) if sel is None else (base[sel], y[sel])
             keep = np.isfinite(p)
-            if sel is not None:
-                b, yy = base[sel][keep], y[sel][keep]
-            else:
-                b, yy = base[keep], y[keep]
-            p = p[keep]
+            if not keep.all():
+                p, b, yy = p[keep], b[keep], yy[keep]
             if len(p) and (p.min() < 0 or p.max() > 1):
                 return None
-            key = b + v * n_bins + np.minimum(np.floor(p * n_bins).astype(np.int64), n_bins - 1)
+            key = b + (v * n_bins) + np.minimum(np.floor(p * n_bins).astype(np.int64), n_bins - 1)
             np.add.at(acc_p, key, p)
-            acc_h += np.bincount(key, yy, minlength=len(acc_h)).astype(np.int64)
+            acc_h += np.bincount(key[yy], minlength=len(acc_h))
             acc_n += np.bincount(key, minlength=len(acc_n))
     nz = np.flatnonzero(acc_n)
     names = list(groups)
@@ -357,6 +351,24 @@ def _reliability_rows(con: duckdb.DuckDBPyConnection, tbl: pa.Table, n_bins: int
     v, b = np.divmod(r, n_bins)
     return _rel_table([names[i][0] for i in g], [names[i][1] for i in g], (k0 + 1).astype(np.int32),
                       np.where(v == 0, "after", "before"), b.astype(np.int32), acc_p[nz], acc_h[nz], acc_n[nz])
+
+
+def _group_codes(rb: pa.RecordBatch, ok: np.ndarray, groups: dict[tuple[str, str], int]) -> np.ndarray | None:
+    """Per row, the index in ``groups`` (extended in place) of its (run_id, workload or '?'); None when
+    that is 0 for every row (one run, one workload: no dictionary encoding of the string columns)."""
+    run, wl = rb.column("run_id"), pc.fill_null(rb.column("workload"), "?")
+    first = (run[0].as_py(), wl[0].as_py())
+    if not groups or first in groups and groups[first] == 0:
+        if pc.all(pc.equal(run, first[0])).as_py() and pc.all(pc.equal(wl, first[1])).as_py():
+            groups.setdefault(first, 0)
+            return None
+    run, wl = pc.dictionary_encode(run), pc.dictionary_encode(wl)
+    rd, wd = run.dictionary.to_pylist(), wl.dictionary.to_pylist()
+    pair = np.asarray(run.indices, dtype=np.int64) * len(wd) + np.asarray(wl.indices, dtype=np.int64)
+    code = np.zeros(len(rd) * len(wd), dtype=np.int64)
+    for q in np.unique(pair[ok]):
+        code[q] = groups.setdefault((rd[q // len(wd)], wd[q % len(wd)]), len(groups))
+    return code[pair]
 
 
 def _rel_table(run, wl, k, variant, b, sum_p, hits, n) -> pa.Table:
