@@ -465,6 +465,12 @@ def check_version(con: duckdb.DuckDBPyConnection, path: object) -> int:
     return v
 
 
+def record_version(con: duckdb.DuckDBPyConnection) -> None:
+    """Mark the file as holding this release's summaries (``store_meta.schema_version``)."""
+    con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
+                [str(schema.SCHEMA_VERSION)])
+
+
 def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     """On a read-write open (the store has created any missing summary table): rebuild stale runs and
     record the schema version.
@@ -488,8 +494,7 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
             todo = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {RS}").fetchall() if r not in done]
             rebuild(con, todo, _NEW_IN_4)
             stale = sorted(done | set(todo))
-        con.execute(f"INSERT OR REPLACE INTO {schema.STORE_META.name} VALUES ('schema_version', ?)",
-                    [str(schema.SCHEMA_VERSION)])
+        record_version(con)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

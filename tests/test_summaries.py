@@ -366,3 +366,24 @@ def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
     conf[i] = [1.5] + conf[i][1:]
     odd = batch.set_column(batch.schema.get_field_index("confidence"), "confidence", pa.array(conf, schema.F32_LIST))
     assert summaries._reliability_rows(con, odd) is None
+
+
+def test_a_new_file_starts_at_this_schema_version_and_is_not_migrated(tmp_path: Path) -> None:
+    """A new file (no table of ours, a foreign table allowed) gets its schema version with its tables
+    (``Store`` skips the migration queries there); appends then keep it current, a reopen rebuilds nothing."""
+    other = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(other))
+    con.execute("CREATE TABLE notes (x INTEGER)")
+    con.close()
+    for path in (tmp_path / "new.duckdb", other):
+        s = Store(path)
+        assert s.rebuilt_summaries == []
+        with s.snapshot() as c:
+            assert summaries.schema_version(c) == schema.SCHEMA_VERSION
+            assert summaries.present(c, schema.SUMMARY_TABLES)
+        s.append({"runs": [H.run_row("run-a", "compact")], "request_steps": H.request_steps(50, run_id="run-a")})
+        again = Store(path)
+        assert again.rebuilt_summaries == []
+        with again.snapshot() as c:
+            assert summaries.stale_runs(c) == set()
+            assert c.execute("SELECT sum(n) FROM sum_cells").fetchone()[0] == 50
