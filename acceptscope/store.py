@@ -543,6 +543,9 @@ class Store:
                 _add_trailing_columns(con, [t for t in schema.ALL_TABLES if t.name in existing])
             derived = [] if read_only else [t for t in (schema.STORE_META, *schema.SUMMARY_TABLES)
                                             if t.name not in existing]
+            # a new file (no table of ours): nothing to migrate, no summary can be stale; it gets its schema
+            # version with its tables (skips ensure()'s and the column check's ~10 queries: ~0.04 CPU-s)
+            fresh = not read_only and not existing & {t.name for t in (*schema.ALL_TABLES, schema.STORE_META)}
             if missing or derived:  # one transaction: ~3x cheaper than a commit per CREATE on a new file
                 con.execute("BEGIN TRANSACTION")
                 try:
@@ -550,11 +553,13 @@ class Store:
                         con.execute(create_table_sql(t, primary_key=primary_keys))
                     for t in derived:  # small tables updated in place (ON CONFLICT): always keyed
                         con.execute(create_table_sql(t, primary_key=True))
+                    if fresh:
+                        summaries.record_version(con)
                     con.execute("COMMIT")
                 except BaseException:
                     con.execute("ROLLBACK")
                     raise
-            if not read_only:  # a file written by an older release: add the nullable columns added since
+            if not read_only and not fresh:  # a file written by an older release: add the nullable columns added since
                 have: dict[str, set] = {}
                 for tn, cn in con.execute("SELECT table_name, column_name FROM duckdb_columns()").fetchall():
                     have.setdefault(tn, set()).add(cn)
@@ -572,7 +577,7 @@ class Store:
                 ).fetchone()[0]
             if read_only:
                 summaries.check_version(con, self.path)
-            else:  # a file from before the summaries (or appended to by something else): rebuild them once
+            elif not fresh:  # a file from before the summaries (or appended to by something else): rebuild them once
                 self.rebuilt_summaries = summaries.ensure(con, self.path)
         self.primary_keys = bool(pk)
 

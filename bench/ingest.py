@@ -43,6 +43,10 @@ records at a time, so building a 10M request-step dump (3.3 GB) takes no more me
    ``execve`` and reports the parent's peak), with the growth over the RSS after imports.
 
 ``--workdir DIR`` keeps the generated dump/JSONL there and reuses them on the next run.
+
+``--baseline TREE`` (with ``--growth``): also runs ``ours`` from another checkout (``TREE/bench/ingest.py``
+with only ``TREE`` on the path, e.g. an untouched main) as ``ours@baseline``, and every repeat runs each
+pipeline once in turn (baseline, this tree, the rest) so old and new code see the same machine load.
 """
 
 from __future__ import annotations
@@ -223,9 +227,13 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Pa
     return dump, jsonl, n
 
 
-def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: bool = False) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, str(dump), str(jsonl), str(db)],
-                         capture_output=True, text=True, cwd=ROOT)
+def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: bool = False,
+               tree: Path | None = None) -> dict:
+    """One pipeline in a fresh child; ``tree``: another checkout's bench and code (the baseline)."""
+    script, env = (__file__, None) if tree is None else (
+        str(tree / "bench" / "ingest.py"), dict(os.environ, PYTHONPATH=str(tree)))
+    out = subprocess.run([sys.executable, script, "--child", kind, str(dump), str(jsonl), str(db)],
+                         capture_output=True, text=True, cwd=tree or ROOT, env=env)
     if out.returncode != 0:
         for p in db.parent.glob(db.name + "*"):
             p.unlink()
@@ -239,31 +247,45 @@ def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: b
     return r
 
 
+BASELINE = "ours@baseline"
+
+
 def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> None:
     """Wall time, CPU time and peak RSS against dump size: ours vs DuckDB's read_json, side by side."""
     import numpy as np
 
     kinds = a.kinds.split(",") if a.kinds else ["ours", "read_json+insert", "read_json-ctas"]
+    base = Path(a.baseline).resolve() if a.baseline else None
+    if base is not None:
+        kinds = [BASELINE] + kinds
     rows: dict[str, list[tuple[int, float, float, float]]] = {k: [] for k in kinds}
     print(f"{'request-steps':>13} {'dump MB':>8} {'pipeline':<18} {'wall s':>8} {'CPU s':>8} {'peak RSS MB':>12} "
           f"{'rs/s (CPU)':>11}")
     for size in sizes:
         steps = max(1, round(size / (a.bs * a.ranks)))
         dump, jsonl, n = build(inputs, steps=steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
-        for kind in kinds:
-            best = None
-            for rep in range(a.repeats):
-                r = _run_child(kind, dump, jsonl, tmp / f"{kind}-{rep}.duckdb", n, tolerate=True)
+        best: dict[str, dict] = {}
+        failed: set[str] = set()
+        for rep in range(a.repeats):  # each repeat runs every pipeline once: all see the same load
+            for kind in kinds:
+                if kind in failed:
+                    continue
+                child_kind, tree = ("ours", base) if kind == BASELINE else (kind, None)
+                r = _run_child(child_kind, dump, jsonl, tmp / f"{child_kind}-{rep}.duckdb", n, tolerate=True,
+                               tree=tree)
                 if "failed" in r:
                     print(f"{n:>13,} {dump.stat().st_size / 1e6:>8,.0f} {kind:<18} failed: {r['failed']}", flush=True)
-                    break
-                if best is None or r["cpu_seconds"] < best["cpu_seconds"]:
-                    best = r
-            if best is None:
+                    failed.add(kind)
+                    continue
+                if kind not in best or r["cpu_seconds"] < best[kind]["cpu_seconds"]:
+                    best[kind] = r
+        for kind in kinds:
+            if kind not in best:
                 continue
-            rows[kind].append((n, best["seconds"], best["cpu_seconds"], best["peak_rss_mb"]))
-            print(f"{n:>13,} {dump.stat().st_size / 1e6:>8,.0f} {kind:<18} {best['seconds']:>8.2f} "
-                  f"{best['cpu_seconds']:>8.2f} {best['peak_rss_mb']:>12,.0f} {n / best['cpu_seconds']:>11,.0f}",
+            b = best[kind]
+            rows[kind].append((n, b["seconds"], b["cpu_seconds"], b["peak_rss_mb"]))
+            print(f"{n:>13,} {dump.stat().st_size / 1e6:>8,.0f} {kind:<18} {b['seconds']:>8.2f} "
+                  f"{b['cpu_seconds']:>8.2f} {b['peak_rss_mb']:>12,.0f} {n / b['cpu_seconds']:>11,.0f}",
                   flush=True)
         if not a.keep:
             for p in (dump, jsonl):
@@ -294,6 +316,8 @@ def main() -> None:
     ap.add_argument("--growth", help="comma-separated dump sizes in request-steps: the growth table instead")
     ap.add_argument("--keep", action="store_true", help="--growth: keep each size's dump (default: deleted)")
     ap.add_argument("--kinds", help="--growth: comma-separated pipelines (default: ours,read_json+insert,read_json-ctas)")
+    ap.add_argument("--baseline", metavar="TREE",
+                    help="--growth: also run ours from this checkout (e.g. main), alternating with this tree's")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "DUMP", "JSONL", "DB"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:

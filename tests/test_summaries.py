@@ -337,3 +337,53 @@ def test_requests_seen_counts_distinct_requests_across_batches_and_workloads(tmp
         sub = raw[raw["workload"].isin(sel)]
         got = r.run_summary(["run-a", "run-b"], workloads=sel).set_index("run_id")["requests_seen"].to_dict()
         assert got == sub.groupby("run_id")["rid"].nunique().to_dict(), sel
+
+
+def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
+    """The numpy form of the reliability summary (``summaries._reliability_rows``, used by ``add``) gives
+    the rows of its SQL definition on messy, multi-chunk batches: keys and counts exactly, ``sum_p`` to
+    the last bits (DuckDB's hash aggregate adds partial sums in an order of its own); a confidence outside
+    [0, 1] leaves the batch to the SQL."""
+    con = duckdb.connect(config={"threads": 1})
+    a, b = _messy(1500, "run-a", 21), _messy(700, "run-b", 22)
+    batch = pa.concat_tables([a.slice(0, 900), b, a.slice(900)])  # several chunks, two runs
+    con.register("v", batch)
+    want = con.sql(f"SELECT * FROM ({summaries._agg_sql(schema.SUM_RELIABILITY, 'v')}) ORDER BY ALL").to_arrow_table()
+    got = summaries._reliability_rows(con, batch)
+    assert got is not None and got.num_rows == want.num_rows > 0
+    assert {"after", "before"} <= set(got.column("variant").to_pylist())
+    con.register("g", got)
+    got = con.sql("SELECT * FROM g ORDER BY run_id, workload, position, variant, bin").to_arrow_table()
+    want = want.rename_columns(got.column_names).sort_by([(c, "ascending") for c in got.column_names[:5]])
+    for c in got.column_names:
+        if c == "sum_p":
+            np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-12, atol=0)
+        else:
+            assert got[c].to_pylist() == want[c].to_pylist(), c
+    conf = batch.column("confidence").to_pylist()
+    i = next(j for j, (c, k) in enumerate(zip(conf, batch.column("ceiling").to_pylist()))
+             if c and k is not None and k >= 0 and c[0] is not None and c[0] == c[0])
+    conf[i] = [1.5] + conf[i][1:]
+    odd = batch.set_column(batch.schema.get_field_index("confidence"), "confidence", pa.array(conf, schema.F32_LIST))
+    assert summaries._reliability_rows(con, odd) is None
+
+
+def test_a_new_file_starts_at_this_schema_version_and_is_not_migrated(tmp_path: Path) -> None:
+    """A new file (no table of ours, a foreign table allowed) gets its schema version with its tables
+    (``Store`` skips the migration queries there); appends then keep it current, a reopen rebuilds nothing."""
+    other = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(other))
+    con.execute("CREATE TABLE notes (x INTEGER)")
+    con.close()
+    for path in (tmp_path / "new.duckdb", other):
+        s = Store(path)
+        assert s.rebuilt_summaries == []
+        with s.snapshot() as c:
+            assert summaries.schema_version(c) == schema.SCHEMA_VERSION
+            assert summaries.present(c, schema.SUMMARY_TABLES)
+        s.append({"runs": [H.run_row("run-a", "compact")], "request_steps": H.request_steps(50, run_id="run-a")})
+        again = Store(path)
+        assert again.rebuilt_summaries == []
+        with again.snapshot() as c:
+            assert summaries.stale_runs(c) == set()
+            assert c.execute("SELECT sum(n) FROM sum_cells").fetchone()[0] == 50

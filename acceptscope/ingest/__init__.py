@@ -172,8 +172,12 @@ class _Context:
         self.arm: dict[str, str] = {}
         self.stored: set[str] = set()  # runs the store already holds: only these are resumed
         if store is not None:
+            # a writable store answers on a read-write connection (the read-only query nests in it): a
+            # read-only open would start this process's attach host, a second DuckDB instance (~0.03 CPU-s)
+            writable = hasattr(store, "connect") and not getattr(store, "read_only", True)
             try:
-                runs = store.query_arrow("SELECT run_id, arm, gamma FROM runs").to_pylist()  # (no pandas)
+                with store.connect() if writable else nullcontext():
+                    runs = store.query_arrow("SELECT run_id, arm, gamma FROM runs").to_pylist()  # (no pandas)
                 for r in runs:
                     self.gamma[r["run_id"]] = int(r["gamma"])
                     self.arm[r["run_id"]] = r["arm"]
