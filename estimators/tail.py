@@ -227,7 +227,7 @@ def _block_uniforms(frame: BlockFrame, rows: np.ndarray, seed: int) -> np.ndarra
     whatever subset or chunk it is estimated in."""
     M = np.uint64(0xFFFFFFFFFFFFFFFF)
     with np.errstate(over="ignore"):
-        h = frame.df["forward_ct"].to_numpy(np.int64)[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h = frame.forward_ct[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         h ^= frame.prefix[rows].astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         h ^= frame.window[rows].astype(np.uint64) * np.uint64(0x165667B19E3779F9)
         d = frame.draft[rows].astype(np.uint64)
@@ -384,7 +384,7 @@ class TailEstimator:
         has_lp = ~np.isnan(frame.draft_logprob[rows]).all(1) | c["has_q"]
         mode = np.zeros(n, np.int8)  # exact-in-window
         mode[rows] = np.where(frame.greedy[rows], 1, np.where(has_lp & (self.mode != "confidence"), 2, 3))
-        df = frame.df
+        df = frame.pandas_columns(("run_id", "rid", "forward_ct", "rank", "epoch", "workload"))
         cols = {
             "run_id": df["run_id"].array, "rid": df["rid"].array, "forward_ct": df["forward_ct"].to_numpy(),
             "rank": df["rank"].to_numpy(), "epoch": df["epoch"].to_numpy(),
