@@ -359,9 +359,9 @@ class HazardModel:
             t = np.where(self.temps_[i] == tk, i, NT)
         w = np.full(len(rows), NW, np.int64)
         if NW:  # the frame's workload codes: only its handful of labels are looked up
-            labels = frame.workload_labels
-            lv = pd.Index(self.workloads_, dtype=object).get_indexer(np.asarray([str(v) for v in labels], object))
-            w = np.where(lv < 0, NW, lv).astype(np.int64).take(frame.workload_codes[rows])
+            level = {v: i for i, v in enumerate(self.workloads_)}
+            lv = np.array([level.get(str(v), NW) for v in frame.workload_labels], np.int64)
+            w = lv.take(frame.workload_codes[rows])
         return t, w
 
     def fallback_notes(self, frame: BlockFrame, rows: np.ndarray) -> list[str]:
