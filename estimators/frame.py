@@ -113,6 +113,8 @@ def _arrow_col(tbl: pa.Table, name: str, fill, dtype) -> np.ndarray:
     t = c.type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         return _col(tbl.select([name]).to_pandas(), name, fill, dtype)
+    if c.null_count == len(c):  # all NULL (compact telemetry's ceiling)
+        return np.full(len(c), fill, dtype=dtype)
     if c.null_count:
         if not pa.types.is_floating(t) and not float(fill).is_integer():
             c = c.cast(pa.float64())  # NaN fill into an integer column
@@ -423,19 +425,24 @@ class BlockFrame:
             cnt += present[:, j]
         np.minimum(cnt, self.correct + 1, out=cnt)
         on = np.arange(G + 1)[None, :] < cnt[:, None]  # (row, j) committed; row-major = stream order
-        realized = self.committed[on]
-        # the drafts scored at j < G in stream order, then -1 / NaN put back at each bonus entry
-        # (j == G: no draft there), i.e. after the G drafted entries of every row with cnt > G
-        drafted = np.arange(G)[None, :] < np.minimum(cnt, G)[:, None]
-        full = np.flatnonzero(cnt > G)
-        bonus_at = np.cumsum(cnt)[full] - 1 - np.arange(full.size)
-        scored_tok = np.insert(self.draft[drafted], bonus_at, -1)
-        scored_lp = np.insert(self.target_logprob[drafted], bonus_at, np.nan)
+        at = np.flatnonzero(on)  # one flat index, three takes
+        realized = self.committed.reshape(-1).take(at)
+        # the drafts scored at j < G in stream order: entry (row r, j) sits at r * G + j of the drafts
+        # (at - r); -1 / NaN put back at each bonus entry (j == G: no draft there), the last entry
+        # of every row with cnt > G
+        sa = at - np.repeat(np.arange(self.n), cnt)
+        ends = np.cumsum(cnt)
+        bonus_at = ends[cnt > G] - 1
+        scored_tok = self.draft.reshape(-1).take(sa, mode="clip")
+        scored_tok[bonus_at] = -1
+        scored_lp = np.ascontiguousarray(self.target_logprob).reshape(-1).take(sa, mode="clip")
+        scored_lp[bonus_at] = np.nan
         nseg = int(self.segment.max()) + 1 if self.n else 0
         seg_first_row = np.searchsorted(self.segment, np.arange(nseg))
         seg_first_pos = self.prefix[seg_first_row] + 1
-        seg_len = np.bincount(self.segment, weights=cnt, minlength=nseg).astype(np.int64)
-        seg_offset = np.cumsum(seg_len) - seg_len
+        starts = ends - cnt  # segments are runs of rows: their lengths from the running sum
+        seg_offset = starts[seg_first_row]
+        seg_len = np.diff(np.append(seg_offset, ends[-1] if self.n else 0))
         self._stream = dict(realized=realized, scored_tok=scored_tok, scored_lp=scored_lp,
                             seg_first_pos=seg_first_pos, seg_offset=seg_offset, seg_len=seg_len)
         return self._stream
