@@ -140,8 +140,9 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
             if isinstance(gather, dict) and gather.get("rows") is not None:
                 dlp = np.where(np.isnan(dlp), q_matrix(frame, gather["rows"], rows), dlp)
                 has_q = ~np.isnan(np.where(tail, dlp, np.nan)).all(1)
-        a = np.minimum(1.0, np.exp(lp - dlp))
-        h = np.where(~greedy & tail & path_ok & ~exact, a, h)  # h is NaN there, as is a where unknown
+        # h is NaN there, as is min(1, p/q) where unknown: computed only where the later step scored the draft
+        soft = np.flatnonzero(~greedy & tail & path_ok & ~exact & ~np.isnan(lp))
+        h.reshape(-1)[soft] = np.minimum(1.0, np.exp(lp.reshape(-1)[soft] - dlp.reshape(-1)[soft]))
     unknown = np.isnan(h)
     walked = np.count_nonzero(tail & path_ok & ~unknown, axis=1)
     diverged = ~_before_all(~(tail & valid & ~match))
