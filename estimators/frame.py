@@ -134,7 +134,8 @@ def _arrow_request_codes(tbl: pa.Table) -> np.ndarray | None:
         if run.null_count or not any(f(run.type) for f in strs):
             return None
         if pc.count_distinct(run).as_py() > 1:
-            rid = pc.binary_join_element_wise(run.cast(pa.large_string()), rid.cast(pa.large_string()), "\x00")
+            rid = pc.binary_join_element_wise(run.cast(pa.large_string()), rid.cast(pa.large_string()),
+                                              pa.scalar("\x00", pa.large_string()))
     rid = rid.combine_chunks() if isinstance(rid, pa.ChunkedArray) else rid
     if len(rid) > 1:
         prev, nxt = rid.slice(0, len(rid) - 1), rid.slice(1)
