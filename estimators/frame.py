@@ -91,6 +91,9 @@ def _request_codes(df: pd.DataFrame) -> np.ndarray:
     return pd.factorize(key, sort=True)[0]
 
 
+NO_WORKLOAD = "(unlabelled)"  # the workload of request-steps whose traffic carried no label
+
+
 def _col(df: pd.DataFrame, name: str, fill, dtype) -> np.ndarray:
     if name not in df.columns:
         return np.full(len(df), fill, dtype=dtype)
@@ -101,7 +104,85 @@ def _col(df: pd.DataFrame, name: str, fill, dtype) -> np.ndarray:
     return s.fillna(fill).to_numpy(dtype=dtype)
 
 
-NO_WORKLOAD = "(unlabelled)"  # the workload of request-steps whose traffic carried no label
+def _arrow_col(tbl: pa.Table, name: str, fill, dtype) -> np.ndarray:
+    """:func:`_col` read straight from an Arrow column (NULL -> ``fill`` in Arrow, then one numpy
+    conversion); a non-numeric column goes through :func:`_col` for its coercion rules."""
+    if name not in tbl.column_names:
+        return np.full(tbl.num_rows, fill, dtype=dtype)
+    c = tbl.column(name)
+    t = c.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        return _col(tbl.select([name]).to_pandas(), name, fill, dtype)
+    if c.null_count == len(c):  # all NULL (compact telemetry's ceiling)
+        return np.full(len(c), fill, dtype=dtype)
+    if c.null_count:
+        if not pa.types.is_floating(t) and not float(fill).is_integer():
+            c = c.cast(pa.float64())  # NaN fill into an integer column
+        c = pc.fill_null(c, pa.scalar(fill, c.type) if not pa.types.is_boolean(t) else bool(fill))
+    return np.asarray(c.to_numpy(), dtype=dtype)
+
+
+def _arrow_request_codes(tbl: pa.Table) -> np.ndarray | None:
+    """:func:`_request_codes` in Arrow: string keys without NULLs dictionary-encoded once and
+    numbered in sorted key order (None: other key types, left to the pandas path)."""
+    rid = tbl.column("rid")
+    strs = (pa.types.is_string, pa.types.is_large_string)
+    if rid.null_count or not any(f(rid.type) for f in strs):
+        return None
+    if "run_id" in tbl.column_names:
+        run = tbl.column("run_id")
+        if run.null_count or not any(f(run.type) for f in strs):
+            return None
+        if pc.count_distinct(run).as_py() > 1:
+            rid = pc.binary_join_element_wise(run.cast(pa.large_string()), rid.cast(pa.large_string()),
+                                              pa.scalar("\x00", pa.large_string()))
+    rid = rid.combine_chunks() if isinstance(rid, pa.ChunkedArray) else rid
+    if len(rid) > 1:
+        prev, nxt = rid.slice(0, len(rid) - 1), rid.slice(1)
+        if not pc.any(pc.less(nxt, prev)).as_py():  # sorted (the store's order): one adjacent comparison
+            return np.concatenate([[0], np.cumsum(pc.not_equal(nxt, prev).to_numpy(zero_copy_only=False))])
+    enc = pc.dictionary_encode(rid)
+    rank = np.empty(len(enc.dictionary), np.int64)
+    rank[pc.sort_indices(enc.dictionary).to_numpy()] = np.arange(len(enc.dictionary))
+    return rank[enc.indices.to_numpy()]
+
+
+def _workload_codes(values) -> tuple[np.ndarray, np.ndarray]:
+    """Workload per row as (int32 code, object array of labels): NULL is :data:`NO_WORKLOAD`.
+    Why: the hazard model looks workloads up per call; a handful of labels, not one string per row."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        if pa.types.is_null(values.type):
+            return np.zeros(len(values), np.int32), np.array([NO_WORKLOAD], object)
+        enc = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
+        enc = enc.combine_chunks() if isinstance(enc, pa.ChunkedArray) else enc
+        labels = list(enc.dictionary.to_pylist())
+        idx = enc.indices
+        codes = np.asarray(pc.fill_null(idx, -1).to_numpy(), np.int32) if idx.null_count else \
+            np.asarray(idx.to_numpy(), np.int32)
+    else:
+        codes, uniq = pd.factorize(pd.Series(values).to_numpy(object))
+        labels, codes = list(uniq), codes.astype(np.int32)
+    if (codes < 0).any():
+        if NO_WORKLOAD not in labels:
+            labels.append(NO_WORKLOAD)
+        codes = np.where(codes < 0, labels.index(NO_WORKLOAD), codes).astype(np.int32)
+    out = np.empty(len(labels), object)
+    out[:] = labels
+    return codes, out
+
+
+def _pandas_defaults(df: pd.DataFrame, names=None) -> pd.DataFrame:
+    """The scalar columns every frame has (in place): run_id, a workload without NULLs, epoch,
+    forward_ct, rank (``names``: only those of them)."""
+    if "run_id" not in df.columns and (names is None or "run_id" in names):
+        df["run_id"] = "run"
+    if "workload" in df.columns and df["workload"].isna().any():
+        # SGLang telemetry carries no workload: one group of its own, never a NULL group key
+        df["workload"] = df["workload"].astype(object).where(df["workload"].notna(), NO_WORKLOAD)
+    for c, d in (("epoch", 0), ("forward_ct", 0), ("rank", 0)):
+        if c not in df.columns and (names is None or c in names):
+            df[c] = d
+    return df
 
 
 @dataclass
@@ -109,11 +190,12 @@ class BlockFrame:
     """``request_steps`` of one or more runs as sorted, padded arrays (one row per request-step).
 
     Build with :meth:`from_request_steps`. Positions ``k >= gamma`` never exist; NaN marks a
-    missing float, ``-1`` a missing token.
+    missing float, ``-1`` a missing token. ``df`` (the scalar columns as a sorted DataFrame) is
+    built on first use from Arrow input: the estimators read the numpy arrays.
     """
 
     gamma: int
-    df: pd.DataFrame  # scalar columns, sorted; index 0..n-1
+    _df: pd.DataFrame | None  # scalar columns, sorted; index 0..n-1 (None: not built yet, see ``df``)
     draft: np.ndarray  # (n, G) int64
     committed: np.ndarray  # (n, G+1) int64
     confidence: np.ndarray  # (n, G)
@@ -131,12 +213,35 @@ class BlockFrame:
     segment: np.ndarray  # int code per continuous stretch of a request
     finished: np.ndarray  # bool
     notes: list[str] = field(default_factory=list)
+    forward_ct: np.ndarray | None = None  # int64
+    workload_codes: np.ndarray | None = None  # int32 index into workload_labels
+    workload_labels: np.ndarray | None = None  # object array (NO_WORKLOAD for NULL)
+    _src: pa.Table | None = None  # Arrow scalar columns in input order (``df`` is built from them)
+    _order: np.ndarray | None = None  # input row of each frame row (None: input already sorted)
     # stream built lazily
     _stream: dict | None = None
 
     @property
     def n(self) -> int:
-        return len(self.df)
+        return self.window.size
+
+    @property
+    def df(self) -> pd.DataFrame:
+        """Scalar columns, sorted, index 0..n-1 (built once, on first use, from Arrow input)."""
+        if self._df is None:
+            self._df = self.pandas_columns(self._src.column_names)
+        return self._df
+
+    def pandas_columns(self, names) -> pd.DataFrame:
+        """Some scalar columns as ``df`` has them (same dtypes), without building all of ``df``."""
+        if self._df is not None:
+            return self._df[[c for c in names if c in self._df.columns]]
+        have = [c for c in names if c in self._src.column_names]
+        tbl = self._src.select(have)
+        if self._order is not None:
+            tbl = tbl.take(pa.array(self._order))
+        df = tbl.to_pandas(split_blocks=True)  # no 2-D block copy: ~2x faster
+        return _pandas_defaults(df, None if len(have) == len(self._src.column_names) else names)
 
     @property
     def greedy(self) -> np.ndarray:
@@ -145,10 +250,7 @@ class BlockFrame:
     @property
     def workload(self) -> np.ndarray:
         """Workload label per row (object array; :data:`NO_WORKLOAD` where the traffic carried none)."""
-        if "workload" not in self.df:
-            return np.full(self.n, NO_WORKLOAD, dtype=object)
-        w = self.df["workload"].to_numpy(object)
-        return np.where(pd.isna(w), NO_WORKLOAD, w).astype(object) if pd.isna(w).any() else w
+        return self.workload_labels.take(self.workload_codes)
 
     @property
     def has_truth(self) -> np.ndarray:
@@ -169,68 +271,81 @@ class BlockFrame:
     def from_request_steps(cls, data, gamma: int | None = None, skip: tuple = ()) -> "BlockFrame":
         """Build from a ``request_steps`` DataFrame or Arrow table (any subset of columns beyond the basics).
 
+        Arrow input is read column by column straight into numpy (string keys dictionary-encoded
+        once), with no DataFrame: ``df`` is built only if a caller asks for it.
         ``skip``: list columns not needed by the caller (left all-missing), e.g. the tail
         estimator never reads ``confidence_logit`` or ``survival``."""
+        df = src = None
         if isinstance(data, (pa.Table, pa.RecordBatch)):
             tbl = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-            lists = {c: tbl.column(c) for c in tbl.column_names
-                     if isinstance(tbl.schema.field(c).type, pa.ListType) and c not in skip}
-            tbl = tbl.drop([c for c in skip if c in tbl.column_names])
-            df = tbl.drop([c for c in lists]).to_pandas(split_blocks=True)  # no 2-D block copy: ~2x faster
-            list_cols = {c: v for c, v in lists.items()}
+            list_cols = {c: tbl.column(c) for c in tbl.column_names
+                         if isinstance(tbl.schema.field(c).type, pa.ListType) and c not in skip}
+            src = tbl.drop([c for c in tbl.column_names if c in list_cols or c in skip])
+            cols, nrows = src.column_names, src.num_rows
+            get = lambda name, fill, dtype: _arrow_col(src, name, fill, dtype)  # noqa: E731
         else:
             df = data.reset_index(drop=True)
             list_cols = {c: df[c] for c in df.columns
                          if c in (*_LIST_FLOAT, "draft_tokens", "committed_tokens") and c not in skip}
             df = df.drop(columns=list(list_cols) + [c for c in skip if c in df.columns])
+            cols, nrows = list(df.columns), len(df)
+            get = lambda name, fill, dtype: _col(df0, name, fill, dtype)  # noqa: E731 (input row order)
         required = ("rid", "prefix_len", "window", "correct_drafts")
-        missing = [c for c in required if c not in df.columns]
+        missing = [c for c in required if c not in cols]
         if missing:
             raise ValueError(f"request_steps frame lacks required column(s) {missing}")
-        if len(df) == 0:
+        if nrows == 0:
             raise ValueError("request_steps frame is empty")
-        if "run_id" not in df.columns:
-            df["run_id"] = "run"
-        if "workload" in df.columns and df["workload"].isna().any():
-            # SGLang telemetry carries no workload: one group of its own, never a NULL group key
-            df["workload"] = df["workload"].astype(object).where(df["workload"].notna(), NO_WORKLOAD)
-        for c, d in (("epoch", 0), ("forward_ct", 0), ("rank", 0)):
-            if c not in df.columns:
-                df[c] = d
+        if df is not None:
+            df = df0 = _pandas_defaults(df)
+            wl = _workload_codes(df["workload"]) if "workload" in df.columns else None
+        else:
+            wl = _workload_codes(src.column("workload")) if "workload" in cols else None
+        if wl is None:
+            wl = (np.zeros(nrows, np.int32), np.array([NO_WORKLOAD], object))
         notes: list[str] = []
         if gamma is None:
             if "draft_tokens" in list_cols:
                 lens = pa.compute.list_value_length(pa.array(list(list_cols["draft_tokens"]), from_pandas=True)) if not isinstance(list_cols["draft_tokens"], (pa.Array, pa.ChunkedArray)) else pa.compute.list_value_length(list_cols["draft_tokens"])
                 gamma = int(pa.compute.max(lens).as_py() or 0)
             if not gamma:
-                gamma = int(df["window"].max())
+                gamma = int(get("window", 0, np.int64).max())
                 notes.append(f"gamma not given and no draft_tokens: using max(window)={gamma}")
         G = int(gamma)
-        step_key = "step_index" if "step_index" in df.columns and df["step_index"].notna().all() else "forward_ct"
-        req0 = _request_codes(df)
-        ep = df["epoch"].to_numpy(np.int64)
-        stp = df[step_key].to_numpy(np.int64)
-        fct0 = df["forward_ct"].to_numpy(np.int64)
+        has_step = "step_index" in cols and not (src.column("step_index").null_count if src is not None
+                                                 else df["step_index"].isna().any())
+        step_key = "step_index" if has_step else "forward_ct"
+        req0 = _arrow_request_codes(src) if src is not None else None
+        if req0 is None:
+            req0 = _request_codes(df if df is not None else _pandas_defaults(src.select(
+                [c for c in ("run_id", "rid") if c in cols]).to_pandas()))
+        ep = get("epoch", 0, np.int64)
+        stp = get(step_key, 0, np.int64)
+        fct0 = get("forward_ct", 0, np.int64)
         keyv = [fct0, stp, ep, req0]
         sorted_already = True
-        eq = np.ones(len(df) - 1, bool)
+        eq = np.ones(nrows - 1, bool)
         for kv in reversed(keyv):  # lexicographic check, most significant first
             dv = np.diff(kv)
             if np.any(eq & (dv < 0)):
                 sorted_already = False
                 break
             eq &= dv == 0
-        order = np.arange(len(df)) if sorted_already else np.lexsort(keyv)
-        if not sorted_already:
+        order = None if sorted_already else np.lexsort(keyv)
+
+        def sort(a):  # a per-input-row array in frame row order
+            return a if order is None else a[order]
+
+        if df is not None and order is not None:
             df = df.iloc[order].reset_index(drop=True)
 
         def take(name, width, fill, dtype):
             if name in skip:  # not needed by the caller: a read-only view of ``fill``, no memory
-                return np.broadcast_to(np.array(fill, dtype), (len(df), width))
+                return np.broadcast_to(np.array(fill, dtype), (nrows, width))
             if name not in list_cols:
-                return np.full((len(df), width), fill, dtype=dtype)
+                return np.full((nrows, width), fill, dtype=dtype)
             col = list_cols[name]
-            if not sorted_already:
+            if order is not None:
                 if isinstance(col, (pa.Array, pa.ChunkedArray)):
                     # pad, then reorder the padded rows (row-wise, so the same array): an Arrow take of a
                     # list column costs several times a numpy take of its padded rows
@@ -246,42 +361,48 @@ class BlockFrame:
         dlp = take("draft_logprob", G, np.nan, np.float64)
         tlp = take("target_logprob", G, np.nan, np.float64)
 
-        window = _col(df, "window", 0, np.int64)
-        correct = _col(df, "correct_drafts", 0, np.int64)
-        prefix = _col(df, "prefix_len", 0, np.int64)
-        bonus = _col(df, "bonus_token", -1, np.int64)
+        window = sort(get("window", 0, np.int64))
+        correct = sort(get("correct_drafts", 0, np.int64))
+        prefix = sort(get("prefix_len", 0, np.int64))
+        bonus = sort(get("bonus_token", -1, np.int64))
+        n = nrows
         if "committed_tokens" not in list_cols and (draft >= 0).any():
             # committed = accepted drafts + bonus (SGLang dumps carry no committed list)
             k = np.arange(G + 1)[None, :]
             committed = np.where(k < correct[:, None], np.pad(draft, ((0, 0), (0, 1)), constant_values=-1), -1)
-            committed[np.arange(len(df)), np.minimum(correct, G)] = bonus
+            committed[np.arange(n), np.minimum(correct, G)] = bonus
             notes.append("committed_tokens reconstructed from draft_tokens[:correct_drafts] + bonus_token")
         elif (bonus < 0).any() and "committed_tokens" in list_cols:
             ok = bonus < 0
-            bonus = np.where(ok, committed[np.arange(len(df)), np.clip(correct, 0, G)], bonus)
-        temperature = _col(df, "temperature", np.nan, np.float64)
+            bonus = np.where(ok, committed[np.arange(n), np.clip(correct, 0, G)], bonus)
+        temperature = sort(get("temperature", np.nan, np.float64))
         if np.isnan(temperature).any():
             notes.append("temperature missing on some rows: treated as sampled (T>0)")
             temperature = np.where(np.isnan(temperature), 1.0, temperature)
         # codes by first appearance in row order (sorted rows: req0 already is)
-        request = req0.astype(np.int64) if sorted_already else pd.factorize(req0[order])[0].astype(np.int64)
+        request = req0.astype(np.int64) if order is None else pd.factorize(req0[order])[0].astype(np.int64)
+        epoch = sort(ep)
         # continuity: next prefix == prefix + correct + 1 within a request (and epoch)
-        new_req = np.ones(len(df), bool)
-        new_req[1:] = (request[1:] != request[:-1]) | (df["epoch"].to_numpy()[1:] != df["epoch"].to_numpy()[:-1])
-        cont = np.zeros(len(df), bool)
+        new_req = np.ones(n, bool)
+        new_req[1:] = (request[1:] != request[:-1]) | (epoch[1:] != epoch[:-1])
+        cont = np.zeros(n, bool)
         cont[1:] = prefix[1:] == prefix[:-1] + correct[:-1] + 1
         seg_start = new_req | ~cont
         segment = np.cumsum(seg_start) - 1
         breaks = int((~new_req & ~cont).sum())
         if breaks:
             notes.append(f"{breaks} prefix_len discontinuities: requests split into segments there")
-        fin = df["finished"].fillna(False).to_numpy(bool) if "finished" in df.columns else np.zeros(len(df), bool)
+        if df is not None:
+            fin = df["finished"].fillna(False).to_numpy(bool) if "finished" in df.columns else np.zeros(n, bool)
+        else:
+            fin = sort(get("finished", False, bool))
         return cls(
-            gamma=G, df=df, draft=draft, committed=committed, confidence=conf, confidence_logit=zl,
+            gamma=G, _df=df, draft=draft, committed=committed, confidence=conf, confidence_logit=zl,
             draft_logprob=dlp, target_logprob=tlp, window=window, correct=correct,
-            cap_trim=_col(df, "cap_trim", -1, np.int64), ceiling=_col(df, "ceiling", -1, np.int64),
+            cap_trim=sort(get("cap_trim", -1, np.int64)), ceiling=sort(get("ceiling", -1, np.int64)),
             prefix=prefix, bonus=bonus, temperature=temperature, request=request, segment=segment,
-            finished=fin, notes=notes,
+            finished=fin, notes=notes, forward_ct=sort(fct0), workload_codes=sort(wl[0]), workload_labels=wl[1],
+            _src=src, _order=order,
         )
 
     # ------------------------------------------------------------------
@@ -305,19 +426,24 @@ class BlockFrame:
             cnt += present[:, j]
         np.minimum(cnt, self.correct + 1, out=cnt)
         on = np.arange(G + 1)[None, :] < cnt[:, None]  # (row, j) committed; row-major = stream order
-        realized = self.committed[on]
-        # the drafts scored at j < G in stream order, then -1 / NaN put back at each bonus entry
-        # (j == G: no draft there), i.e. after the G drafted entries of every row with cnt > G
-        drafted = np.arange(G)[None, :] < np.minimum(cnt, G)[:, None]
-        full = np.flatnonzero(cnt > G)
-        bonus_at = np.cumsum(cnt)[full] - 1 - np.arange(full.size)
-        scored_tok = np.insert(self.draft[drafted], bonus_at, -1)
-        scored_lp = np.insert(self.target_logprob[drafted], bonus_at, np.nan)
+        at = np.flatnonzero(on)  # one flat index, three takes
+        realized = self.committed.reshape(-1).take(at)
+        # the drafts scored at j < G in stream order: entry (row r, j) sits at r * G + j of the drafts
+        # (at - r); -1 / NaN put back at each bonus entry (j == G: no draft there), the last entry
+        # of every row with cnt > G
+        sa = at - np.repeat(np.arange(self.n), cnt)
+        ends = np.cumsum(cnt)
+        bonus_at = ends[cnt > G] - 1
+        scored_tok = self.draft.reshape(-1).take(sa, mode="clip")
+        scored_tok[bonus_at] = -1
+        scored_lp = np.ascontiguousarray(self.target_logprob).reshape(-1).take(sa, mode="clip")
+        scored_lp[bonus_at] = np.nan
         nseg = int(self.segment.max()) + 1 if self.n else 0
         seg_first_row = np.searchsorted(self.segment, np.arange(nseg))
         seg_first_pos = self.prefix[seg_first_row] + 1
-        seg_len = np.bincount(self.segment, weights=cnt, minlength=nseg).astype(np.int64)
-        seg_offset = np.cumsum(seg_len) - seg_len
+        starts = ends - cnt  # segments are runs of rows: their lengths from the running sum
+        seg_offset = starts[seg_first_row]
+        seg_len = np.diff(np.append(seg_offset, ends[-1] if self.n else 0))
         self._stream = dict(realized=realized, scored_tok=scored_tok, scored_lp=scored_lp,
                             seg_first_pos=seg_first_pos, seg_offset=seg_offset, seg_len=seg_len)
         return self._stream

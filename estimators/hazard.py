@@ -358,10 +358,10 @@ class HazardModel:
             i = np.minimum(np.searchsorted(self.temps_, tk), NT - 1)
             t = np.where(self.temps_[i] == tk, i, NT)
         w = np.full(len(rows), NW, np.int64)
-        if NW:  # factorize first: a chunk holds a handful of labels, so only those are looked up
-            codes, labels = pd.factorize(frame.workload[rows], use_na_sentinel=False)
-            lv = pd.Index(self.workloads_, dtype=object).get_indexer(np.asarray([str(v) for v in labels], object))
-            w = np.where(lv < 0, NW, lv).astype(np.int64)[codes]
+        if NW:  # the frame's workload codes: only its handful of labels are looked up
+            level = {v: i for i, v in enumerate(self.workloads_)}
+            lv = np.array([level.get(str(v), NW) for v in frame.workload_labels], np.int64)
+            w = lv.take(frame.workload_codes[rows])
         return t, w
 
     def fallback_notes(self, frame: BlockFrame, rows: np.ndarray) -> list[str]:
@@ -376,7 +376,9 @@ class HazardModel:
                 out.append(f"hazard: temperature {fmt(unseen)} has no training data (trained on {fmt(self.temps_)}): "
                            "those blocks use hazards pooled over the trained temperatures, not validated there")
         if len(self.workloads_):
-            unseen = sorted({str(v) for v in pd.unique(frame.workload[rows])} - set(self.workloads_))
+            present = frame.workload_labels[np.bincount(frame.workload_codes[rows],
+                                                        minlength=len(frame.workload_labels)) > 0]
+            unseen = sorted({str(v) for v in present} - set(self.workloads_))
             if unseen:
                 out.append(f"hazard: workload {', '.join(unseen)} has no training data (trained on "
                            f"{', '.join(self.workloads_)}): those blocks use hazards pooled over the trained workloads")

@@ -140,8 +140,9 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
             if isinstance(gather, dict) and gather.get("rows") is not None:
                 dlp = np.where(np.isnan(dlp), q_matrix(frame, gather["rows"], rows), dlp)
                 has_q = ~np.isnan(np.where(tail, dlp, np.nan)).all(1)
-        a = np.minimum(1.0, np.exp(lp - dlp))
-        h = np.where(~greedy & tail & path_ok & ~exact, a, h)  # h is NaN there, as is a where unknown
+        # h is NaN there, as is min(1, p/q) where unknown: computed only where the later step scored the draft
+        soft = np.flatnonzero(~greedy & tail & path_ok & ~exact & ~np.isnan(lp))
+        h.reshape(-1)[soft] = np.minimum(1.0, np.exp(lp.reshape(-1)[soft] - dlp.reshape(-1)[soft]))
     unknown = np.isnan(h)
     walked = np.count_nonzero(tail & path_ok & ~unknown, axis=1)
     diverged = ~_before_all(~(tail & valid & ~match))
@@ -227,7 +228,7 @@ def _block_uniforms(frame: BlockFrame, rows: np.ndarray, seed: int) -> np.ndarra
     whatever subset or chunk it is estimated in."""
     M = np.uint64(0xFFFFFFFFFFFFFFFF)
     with np.errstate(over="ignore"):
-        h = frame.df["forward_ct"].to_numpy(np.int64)[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h = frame.forward_ct[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         h ^= frame.prefix[rows].astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         h ^= frame.window[rows].astype(np.uint64) * np.uint64(0x165667B19E3779F9)
         d = frame.draft[rows].astype(np.uint64)
@@ -384,7 +385,7 @@ class TailEstimator:
         has_lp = ~np.isnan(frame.draft_logprob[rows]).all(1) | c["has_q"]
         mode = np.zeros(n, np.int8)  # exact-in-window
         mode[rows] = np.where(frame.greedy[rows], 1, np.where(has_lp & (self.mode != "confidence"), 2, 3))
-        df = frame.df
+        df = frame.pandas_columns(("run_id", "rid", "forward_ct", "rank", "epoch", "workload"))
         cols = {
             "run_id": df["run_id"].array, "rid": df["rid"].array, "forward_ct": df["forward_ct"].to_numpy(),
             "rank": df["rank"].to_numpy(), "epoch": df["epoch"].to_numpy(),

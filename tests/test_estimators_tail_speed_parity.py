@@ -191,3 +191,26 @@ def test_padded_matches_per_row_reference():
             np.testing.assert_array_equal(got, want)
         fixed = pa.chunked_array([pa.array([[1, None], [3, 4]], pa.list_(typ)), pa.array([[5, 6]], pa.list_(typ))])
         np.testing.assert_array_equal(padded(fixed, 2, fill, np.float64), [[1, fill], [3, 4], [5, 6]])
+
+
+def test_arrow_input_gives_the_pandas_frame(stream):
+    """Arrow input is read column by column (no DataFrame unless asked): two runs, NULL workloads,
+    shuffled rows, give the same arrays, workload codes and (lazily built) ``df`` as DataFrame input."""
+    sim, comp, _ = stream
+    two = pd.concat([comp, comp.assign(run_id="other")], ignore_index=True)
+    two["workload"] = two["workload"].astype(object).where(two.index % 3 != 0, None)
+    two = two.sample(frac=1, random_state=2).reset_index(drop=True)
+    fp = BlockFrame.from_request_steps(two, gamma=sim.gamma)
+    fa = BlockFrame.from_request_steps(pa.Table.from_pandas(two, preserve_index=False), gamma=sim.gamma)
+    assert fa._df is None  # not built until asked
+    for name in ("draft", "committed", "confidence", "draft_logprob", "target_logprob", "window", "correct",
+                 "cap_trim", "ceiling", "prefix", "bonus", "temperature", "request", "segment", "finished",
+                 "forward_ct", "workload"):
+        np.testing.assert_array_equal(getattr(fa, name), getattr(fp, name), err_msg=name)
+    assert (fa.workload == "(unlabelled)").sum() == two["workload"].isna().sum() > 0
+    assert fa.request.max() + 1 == two.groupby(["run_id", "rid"]).ngroups
+    cols = ["run_id", "rid", "forward_ct", "rank", "epoch", "workload"]
+    part = fa.pandas_columns(cols)
+    assert fa._df is None
+    pd.testing.assert_frame_equal(part, fa.df[cols])
+    pd.testing.assert_frame_equal(fa.df[cols], fp.df[cols], check_dtype=False)
