@@ -341,7 +341,7 @@ class _RunAcc:
             if note not in self.notes:
                 self.notes.append(note)
         b = tail.blocks
-        df = frame.df
+        df = frame.pandas_columns(("run_id", "rid", "rank", "epoch", "forward_ct"))  # not the whole lazy frame.df
         b["band"] = batch_band(self._bs.lookup(df["rank"].to_numpy(), df["epoch"].to_numpy(), df["forward_ct"].to_numpy()))
         keys = row_request_keys(b["run_id"], b["rid"])
         cens = b["censored"].to_numpy(bool)
