@@ -47,6 +47,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -78,6 +79,7 @@ ORDER = "run_id, rid, epoch, forward_ct"
 S_ORDER = "s.run_id, s.rid, s.epoch, s.forward_ct"
 PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
 DUCKDB_MEMORY = "256MB"  # DuckDB's share while sorting by request (it spills beyond; 3M: 955 vs 1051 MB peak at 384MB)
+AUTO_MEMORY = "auto"  # run_all_stream: DuckDB's share from the rows sorted (:func:`sort_memory`)
 CHUNK_ROWS = 1 << 16  # request-steps per chunk: a chunk's estimator arrays sit on top of the sort (1 << 17: +~100 MB)
 FOLD_CHUNKS = 32  # per-chunk group sums (utilization, windows, refit shifts) are added up every this many chunks
 
@@ -99,6 +101,14 @@ def _fold(parts: list[pd.DataFrame], by: list[str]) -> list[pd.DataFrame]:
 # ----------------------------------------------------------------------------------------------
 # reading whole requests
 # ----------------------------------------------------------------------------------------------
+def sort_memory(rows: int) -> str:
+    """DuckDB's memory for sorting ``rows`` request-steps by request: at least :data:`DUCKDB_MEMORY`,
+    growing with the square root of the rows (its external sort merges sorted runs that each need a
+    buffer in memory: 256 MB sorted 10M request-steps and ran out at 100M; 1 GB sorted 100M, see
+    docs/scale.md §8)."""
+    return f"{max(256, round(320 * math.sqrt(max(rows, 0) / 10e6)))}MB"
+
+
 def _configure(con, duckdb_memory: str | None) -> None:
     if duckdb_memory:
         con.execute(f"SET memory_limit='{duckdb_memory}'")
@@ -597,7 +607,7 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
 
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
                    chunk_rows: int = CHUNK_ROWS, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
-                   duckdb_memory: str | None = DUCKDB_MEMORY, progress=None,
+                   duckdb_memory: str | None = AUTO_MEMORY, progress=None,
                    hazards_from: str | None = None, whole_runs: bool = False) -> dict[str, Any]:
     """:func:`estimators.run_all` for every run in ``run_ids`` (default: all) in one ordered pass
     over ``request_steps``; see the module docstring. Returns ``{run_id: results}``; a run that
@@ -615,6 +625,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
     if meta.empty:
         return out
     meta = meta.set_index("run_id", drop=False)
+    if duckdb_memory == AUTO_MEMORY:
+        duckdb_memory = sort_memory(int(meta.n_rows.sum()))
     cache: dict = {}
     accs: dict[str, _RunAcc] = {}
     side: dict[str, dict] = {}

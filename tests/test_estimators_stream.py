@@ -260,3 +260,13 @@ def test_read_request_steps_fills_temperature_request_first_then_run_in_stored_o
     pd.testing.assert_frame_equal(got.drop(columns="temperature"), plain.drop(columns="temperature"))
     only = read_request_steps(st, "t-run", columns=["rid", "temperature"])
     np.testing.assert_array_equal(only.temperature.to_numpy(), want)
+
+
+def test_sort_memory_has_a_floor_and_grows_with_the_square_root_of_the_rows():
+    """DuckDB's share for the sort by request: 256 MB up to ~6M request-steps (what every size up to
+    10M sorted in), then with the square root of the rows (100M ran out of memory at 256 MB)."""
+    from estimators.stream import DUCKDB_MEMORY, sort_memory
+
+    assert sort_memory(0) == sort_memory(1_000_000) == DUCKDB_MEMORY == "256MB"
+    mb = [int(sort_memory(n)[:-2]) for n in (10_000_000, 40_000_000, 100_000_000, 400_000_000)]
+    assert mb == sorted(mb) and mb[0] == 320 and abs(mb[1] / mb[0] - 2) < 0.01 and abs(mb[3] / mb[1] - 10 ** 0.5) < 0.01
