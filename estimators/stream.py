@@ -583,9 +583,11 @@ def _run_meta(store, run_ids) -> pd.DataFrame:
 
 
 def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int, cache: dict,
-                   hazards_from: str | None = None):
+                   hazards_from: str | None = None, duckdb_memory: str | None = DUCKDB_MEMORY):
     """The run's fitted TailEstimator and a note on what it was fitted on (the policy of
-    :func:`estimators.hazard_runs`, as :func:`estimators.run_all`)."""
+    :func:`estimators.hazard_runs`, as :func:`estimators.run_all`). ``duckdb_memory``: the pass's
+    share; the sample is read on a cursor of the ordered scan's database, whose memory limit is one
+    for both (a smaller one set here would starve the scan's sort: 100M failed so)."""
     rid, gamma = meta_row.run_id, int(meta_row.gamma)
     if meta_row.n_truth == meta_row.n_rows:
         train = (rid,)
@@ -594,7 +596,7 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
         others, note = hazard_runs(store, rid, gamma, meta_row.get("audit_group"), hazards_from)
         train = tuple(others) or (rid,)
     if train not in cache:
-        tbl = read_sample(store, train, fit_rows, seed=seed)
+        tbl = read_sample(store, train, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
         est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
         n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
                                      [list(train)]).n.iloc[0])
@@ -633,7 +635,7 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
 
     def open_run(rid: str) -> _RunAcc:
         m = meta.loc[rid]
-        est, notes = _fit_estimator(store, m, meta, fit_rows, seed, cache, hazards_from)
+        est, notes = _fit_estimator(store, m, meta, fit_rows, seed, cache, hazards_from, duckdb_memory)
         data = load_run(store, rid, skip=("request_steps", "steps"))
         # a big run's steps are not held through the pass (they grow with its rows): the batch sizes
         # only, kept compactly by the accumulator; the cost fit and the planner read theirs at the end
