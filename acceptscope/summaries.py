@@ -530,15 +530,12 @@ def _source(con: duckdb.DuckDBPyConnection, t: schema.Table, run_ids: Sequence[s
     raw = [r for r in ids if r not in fresh]
     cols = ", ".join(_q(c) for c in t.names)
 
-    def lit(xs: list[str]) -> str:
-        return "[" + ", ".join("'" + x.replace("'", "''") + "'" for x in xs) + "]::VARCHAR[]"
-
     parts = []
     if fresh:
-        parts.append(f"SELECT {cols} FROM {_q(t.name)} WHERE run_id IN (SELECT unnest({lit(fresh)}))")
+        parts.append(f"SELECT {cols} FROM {_q(t.name)} WHERE run_id IN (SELECT unnest({_lit_list(fresh)}))")
     if raw or not fresh:
         base = next(b for b, ts in _OF.items() if t in ts)
-        src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest({lit(raw)})))"
+        src = f"(SELECT * FROM {_q(base)} WHERE run_id IN (SELECT unnest({_lit_list(raw)})))"
         parts.append(f"SELECT * FROM ({_agg_sql(t, src, n_bins)}) AS x({cols})")
     return "(" + " UNION ALL ".join(parts) + ")"
 
