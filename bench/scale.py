@@ -39,6 +39,8 @@ Usage::
 
     .venv/bin/python bench/scale.py --sizes 100000,300000,1000000,3000000,10000000 --workdir /tmp/scale \
         [--out scale.jsonl] [--timeout 900] [--skip report,ingest]
+    .venv/bin/python bench/scale.py --sizes 100000000 --workdir /tmp/scale --reuse --skip panels,ingest \
+        --report-max 100000000 --timeout 9000     # 100M: ~11.5 GB of store, ~21 GB of sort spill in $TMPDIR
     .venv/bin/python bench/scale.py --many-runs 200 --workdir /tmp/scale
     .venv/bin/python bench/scale.py --phases /tmp/scale/scale.duckdb [--stream-kw '{"chunk_rows": 131072}']
 """
@@ -73,6 +75,16 @@ sys.stdout = so
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
 print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
                   "peak_mb": int(hwm) / 1024, "rc": rc}))
+"""
+
+_REBUILD = r"""
+import json, sys, time
+t0, c0 = time.perf_counter(), time.process_time()
+from acceptscope.store import Store
+st = Store(sys.argv[1])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                  "peak_mb": int(hwm) / 1024, "rc": 0, "rebuilt": len(st.rebuilt_summaries or [])}))
 """
 
 _PANEL = r"""
@@ -358,6 +370,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--skip", default="", help="comma list of: estimate, report, panels, ingest")
     ap.add_argument("--panel-repeats", type=int, default=5)
+    ap.add_argument("--reuse", action="store_true", help="measure the store in --workdir as built before (grown "
+                                                            "if a size asks for more), instead of building anew")
     ap.add_argument("--ingest-max", type=int, default=1_000_000)
     ap.add_argument("--report-max", type=int, default=1_000_000)
     ap.add_argument("--many-runs", type=int, default=0, help="instead: estimate over a store of N small runs")
@@ -379,11 +393,18 @@ def main() -> None:
     skip = set(filter(None, a.skip.split(",")))
     a.workdir.mkdir(parents=True, exist_ok=True)
     db = a.workdir / "scale.duckdb"
-    for p in (db, Path(str(db) + ".wal")):
-        p.unlink(missing_ok=True)
     sys.path.insert(0, str(ROOT))
-    base = build_base(db)
-    copies = 1
+    if a.reuse and db.exists():  # a store this command built before: grow it only if asked for more
+        import duckdb
+
+        with duckdb.connect(str(db), read_only=True) as con:
+            base = con.execute("SELECT count(*) FROM base_request_steps").fetchone()[0]
+            copies = con.execute("SELECT count(*) FROM request_steps WHERE run_id = 'syn-c'").fetchone()[0] // base
+    else:
+        for p in (db, Path(str(db) + ".wal")):
+            p.unlink(missing_ok=True)
+        base = build_base(db)
+        copies = 1
     rows_out: list[dict] = []
     sink = open(a.out, "a") if a.out else None
 
@@ -398,11 +419,17 @@ def main() -> None:
     for size in (int(s) for s in a.sizes.split(",")):
         want = max(1, round(size / base))
         t0 = time.perf_counter()
-        grow(db, copies, want)
-        copies = max(copies, want)
+        if want > copies:
+            grow(db, copies, want)
+            copies = want
+            emit({"what": "build (DuckDB copy)", "rows": copies * base, "seconds": time.perf_counter() - t0, "peak_mb": None,
+                  "rc": "n/a", "db_mb": db.stat().st_size / 2**20})
+            # the copies were inserted behind the store's back: bring its summaries up to date as a writer
+            # keeps them (a read-write open rebuilds stale ones), so panels and report read them
+            emit({"what": "summaries rebuild", "rows": copies * base, **_child(_REBUILD, [str(db)], a.timeout)})
         n = copies * base
-        emit({"what": "build (DuckDB copy)", "rows": n, "seconds": time.perf_counter() - t0, "peak_mb": None, "rc": "n/a",
-              "db_mb": db.stat().st_size / 2**20})
+        if copies > want:
+            print(f"note: {db} holds {n} request-steps; measuring it as is for size {size}", flush=True)
         if "estimate" not in skip:
             emit({"what": "estimate", "rows": n, **cli(["estimate", "--db", str(db), "--run", "syn-c", "--json"], a.timeout)})
         if "panels" not in skip:

@@ -109,6 +109,18 @@ def read_request_steps(store, run_id: str, columns=None) -> pd.DataFrame:
     return got.cast(want).to_pandas()
 
 
+def served_temperatures(store, run_id: str) -> np.ndarray:
+    """The distinct temperatures of a run's request-steps, filled by :func:`temperature_filled_select`'s
+    rule (NaN: none known), computed where the rows are (a 100M-row run's rows are never read out)."""
+    if isinstance(store, Store):
+        with store.connect(read_only=True) as con:
+            cols, src = temperature_filled_select(con, ["temperature"], [run_id])
+            got = con.execute(f"SELECT DISTINCT {cols} FROM {src} WHERE s.run_id = ?", [run_id]).fetchall()
+    else:  # a lake (``estimators.spark.LakeStore``): the same rule in Spark
+        got = store.filled_request_steps([run_id], ["temperature"]).distinct().collect()
+    return np.array([np.nan if r[0] is None else float(r[0]) for r in got], float)
+
+
 def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
     """Why ``other``'s observed tails cannot stand in for ``run_id``'s (empty: compatible).
 
@@ -131,9 +143,9 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
         out.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
     temps = {}
     for r in (run_id, other):
-        t = read_request_steps(store, r, columns=["rid", "temperature"])["temperature"]
+        t = served_temperatures(store, r)
         # as the frame reads them: a missing temperature is sampled (T = 1)
-        temps[r] = None if t.isna().all() else set(temperature_key(t.fillna(1.0).to_numpy(float)).tolist())
+        temps[r] = None if np.isnan(t).all() else set(temperature_key(np.nan_to_num(t, nan=1.0)).tolist())
     if (temps[run_id] is None) != (temps[other] is None):
         out.append("temperature known for one run only (ingest --temperature or request records)")
     elif temps[run_id] is not None and temps[run_id] - temps[other]:

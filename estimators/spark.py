@@ -62,7 +62,7 @@ from estimators.frame import BlockFrame
 from estimators.planner import audit
 from estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
                                  sts_in_force, to_jsonable)
-from estimators.stream import (PLANNER_ROWS, TAIL_COLUMNS, StreamTail, _planner_window, _RunAcc, _sample_requests,
+from estimators.stream import (PLANNER_ROWS, TAIL_COLUMNS, StreamTail, _planner_window, _RunAcc, sample_from_counts,
                                aggregate_specs, whole_requests)
 from estimators.tail import TailEstimator
 
@@ -290,17 +290,6 @@ def _codes_of(index: dict, run, rid) -> np.ndarray:
     return np.array([index[k] for k in u], np.int64)[inv] if len(u) else np.zeros(0, np.int64)
 
 
-class _Rows:
-    """A ``query_df`` answering every query with one frame (to reuse a store-reading helper on
-    rows aggregated by Spark)."""
-
-    def __init__(self, df: pd.DataFrame):
-        self.df = df
-
-    def query_df(self, sql, params=None) -> pd.DataFrame:
-        return self.df
-
-
 def _strip(model):
     """A copy of a fitted hazard model without its training layout (what executors need to predict)."""
     m = copy.copy(model)
@@ -426,7 +415,7 @@ class SparkTail:
         per-request counts aggregated on the executors (None: every request fits)."""
 
         d = self._rs(run_ids, ["run_id", "rid"]).groupBy("run_id", "rid").agg(F.count("*").alias("n")).toPandas()
-        sel = _sample_requests(_Rows(d), run_ids, max_rows, seed)
+        sel = sample_from_counts(pa.Table.from_pandas(d, preserve_index=False).to_batches(), max_rows, seed)
         if sel is not None:  # the streamed path's note
             kept = int(d.merge(sel.to_pandas(), on=["run_id", "rid"]).n.sum())
             self.fit_note = (f"hazards fitted on a stable hash-sample of {kept} of {int(d.n.sum())} request-steps "

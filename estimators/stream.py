@@ -61,7 +61,7 @@ import pyarrow.compute as pc
 from acceptscope import schema
 from acceptscope.store import fetch_arrow, fetch_arrow_reader
 from estimators.bootstrap import (add_sums, aggregate_from_sums, aggregate_stats, group_codes, replicate_sums,
-                                  request_stats, row_request_keys, shift_sums, uniforms)
+                                  request_keys, request_stats, row_request_keys, shift_sums, uniforms)
 from estimators.calibration import CalData, calibration_data
 from estimators.frame import BlockFrame
 from estimators.planner import audit
@@ -185,26 +185,51 @@ def _split_runs(tbl: pa.Table) -> Iterator[tuple[str, pa.Table]]:
         yield run[int(a)].as_py(), tbl.slice(int(a), int(b - a))
 
 
-def _sample_requests(store, run_ids, max_rows: int, seed: int) -> pa.Table | None:
-    """A stable hash-sample of the runs' requests with at most ``max_rows`` request-steps in all
-    (``None``: every request fits)."""
-    d = store.query_df("SELECT run_id, rid, count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) "
-                       "GROUP BY run_id, rid", [list(run_ids)])
-    if d.n.sum() <= max_rows:
+def sample_from_counts(batches, max_rows: int, seed: int) -> pa.Table | None:
+    """A stable hash-sample of requests with at most ``max_rows`` request-steps in all, from their
+    per-request counts (Arrow batches of ``run_id, rid, n``; ``None``: every request fits): the
+    requests of lowest uniform (:func:`uniforms` of the request key, stream 3) while their
+    request-steps add up to ``max_rows`` (at least one request).
+
+    Streamed, keeping only the candidates: a request outside the lowest-uniform prefix of some
+    requests is outside it for any superset of them, so memory is bounded by the sample, not by the
+    run's requests (3.9M requests at 100M: 1.46 GB when they were held in pandas)."""
+    keep = None  # (run_id, rid, n, u) of the candidates, in uniform order
+    total = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        run = batch.column("run_id").to_numpy(zero_copy_only=False)
+        rid = batch.column("rid").to_numpy(zero_copy_only=False)
+        n = batch.column("n").to_numpy().astype(np.int64)
+        total += int(n.sum())
+        cand = (run, rid, n, uniforms(request_keys(run, rid), 0, seed, stream=3))
+        if keep is not None:
+            cand = tuple(np.concatenate([a, b]) for a, b in zip(keep, cand))
+        order = np.argsort(cand[3], kind="stable")
+        fits = int(np.searchsorted(np.cumsum(cand[2][order]), max_rows, side="right"))
+        keep = tuple(a[order[:max(fits, 1)]] for a in cand)
+    if keep is None or total <= max_rows:
         return None
-    u = uniforms(row_request_keys(d.run_id, d.rid), 0, seed, stream=3)
-    d = d.iloc[np.argsort(u, kind="stable")]
-    keep = d[np.cumsum(d.n.to_numpy()) <= max_rows]
-    if keep.empty:
-        keep = d.iloc[:1]
-    return pa.table({"run_id": keep.run_id.astype(str).to_numpy(), "rid": keep.rid.astype(str).to_numpy()})
+    return pa.table({"run_id": keep[0].astype(str), "rid": keep[1].astype(str)})
+
+
+def _sample_requests(store, run_ids, max_rows: int, seed: int, duckdb_memory: str | None = DUCKDB_MEMORY,
+                     batch_rows: int = 1 << 16) -> pa.Table | None:
+    """:func:`sample_from_counts` over the runs' per-request counts, aggregated in DuckDB and
+    read in batches of ``batch_rows`` requests."""
+    sql = ("SELECT run_id, rid, count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) "
+           "GROUP BY run_id, rid")
+    with store.connect(read_only=True) as con:
+        _configure(con, duckdb_memory)
+        return sample_from_counts(fetch_arrow_reader(con, sql, [list(run_ids)], batch_rows=batch_rows), max_rows, seed)
 
 
 def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUMNS,
                 duckdb_memory: str | None = DUCKDB_MEMORY) -> pa.Table:
     """``request_steps`` of a stable hash-sample of the runs' requests (whole requests; at most
     ``max_rows`` rows, all of them when they fit), ordered by request."""
-    sel = _sample_requests(store, run_ids, max_rows, seed)
+    sel = _sample_requests(store, run_ids, max_rows, seed, duckdb_memory)
     with store.connect(read_only=True) as con:
         _configure(con, duckdb_memory)
         cols, src = temperature_filled_select(con, columns, run_ids)
@@ -629,13 +654,23 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
     meta = meta.set_index("run_id", drop=False)
     if duckdb_memory == AUTO_MEMORY:
         duckdb_memory = sort_memory(int(meta.n_rows.sum()))
+    # every run's hazards are fitted before the ordered scan starts: the sample read and the fit then
+    # never sit on top of the sort's memory (100M: 2.5 GB when they did)
     cache: dict = {}
+    fitted: dict[str, Any] = {}
+    for rid in sorted(meta.run_id):
+        try:
+            fitted[rid] = _fit_estimator(store, meta.loc[rid], meta, fit_rows, seed, cache, hazards_from, duckdb_memory)
+        except ValueError as e:
+            fitted[rid] = e
     accs: dict[str, _RunAcc] = {}
     side: dict[str, dict] = {}
 
     def open_run(rid: str) -> _RunAcc:
         m = meta.loc[rid]
-        est, notes = _fit_estimator(store, m, meta, fit_rows, seed, cache, hazards_from, duckdb_memory)
+        if isinstance(fitted[rid], ValueError):
+            raise fitted[rid]
+        est, notes = fitted.pop(rid)
         data = load_run(store, rid, skip=("request_steps", "steps"))
         # a big run's steps are not held through the pass (they grow with its rows): the batch sizes
         # only, kept compactly by the accumulator; the cost fit and the planner read theirs at the end

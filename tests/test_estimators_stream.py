@@ -270,3 +270,24 @@ def test_sort_memory_has_a_floor_and_grows_with_the_square_root_of_the_rows():
     assert sort_memory(0) == sort_memory(1_000_000) == DUCKDB_MEMORY == "256MB"
     mb = [int(sort_memory(n)[:-2]) for n in (10_000_000, 40_000_000, 100_000_000, 400_000_000)]
     assert mb == sorted(mb) and mb[0] == 320 and abs(mb[1] / mb[0] - 2) < 0.01 and abs(mb[3] / mb[1] - 10 ** 0.5) < 0.01
+
+
+def test_streamed_request_sample_equals_the_whole_table_selection(store):
+    """The hazard sample's requests, chosen from per-request counts streamed in small batches
+    (bounded memory), are exactly the lowest-uniform prefix chosen over all requests at once."""
+    from estimators.bootstrap import uniforms
+    from estimators.stream import _sample_requests
+
+    runs = ["syn-c", "syn-cap"]
+    d = store.query_df("SELECT run_id, rid, count(*) AS n FROM request_steps WHERE run_id IN ('syn-c', 'syn-cap') "
+                       "GROUP BY ALL")
+    d = d.iloc[np.argsort(uniforms(request_keys(d.run_id, d.rid), 0, 3, stream=3), kind="stable")]
+    cum = np.cumsum(d.n.to_numpy())
+    first = int(d.n.iloc[0])
+    for max_rows in (first - 1, first, int(cum[len(cum) // 3]) + 1, int(cum[-1]) - 1):
+        want = d[cum <= max_rows] if (cum <= max_rows).any() else d.iloc[:1]
+        for batch_rows in (7, 1 << 16):
+            got = _sample_requests(store, runs, max_rows, 3, batch_rows=batch_rows).to_pandas()
+            assert sorted(zip(got.run_id, got.rid)) == sorted(zip(want.run_id, want.rid)), (max_rows, batch_rows)
+            assert len(want) >= 1
+    assert _sample_requests(store, runs, int(cum[-1]), 3, batch_rows=7) is None  # every request fits
