@@ -175,6 +175,8 @@ class _Context:
             # a writable store answers on a read-write connection (the read-only query nests in it): a
             # read-only open would start this process's attach host, a second DuckDB instance (~0.03 CPU-s)
             writable = hasattr(store, "connect") and not getattr(store, "read_only", True)
+            if writable and getattr(store, "created_empty", lambda: False)():
+                return  # a file this Store just created, written by no one since: no run yet, no open needed
             try:
                 with store.connect() if writable else nullcontext():
                     runs = store.query_arrow("SELECT run_id, arm, gamma FROM runs").to_pylist()  # (no pandas)
