@@ -195,6 +195,15 @@ def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                          f"of {int(row[0]):,} bytes = {expected:,})")
 
 
+def _file_state(path: Path) -> tuple | None:
+    """(inode, size, mtime, ctime) of a file in ns, None when it cannot be read: what a write changes."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 WRITER_WAITING_SUFFIX = ".writer-waiting"
 _MARKER_STALE_S = 2.0  # a marker not refreshed for this long is from a dead writer: ignore it
 
@@ -580,6 +589,15 @@ class Store:
             elif not fresh:  # a file from before the summaries (or appended to by something else): rebuild them once
                 self.rebuilt_summaries = summaries.ensure(con, self.path)
         self.primary_keys = bool(pk)
+        self._created = _file_state(self.path) if fresh else None
+
+    def created_empty(self) -> bool:
+        """Whether this Store created its file and nothing has written to it since: the file's inode, size and
+        times as the create left them, and no WAL beside it (any commit, by this process or another, leaves
+        one or rewrites the file). Then no table holds a row, known without opening the file: an open costs
+        a DuckDB instance start (~0.05 CPU-s), and the ingest's run lookup asks this first."""
+        return self._created is not None and not Path(str(self.path) + ".wal").exists() \
+            and _file_state(self.path) == self._created
 
     def __repr__(self) -> str:
         return f"Store({str(self.path)!r}, primary_keys={self.primary_keys}, read_only={self.read_only})"

@@ -167,3 +167,42 @@ def test_append_many_is_validated_and_flushed_as_one_unit(store: Store) -> None:
         w.flush()
         assert w.stats()["flushes"] == 1
     assert (store.counts()["steps"], store.counts()["request_steps"]) == (3, 24)
+
+
+def test_close_then_shares_the_last_flush_connection(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close(then=...): the buffered rows and the caller's closing writes go through ONE open of the file."""
+    from acceptscope import store as store_mod
+
+    opens: list[bool] = []
+    real = store_mod._connect
+    monkeypatch.setattr(store_mod, "_connect", lambda *a, **k: opens.append(True) or real(*a, **k))
+    w = store.writer(flush_interval_s=3600)
+    w.append("runs", [H.run_row()])
+    w.append("steps", H.steps(5))
+    seen: dict = {}
+    w.close(then=lambda: seen.update(store.counts()))  # nested: reads on the writer's connection
+    assert seen["steps"] == 5 and seen["runs"] == 1  # then() ran after the last flush, inside it
+    assert len(opens) == 1
+    assert w.stats()["rows_inserted"] == {"runs": 1, "steps": 5}
+    w.close(then=lambda: seen.update(again=True))  # closed: idempotent, then() not run twice
+    assert "again" not in seen
+    assert store.counts()["steps"] == 5
+
+
+def test_close_then_not_run_when_the_last_flush_fails(tmp_path: Path) -> None:
+    store = Store(tmp_path / "f.duckdb", lock_timeout_s=0.3)
+    w = store.writer(flush_interval_s=3600)
+    w.append("steps", H.steps(4))
+    blocker = duckdb.connect(str(store.path), read_only=True)  # the closing thread cannot open read-write
+    ran: list[bool] = []
+    try:
+        with pytest.raises(WriterError, match="TimeoutError") as exc:
+            w.close(then=lambda: ran.append(True))
+        assert isinstance(exc.value.__cause__, TimeoutError)
+        with pytest.raises(WriterError):
+            w.close()  # the failure stays
+    finally:
+        blocker.close()
+    assert not ran
+    assert w.failed["steps"].num_rows == 4  # kept for a retry, as a failed background flush keeps them
+    assert store.counts()["steps"] == 0

@@ -175,6 +175,8 @@ class _Context:
             # a writable store answers on a read-write connection (the read-only query nests in it): a
             # read-only open would start this process's attach host, a second DuckDB instance (~0.03 CPU-s)
             writable = hasattr(store, "connect") and not getattr(store, "read_only", True)
+            if writable and getattr(store, "created_empty", lambda: False)():
+                return  # a file this Store just created, written by no one since: no run yet, no open needed
             try:
                 with store.connect() if writable else nullcontext():
                     runs = store.query_arrow("SELECT run_id, arm, gamma FROM runs").to_pylist()  # (no pandas)
@@ -337,6 +339,28 @@ def ingest_paths(
         if bar is not None and not final:  # a big dump: its request-steps so far, a chunk at a time
             bar.update(task, description=f"{f.name}: {cur['rows'].get('request_steps', 0):,} request-steps")
 
+    notes = list(plan.notes)
+    runs_here = sorted({plan.run_of[f] for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS})
+    inserted: dict[str, int] = {}
+
+    def closing_writes() -> None:
+        """Run marks and table links, then the rows written (each open of the file costs ~0.05 CPU-s: the
+        nested connects reuse the caller's connection)."""
+        if store is not None and hasattr(store, "mark_complete"):
+            store.mark_complete([f["run_id"] for f in per_file])  # (reached only when no file aborted the call)
+        if store is not None and not getattr(store, "read_only", False) and hasattr(store, "update_run"):
+            run_dirs: dict[str, set] = {}
+            for f, k in todo:
+                if k == "server_info":
+                    run_dirs.setdefault(plan.run_of[f], set()).add(str(f.parent))
+            notes.extend(link_run_tables(store, runs_here, run_dirs=run_dirs, temperature=temperature))
+        if writer is not None:
+            inserted.update(writer.stats()["rows_inserted"])
+        elif store is not None:
+            after = store.counts()
+            inserted.update({name: after.get(name, 0) - before.get(name, 0) for name in after})
+
+    closed = False
     try:
         for f, kind in todo:
             rid = plan.run_of[f]
@@ -363,30 +387,18 @@ def ingest_paths(
                 on_file(f, kind, batch)
             if bar is not None:
                 bar.advance(task)
+        if writer is not None:  # the last flush and the closing writes on one connection
+            writer.close(then=closing_writes)
+            closed = True
     finally:
         if writer is not None:
-            writer.close()
+            writer.close()  # (idempotent; on an error above, stops the thread and re-raises its failure)
         if bar is not None:
             bar.stop()
-    notes = list(plan.notes)
-    runs_here = sorted({plan.run_of[f] for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS})
-    # the closing writes on one connection (each open of the file costs ~40 ms: the nested connects reuse it)
-    with (store.connect() if store is not None and not getattr(store, "read_only", False)
-          and hasattr(store, "connect") else nullcontext()):
-        if store is not None and hasattr(store, "mark_complete"):
-            store.mark_complete([f["run_id"] for f in per_file])  # (reached only when no file aborted the call)
-        if store is not None and not getattr(store, "read_only", False) and hasattr(store, "update_run"):
-            run_dirs: dict[str, set] = {}
-            for f, k in todo:
-                if k == "server_info":
-                    run_dirs.setdefault(plan.run_of[f], set()).add(str(f.parent))
-            notes += link_run_tables(store, runs_here, run_dirs=run_dirs, temperature=temperature)
-        inserted: dict[str, int] = {}
-        if writer is not None:
-            inserted = writer.stats()["rows_inserted"]
-        elif store is not None:
-            after = store.counts()
-            inserted = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+    if not closed:
+        with (store.connect() if store is not None and not getattr(store, "read_only", False)
+              and hasattr(store, "connect") else nullcontext()):
+            closing_writes()
     tables = {}
     for name in sorted(set(offered) | set(dups)):
         written = inserted.get(name, 0) if store is not None else offered[name]

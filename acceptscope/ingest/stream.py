@@ -442,17 +442,21 @@ def iter_lines(path: Union[str, os.PathLike], block: int = 8 << 20) -> Iterator[
     """(line number from 1, start, end) of each line of a file (end excludes the newline), read in blocks."""
     size = os.path.getsize(path)
     start, lineno, pos = 0, 1, 0
+    buf = bytearray(min(block, size))  # one buffer read into again and again: a fresh 8 MB bytes per block
+    # cost its page faults (~3x the CPU of the copy itself on a one-line 330 MB dump)
     with open(path, "rb") as f:
         while pos < size:
-            data = os.pread(f.fileno(), min(block, size - pos), pos)
+            got = os.preadv(f.fileno(), [buf], pos)
+            if got <= 0:
+                break
             k = 0
             while True:
-                nl = data.find(b"\n", k)
+                nl = buf.find(b"\n", k, got)
                 if nl < 0:
                     break
                 yield lineno, start, pos + nl
                 lineno += 1
                 start = pos + nl + 1
                 k = nl + 1
-            pos += len(data)
+            pos += got
     yield lineno, start, size
