@@ -305,6 +305,121 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
           f"{os.cpu_count()} CPUs)")
 
 
+def _duck_type(t) -> str:
+    """DuckDB's spelling of an Arrow type of RECORD_SCHEMA."""
+    import pyarrow as pa
+
+    if pa.types.is_list(t):
+        return _duck_type(t.value_type) + "[]"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in t) + ")"
+    return {"int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR"}[str(t)]
+
+
+def _json_structure(t) -> str:
+    """The ``json_transform`` structure of an Arrow type of RECORD_SCHEMA."""
+    import pyarrow as pa
+
+    if pa.types.is_list(t):
+        return "[" + _json_structure(t.value_type) + "]"
+    if pa.types.is_struct(t):
+        return "{" + ", ".join(f'"{f.name}": {_json_structure(f.type)}' for f in t) + "}"
+    return f'"{_duck_type(t)}"'
+
+
+def parsers(a: argparse.Namespace, tmp: Path, inputs: Path) -> None:
+    """``--parsers``: the records of a dump -> the RECORD_SCHEMA table, by the parsers a C fast path could use.
+
+    Why: every chunk of records becomes one ``records_table`` (msgspec decode into structs, then numpy/Arrow
+    columns); a C JSON reader might do it in one call. Pinned to one CPU, the chunks read and cut before the
+    clock, best CPU seconds of ``--repeats`` (the kinds alternate within a repeat):
+
+    * ``msgspec+records_table``: what ingest does now (``CHUNK_DECODER`` + ``records_table``);
+    * ``arrow read_json``: the chunk's ``},{"forward_ct"`` separators made newlines, then
+      ``pyarrow.json.read_json`` with RECORD_SCHEMA explicit (``use_threads=False``), one block per chunk
+      (one Arrow chunk per column, as translate wants) and 1 MiB blocks (Arrow's default);
+    * ``duckdb read_json``: the same lines read back from a file written before the clock (so the cost of
+      handing DuckDB the bytes is not counted), ``columns`` given, ``threads=1``;
+    * ``duckdb json_transform``: each chunk one JSON value, transformed to a list of structs.
+
+    ``same`` compares each table with ours after both are normalised the one way they may differ (an absent
+    header field is NULL to a JSON reader and its SGLang default, -1 or "", to msgspec).
+    """
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    from acceptscope.ingest import server_info_columns as fast
+    from acceptscope.ingest import stream
+    from acceptscope.ingest.server_info_records import CHUNK_DECODER
+
+    _pin()
+    dump, _, n = build(inputs, steps=a.steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
+    sc = stream.scan(stream.FileSource(dump), stream.CHUNK_BYTES)
+    src = stream.FileSource(dump)
+    chunks = [src.read(lo, hi) for arr in sc.arrays.values() for lo, hi, _ in arr]
+    lines = [c.replace(b'},{"forward_ct"', b'}\n{"forward_ct"') for c in chunks]
+    files = []
+    for i, text in enumerate(lines):
+        files.append(inputs / f"parsers-chunk{i}.jsonl")
+        files[-1].write_bytes(text)
+    schema = fast.RECORD_SCHEMA
+    po = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    con = duckdb.connect(config={"threads": 1})
+    cols = "{" + ", ".join(f"'{f.name}': '{_duck_type(f.type)}'" for f in schema) + "}"
+    lst = "[" + _json_structure(pa.struct(list(schema))) + "]"
+
+    def ours():
+        return [fast.records_table(CHUNK_DECODER.decode(b"[" + c + b"]")) for c in chunks]
+
+    def arrow(block):
+        return lambda: [pj.read_json(pa.BufferReader(t), parse_options=po, read_options=pj.ReadOptions(
+            use_threads=False, block_size=block or len(t) + 1)) for t in lines]
+
+    def duck_read_json():
+        return [con.sql(f"SELECT * FROM read_json('{f}', format='newline_delimited', columns={cols}, "
+                        "maximum_object_size=1000000000)").to_arrow_table() for f in files]
+
+    def duck_transform():
+        out = []
+        for c in chunks:
+            r = con.sql("SELECT json_transform($1::VARCHAR, $2) AS r", params=[(b"[" + c + b"]").decode(), lst])
+            out.append(pa.Table.from_struct_array(r.to_arrow_table().column(0).combine_chunks().flatten()))
+        return out
+
+    kinds = {"msgspec+records_table": ours, "arrow read_json": arrow(0), "arrow read_json 1MiB": arrow(1 << 20),
+             "duckdb read_json": duck_read_json, "duckdb json_transform": duck_transform}
+    def norm(parts):
+        t = pa.concat_tables(parts).select(schema.names).cast(schema).combine_chunks()
+        for name in fast.SENTINELS:
+            t = t.set_column(t.schema.get_field_index(name), name, pc.fill_null(t.column(name), -1))
+        return t.set_column(t.schema.get_field_index("mode"), "mode", pc.fill_null(t.column("mode"), ""))
+
+    best = {k: float("inf") for k in kinds}
+    same: dict[str, str] = {}
+    ref = None
+    for _ in range(a.repeats):
+        for k, f in kinds.items():
+            t0 = time.process_time()
+            got = f()
+            best[k] = min(best[k], time.process_time() - t0)
+            if k not in same:  # (one table at a time: a 1M-row dump's tables do not all fit at once)
+                t = norm(got)
+                ref = t if ref is None else ref
+                same[k] = "yes" if t.equals(ref) else "NO"
+            del got
+    for f in files:
+        f.unlink()
+    print(f"{n:,} request-steps ({dump.stat().st_size / 1e6:.0f} MB, {len(chunks)} chunks): records -> RECORD_SCHEMA")
+    print(f"{'parser':<24} {'CPU s':>7} {'vs ours':>8}  same")
+    for k in kinds:
+        print(f"{k:<24} {best[k]:>7.3f} {best['msgspec+records_table'] / best[k]:>7.2f}x  {same[k]}")
+    print(f"(best of {a.repeats} by CPU; one CPU; load average now {os.getloadavg()[0]:.1f}; {np.__name__} "
+          f"{np.__version__}, pyarrow {pa.__version__}, duckdb {duckdb.__version__})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3200)
@@ -318,6 +433,8 @@ def main() -> None:
     ap.add_argument("--kinds", help="--growth: comma-separated pipelines (default: ours,read_json+insert,read_json-ctas)")
     ap.add_argument("--baseline", metavar="TREE",
                     help="--growth: also run ours from this checkout (e.g. main), alternating with this tree's")
+    ap.add_argument("--parsers", action="store_true",
+                    help="records -> RECORD_SCHEMA by msgspec+records_table, Arrow's and DuckDB's JSON readers")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "DUMP", "JSONL", "DB"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -327,6 +444,9 @@ def main() -> None:
         tmp = Path(d)
         inputs = Path(a.workdir) if a.workdir else tmp
         inputs.mkdir(parents=True, exist_ok=True)
+        if a.parsers:
+            parsers(a, tmp, inputs)
+            return
         if a.growth:
             growth([int(float(x)) for x in a.growth.split(",")], a, Path(a.workdir) if a.workdir else tmp, inputs)
             return
