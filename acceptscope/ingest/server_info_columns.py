@@ -21,6 +21,11 @@ Measured before the merge into one path (bench/ingest.py, one pinned core, CPU s
 3): the whole parse of a cold 204,800 request-step dump through :func:`records_table` + translate
 took 0.77-0.97 s against 1.27-1.29 s with Arrow's JSON reader (x1.32-1.67); per list column the
 compact tokenizer + Arrow's number parser take ~45-50 ms per 100k request-steps.
+Session 6 (``bench/ingest.py --parsers``, records -> this module's RECORD_SCHEMA, one CPU): msgspec +
+:func:`records_table` stays the fastest way (0.1M / 1M request-steps): ``pyarrow.json.read_json`` with the
+schema explicit runs at 0.60-0.80 / 0.70-0.79x its speed, DuckDB's ``read_json`` (its lines file already
+written) 0.64-0.75 / 0.96x, DuckDB's ``json_transform`` 0.12-0.14 / 0.17x, so a "C fast path" through either
+reader would cost time (and its fallback checks more), not save it.
 """
 
 from __future__ import annotations
