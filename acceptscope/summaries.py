@@ -162,7 +162,9 @@ _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema
 _NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
 _NEW_IN_4 = (schema.SUM_RUN_RIDS,)
 _NEW_IN_5 = (schema.SUM_KEY_PAIRS, schema.SUM_PAIRS)
-_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4 + _NEW_IN_5)  # what a version-2 file has
+_NEW_IN_6 = (schema.SUM_REQUEST_PAGE, schema.SUM_PAGE_RUNS)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES
+            if t not in _NEW_IN_3 + _NEW_IN_4 + _NEW_IN_5 + _NEW_IN_6)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -238,6 +240,7 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
                        f"JOIN {view} v ON v.run_id = s.run_id AND v.rid = s.rid GROUP BY s.run_id, s.rid)")
             con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
         add_pairs(con, table, view)  # version 5: the pairs' copies of the keys just touched
+        add_pages(con, table, view, req_view)  # version 6: the drill-down's rows of the requests just touched
     finally:
         con.unregister(view)
         if table == RS:
@@ -446,6 +449,7 @@ def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
             con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
             con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
     rebuild_pairs(con, ids, tables)  # version 5: pairs of these runs from their rebuilt request keys
+    rebuild_pages(con, ids, tables)  # version 6: the drill-down's rows from requests + sum_requests
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -505,6 +509,7 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
             rebuild(con, todo, _NEW_IN_4)
             stale = sorted(done | set(todo))
         stale = ensure_pairs(con, v, stale)  # version 5: sum_key_pairs of the audit pairs
+        stale = ensure_pages(con, v, stale)  # version 6: sum_request_page of every run
         record_version(con)
         con.execute("COMMIT")
     except BaseException:
@@ -674,7 +679,11 @@ def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_b
 
 def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000, offset: int = 0) -> pd.DataFrame:
     """One page of a run's requests (``limit`` from ``offset``, in workload, prompt order) with their
-    block statistics: the page is picked first, then only its requests' summary rows are summed."""
+    block statistics: from the sorted page rows (:func:`page_of_requests`, version 6), else the page is
+    picked from ``requests`` first and only its requests' summary rows are summed."""
+    page = page_of_requests(con, run_id, limit, offset)
+    if page is not None:
+        return page
     reqs = _source(con, schema.SUM_REQUESTS, [run_id])
     return _df(con, f"""
         WITH q AS MATERIALIZED (
@@ -991,3 +1000,127 @@ def pair_totals(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
                            "ORDER BY workload, prompt_index, seed", p).fetchnumpy()
         out["rows"] = tuple(np.asarray(cols[c], dtype=float) for c in ("w", "t", "z", "y"))
     return out
+
+
+# ---------------------------------------------------------------------------
+# schema version 6: the drill-down's rows (sum_request_page), kept sorted per run, so a page of requests
+# is a range of positions plus the rows added since the run was last sorted (no sort of every request)
+# ---------------------------------------------------------------------------
+PAGE_TAIL_MIN = 4096  # rows added since a run's last sort past which add() sorts it again ...
+PAGE_TAIL_SHARE = 8  # ... or past 1/PAGE_TAIL_SHARE of its sorted rows, whichever is more (amortised rewrites)
+_PAGE = schema.SUM_REQUEST_PAGE.name
+_PAGE_RUNS = schema.SUM_PAGE_RUNS.name
+_PAGE_REQ = ("workload", "prompt_index", "seed", "temperature", "completion_tokens", "finish_reason", "latency_s")
+_PAGE_SUMS = ("n", "sum_acc_len", "n_acc_len", "sum_window", "n_window", "sum_ceil1", "n_ceil")
+_PAGE_ORDER = "workload, prompt_index, rid"  # requests()' order (DuckDB's default: NULLS LAST)
+
+
+def _page_limit(n_base: int) -> int:
+    return max(PAGE_TAIL_MIN, int(n_base) // PAGE_TAIL_SHARE)
+
+
+def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: str) -> None:
+    """In :func:`add`: fold a batch into ``sum_request_page`` (blocks: the per-request sums ``req_view``
+    of the batch; requests rows: their columns), new rows unsorted (``pos`` NULL); then sort a run
+    whose unsorted requests outgrow :func:`_page_limit` (:func:`_sort_pages`)."""
+    if table not in (RS, REQ) or not present(con, _NEW_IN_6):
+        return
+    sums = ", ".join(_PAGE_SUMS)
+    if table == RS:
+        con.execute(f"""
+            INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {sums})
+            SELECT run_id, rid, NULL, false, {", ".join(f"sum({c})" for c in _PAGE_SUMS)} FROM {req_view}
+            GROUP BY run_id, rid
+            ON CONFLICT DO UPDATE SET {", ".join(f"{c} = {c} + EXCLUDED.{c}" for c in _PAGE_SUMS)}""")
+    else:
+        cols = ", ".join(_q(c) for c in _PAGE_REQ)
+        con.execute(f"""
+            INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {sums})
+            SELECT run_id, rid, NULL, true, {cols}, {", ".join("0" for _ in _PAGE_SUMS)} FROM {view}
+            ON CONFLICT DO UPDATE SET has_req = true, {", ".join(f"{c} = EXCLUDED.{c}" for c in (cols.split(", ")))}""")
+    runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
+    con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT unnest({_lit_list(runs)}), 0 ON CONFLICT DO NOTHING")
+    if table == REQ:
+        _sort_pages(con, runs)
+
+
+def _page_tails(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per run: (sorted rows, listed rows added since). The second scans only unsorted rows (zone maps)."""
+    lit = _lit_list(runs)
+    base = dict(con.execute(f"SELECT run_id, n_base FROM {_PAGE_RUNS} WHERE list_contains({lit}, run_id)").fetchall())
+    tail = dict(con.execute(f"SELECT run_id, count(*) FROM {_PAGE} WHERE pos IS NULL AND has_req "
+                            f"AND list_contains({lit}, run_id) GROUP BY run_id").fetchall())
+    return {r: (int(base.get(r, 0)), int(tail.get(r, 0))) for r in runs}
+
+
+def _sort_pages(con: duckdb.DuckDBPyConnection, runs: Sequence[str], force: bool = False) -> None:
+    """Rewrite the page rows of each run in ``runs`` whose unsorted part outgrew :func:`_page_limit` (or
+    every one, ``force``) in (workload, prompt_index, rid) order with ``pos`` = its rank, so that a page is
+    a contiguous stretch of the table (zone maps skip the rest). Rows without a requests row stay unsorted."""
+    cols = ", ".join(_q(c.name) for c in schema.SUM_REQUEST_PAGE.columns if c.name != "pos")
+    for r, (n_base, n_tail) in _page_tails(con, runs).items():
+        if not n_tail or (not force and n_tail <= _page_limit(n_base)):
+            continue
+        tmp = "_acceptscope_page_sort"
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {tmp} AS
+            SELECT {cols}, CASE WHEN has_req THEN row_number() OVER (PARTITION BY has_req ORDER BY {_PAGE_ORDER}) - 1
+                           END AS pos
+            FROM {_PAGE} WHERE run_id = $r""", {"r": r})
+        try:
+            con.execute(f"DELETE FROM {_PAGE} WHERE run_id = $r", {"r": r})
+            con.execute(f"INSERT INTO {_PAGE} ({cols}, pos) SELECT * FROM {tmp} ORDER BY pos NULLS LAST")
+            con.execute(f"UPDATE {_PAGE_RUNS} SET n_base = (SELECT count(pos) FROM {tmp}) WHERE run_id = $r", {"r": r})
+        finally:
+            con.execute(f"DROP TABLE IF EXISTS {tmp}")
+
+
+def rebuild_pages(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+                  tables: Sequence[schema.Table] = schema.SUMMARY_TABLES) -> None:
+    """After :func:`rebuild`: ``run_ids``' page rows from their requests rows and ``sum_requests``
+    (unsorted, then sorted by the rule :func:`add` follows)."""
+    if not run_ids or schema.SUM_REQUEST_PAGE not in tables or not present(con, _NEW_IN_6):
+        return
+    ids = {"ids": list(run_ids)}
+    for t in _NEW_IN_6:
+        con.execute(f"DELETE FROM {t.name} WHERE run_id IN (SELECT unnest($ids))", ids)
+    cols = ", ".join(_q(c) for c in _PAGE_REQ)
+    con.execute(f"""
+        INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {", ".join(_PAGE_SUMS)})
+        WITH b AS (SELECT run_id, rid, {", ".join(f"sum({c}) AS {c}" for c in _PAGE_SUMS)}
+                   FROM {schema.SUM_REQUESTS.name} WHERE run_id IN (SELECT unnest($ids)) GROUP BY run_id, rid),
+             q AS (SELECT run_id, rid, {cols} FROM {REQ} WHERE run_id IN (SELECT unnest($ids)))
+        SELECT coalesce(q.run_id, b.run_id), coalesce(q.rid, b.rid), NULL, q.rid IS NOT NULL,
+               {", ".join(f"q.{c}" for c in cols.split(", "))}, {", ".join(f"coalesce(b.{c}, 0)" for c in _PAGE_SUMS)}
+        FROM q FULL JOIN b ON q.run_id = b.run_id AND q.rid = b.rid""", ids)
+    con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT DISTINCT run_id, 0 FROM {_PAGE} "
+                "WHERE run_id IN (SELECT unnest($ids))", ids)
+    _sort_pages(con, list(run_ids))
+
+
+def ensure_pages(con: duckdb.DuckDBPyConnection, version: int, rebuilt: list[str]) -> list[str]:
+    """In :func:`ensure`, a file from before version 6: build every run's page rows; returns the runs
+    rebuilt so far plus those."""
+    if version >= 6:
+        return rebuilt
+    ids = [r for (r,) in con.execute(f"SELECT run_id FROM {REQ} UNION SELECT run_id FROM {schema.SUM_REQUESTS.name}")
+           .fetchall()]
+    rebuild_pages(con, ids)
+    return sorted(set(rebuilt) | set(ids))
+
+
+def page_of_requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int, offset: int) -> pd.DataFrame | None:
+    """:func:`requests`' page from ``sum_request_page`` (None: an older file, or a stale run). The run's
+    rows ranked ``offset .. offset + limit`` are among its sorted rows at positions ``offset - t ..
+    offset + limit`` and its ``t`` unsorted ones (each unsorted row sorting before a page row shifts it
+    by one): one ordered LIMIT over those few rows answers, with the same ordering SQL."""
+    if not present(con, _NEW_IN_6) or stale_runs(con, [run_id]):
+        return None
+    limit, offset = int(limit), int(offset)
+    _, t = _page_tails(con, [run_id])[run_id]
+    lo, hi = max(0, offset - t), offset + limit
+    return _df(con, f"""
+        SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s,
+               CASE WHEN n > 0 THEN n::HUGEINT END AS blocks, sum_acc_len / nullif(n_acc_len, 0) AS mean_acc_len,
+               sum_window / nullif(n_window, 0) AS mean_window, sum_ceil1 / nullif(n_ceil, 0) AS ceiling_accept_len
+        FROM {_PAGE} WHERE run_id = $r AND has_req AND (pos IS NULL OR (pos >= {lo} AND pos < {hi}))
+        ORDER BY {_PAGE_ORDER} LIMIT {limit} OFFSET {offset - lo}""", {"r": run_id})
