@@ -1124,11 +1124,15 @@ def page_of_requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int, of
     rows ranked ``offset .. offset + limit`` are among its sorted rows at positions ``offset - t ..
     offset + limit`` and its ``t`` unsorted ones (each unsorted row sorting before a page row shifts it
     by one): one ordered LIMIT over those few rows answers, with the same ordering SQL."""
-    if not present(con, _NEW_IN_6) or stale_runs(con, [run_id]):
+    try:  # the unsorted rows: a scan of row groups that hold a NULL pos (zone maps skip the sorted ones)
+        t = con.execute(f"SELECT count(*) FROM {_PAGE} WHERE run_id = $r AND pos IS NULL AND has_req",
+                        {"r": run_id}).fetchone()[0]
+    except duckdb.CatalogException:  # a file from before version 6, read-only
+        return None
+    if stale_runs(con, [run_id]):
         return None
     limit, offset = int(limit), int(offset)
-    _, t = _page_tails(con, [run_id])[run_id]
-    lo, hi = max(0, offset - t), offset + limit
+    lo, hi = max(0, offset - int(t)), offset + limit
     return _df(con, f"""
         SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s,
                CASE WHEN n > 0 THEN n::HUGEINT END AS blocks, sum_acc_len / nullif(n_acc_len, 0) AS mean_acc_len,
