@@ -630,6 +630,7 @@ SUM_REQUEST_PAGE = Table(
         _c("run_id", pa.string(), "run id", False),
         _c("rid", pa.string(), "request id", False),
         _c("pos", pa.int64(), "rank in (workload, prompt_index, rid) order at the run's last sort (NULL: added since)"),
+        _c("n_sorted", pa.int64(), "n at the run's last sort (the copy in sum_request_sorted is current while equal)"),
         _c("has_req", pa.bool_(), "a requests row is stored (only those are listed)", False),
         _c("workload", pa.string(), "requests.workload"),
         _c("prompt_index", pa.int32(), "requests.prompt_index"),
@@ -647,9 +648,23 @@ SUM_REQUEST_PAGE = Table(
         _c("n_ceil", pa.int64(), "rows with a ceiling"),
     ),
     key=("run_id", "rid"),
-    doc="The drill-down's rows per (run, request): the requests row's columns and the request's block sums. "
-        "Rows sorted once per run (pos) and rewritten in that order when enough were added since, so a page "
-        "is a range of pos plus the few rows added since (summaries.requests).",
+    doc="The drill-down's rows per (run, request): the requests row's columns and the request's block sums, "
+        "ranked (pos) when enough were added since the run's last sort; sum_request_sorted holds a copy in "
+        "that order, so a page is a range of pos plus the few rows added since (summaries.page_of_requests).",
+)
+
+SUM_REQUEST_SORTED = Table(
+    "sum_request_sorted",
+    (
+        _c("run_id", pa.string(), "run id"),
+        _c("pos", pa.int64(), "sum_request_page.pos"),
+        *(c for c in SUM_REQUEST_PAGE.columns if c.name not in ("run_id", "pos", "n_sorted", "has_req")),
+    ),
+    key=("run_id", "pos"),
+    doc="sum_request_page's ranked rows of each run as of its last sort, written in pos order (physically "
+        "clustered: zone maps skip all but a page's rows). Not in SUMMARY_TABLES: created without a primary "
+        "key by acceptscope.summaries, because deleting a run's rows from an ART-indexed table costs ~70 us "
+        "a row at commit.",
 )
 
 SUM_PAGE_RUNS = Table(

@@ -1056,7 +1056,7 @@ def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: s
 
 
 def _page_tails(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """Per run: (sorted rows, listed rows added since). The second scans only unsorted rows (zone maps)."""
+    """Per run: (sorted rows, listed rows added since)."""
     lit = _lit_list(runs)
     base = dict(con.execute(f"SELECT run_id, n_base FROM {_PAGE_RUNS} WHERE list_contains({lit}, run_id)").fetchall())
     tail = dict(con.execute(f"SELECT run_id, count(*) FROM {_PAGE} WHERE pos IS NULL AND has_req "
@@ -1064,25 +1064,39 @@ def _page_tails(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str
     return {r: (int(base.get(r, 0)), int(tail.get(r, 0))) for r in runs}
 
 
+_SORTED = schema.SUM_REQUEST_SORTED.name
+_SORTED_COLS = ", ".join(_q(c.name) for c in schema.SUM_REQUEST_SORTED.columns)
+
+
+def _create_sorted(con: duckdb.DuckDBPyConnection) -> None:
+    """``sum_request_sorted`` without a primary key (column types from the record model via Arrow)."""
+    empty = pa.Table.from_pylist([], schema=schema.SUM_REQUEST_SORTED.arrow_schema)
+    con.register("_acceptscope_sorted_type", empty)
+    try:
+        con.execute(f"CREATE TABLE IF NOT EXISTS {_SORTED} AS SELECT * FROM _acceptscope_sorted_type")
+    finally:
+        con.unregister("_acceptscope_sorted_type")
+
+
 def _sort_pages(con: duckdb.DuckDBPyConnection, runs: Sequence[str], force: bool = False) -> None:
-    """Rewrite the page rows of each run in ``runs`` whose unsorted part outgrew :func:`_page_limit` (or
-    every one, ``force``) in (workload, prompt_index, rid) order with ``pos`` = its rank, so that a page is
-    a contiguous stretch of the table (zone maps skip the rest). Rows without a requests row stay unsorted."""
-    cols = ", ".join(_q(c.name) for c in schema.SUM_REQUEST_PAGE.columns if c.name != "pos")
+    """For each run in ``runs`` whose unsorted page rows outgrew :func:`_page_limit` (every one, ``force``):
+    rank its listed rows in (workload, prompt_index, rid) order (``pos``, an UPDATE in place, with ``n_sorted``
+    = n) and rewrite its copy in ``sum_request_sorted`` in that order (a table without an index: deleting
+    the run's rows from the ART-indexed ``sum_request_page`` would cost ~70 us a row at commit)."""
+    _create_sorted(con)
     for r, (n_base, n_tail) in _page_tails(con, runs).items():
         if not n_tail or (not force and n_tail <= _page_limit(n_base)):
             continue
-        tmp = "_acceptscope_page_sort"
-        con.execute(f"""CREATE OR REPLACE TEMP TABLE {tmp} AS
-            SELECT {cols}, CASE WHEN has_req THEN row_number() OVER (PARTITION BY has_req ORDER BY {_PAGE_ORDER}) - 1
-                           END AS pos
-            FROM {_PAGE} WHERE run_id = $r""", {"r": r})
-        try:
-            con.execute(f"DELETE FROM {_PAGE} WHERE run_id = $r", {"r": r})
-            con.execute(f"INSERT INTO {_PAGE} ({cols}, pos) SELECT * FROM {tmp} ORDER BY pos NULLS LAST")
-            con.execute(f"UPDATE {_PAGE_RUNS} SET n_base = (SELECT count(pos) FROM {tmp}) WHERE run_id = $r", {"r": r})
-        finally:
-            con.execute(f"DROP TABLE IF EXISTS {tmp}")
+        p = {"r": r}
+        con.execute(f"""
+            UPDATE {_PAGE} SET pos = s.pos, n_sorted = {_PAGE}.n
+            FROM (SELECT rid, row_number() OVER (ORDER BY {_PAGE_ORDER}) - 1 AS pos
+                  FROM {_PAGE} WHERE run_id = $r AND has_req) s
+            WHERE {_PAGE}.run_id = $r AND {_PAGE}.rid = s.rid""", p)
+        con.execute(f"DELETE FROM {_SORTED} WHERE run_id = $r", p)
+        con.execute(f"INSERT INTO {_SORTED} SELECT {_SORTED_COLS} FROM {_PAGE} WHERE run_id = $r AND pos IS NOT NULL "
+                    "ORDER BY pos", p)
+        con.execute(f"UPDATE {_PAGE_RUNS} SET n_base = {int(n_base) + int(n_tail)} WHERE run_id = $r", p)
 
 
 def rebuild_pages(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
@@ -1092,7 +1106,8 @@ def rebuild_pages(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
     if not run_ids or schema.SUM_REQUEST_PAGE not in tables or not present(con, _NEW_IN_6):
         return
     ids = {"ids": list(run_ids)}
-    for t in _NEW_IN_6:
+    _create_sorted(con)
+    for t in (*_NEW_IN_6, schema.SUM_REQUEST_SORTED):
         con.execute(f"DELETE FROM {t.name} WHERE run_id IN (SELECT unnest($ids))", ids)
     cols = ", ".join(_q(c) for c in _PAGE_REQ)
     con.execute(f"""
@@ -1120,22 +1135,36 @@ def ensure_pages(con: duckdb.DuckDBPyConnection, version: int, rebuilt: list[str
 
 
 def page_of_requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int, offset: int) -> pd.DataFrame | None:
-    """:func:`requests`' page from ``sum_request_page`` (None: an older file, or a stale run). The run's
-    rows ranked ``offset .. offset + limit`` are among its sorted rows at positions ``offset - t ..
-    offset + limit`` and its ``t`` unsorted ones (each unsorted row sorting before a page row shifts it
-    by one): one ordered LIMIT over those few rows answers, with the same ordering SQL."""
-    try:  # the unsorted rows: a scan of row groups that hold a NULL pos (zone maps skip the sorted ones)
+    """:func:`requests`' page from the sorted copy (None: an older file, or a stale run). The run's rows
+    ranked ``offset .. offset + limit`` are among its sorted rows at positions ``offset - t .. offset +
+    limit`` and its ``t`` unsorted ones (each unsorted row sorting before a page row shifts it by one):
+    one ordered LIMIT over those few rows answers, with the same ordering SQL. A sorted row whose blocks
+    grew since the sort (``n`` <> ``n_sorted``) takes its current sums from ``sum_request_page``."""
+    try:  # the unsorted rows: mostly the last row groups (zone maps on pos skip the others)
         t = con.execute(f"SELECT count(*) FROM {_PAGE} WHERE run_id = $r AND pos IS NULL AND has_req",
                         {"r": run_id}).fetchone()[0]
+        con.execute(f"SELECT 1 FROM {_SORTED} LIMIT 0")
     except duckdb.CatalogException:  # a file from before version 6, read-only
         return None
     if stale_runs(con, [run_id]):
         return None
     limit, offset = int(limit), int(offset)
     lo, hi = max(0, offset - int(t)), offset + limit
+    rng = f"pos >= {lo} AND pos < {hi}"
+    cols = ", ".join(_PAGE_REQ)
+    sums = ", ".join(_PAGE_SUMS)
+
+    def cur(c: str) -> str:  # the current sum: the page row's, where its blocks grew since the sort
+        return f"coalesce(d.{c}, c.{c})"
     return _df(con, f"""
-        SELECT rid, workload, prompt_index, seed, temperature, completion_tokens, finish_reason, latency_s,
-               CASE WHEN n > 0 THEN n::HUGEINT END AS blocks, sum_acc_len / nullif(n_acc_len, 0) AS mean_acc_len,
-               sum_window / nullif(n_window, 0) AS mean_window, sum_ceil1 / nullif(n_ceil, 0) AS ceiling_accept_len
-        FROM {_PAGE} WHERE run_id = $r AND has_req AND (pos IS NULL OR (pos >= {lo} AND pos < {hi}))
-        ORDER BY {_PAGE_ORDER} LIMIT {limit} OFFSET {offset - lo}""", {"r": run_id})
+        WITH c AS (SELECT rid, {cols}, {sums} FROM {_SORTED} WHERE run_id = $r AND {rng}
+                   UNION ALL
+                   SELECT rid, {cols}, {sums} FROM {_PAGE} WHERE run_id = $r AND pos IS NULL AND has_req),
+             d AS (SELECT rid, {sums} FROM {_PAGE} WHERE run_id = $r AND {rng} AND n <> n_sorted)
+        SELECT c.rid, c.workload, c.prompt_index, c.seed, c.temperature, c.completion_tokens, c.finish_reason,
+               c.latency_s, CASE WHEN {cur('n')} > 0 THEN {cur('n')}::HUGEINT END AS blocks,
+               {cur('sum_acc_len')} / nullif({cur('n_acc_len')}, 0) AS mean_acc_len,
+               {cur('sum_window')} / nullif({cur('n_window')}, 0) AS mean_window,
+               {cur('sum_ceil1')} / nullif({cur('n_ceil')}, 0) AS ceiling_accept_len
+        FROM c LEFT JOIN d USING (rid)
+        ORDER BY c.workload, c.prompt_index, c.rid LIMIT {limit} OFFSET {offset - lo}""", {"r": run_id})
