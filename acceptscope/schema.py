@@ -630,7 +630,7 @@ SUM_REQUEST_PAGE = Table(
         _c("run_id", pa.string(), "run id", False),
         _c("rid", pa.string(), "request id", False),
         _c("pos", pa.int64(), "rank in (workload, prompt_index, rid) order at the run's last sort (NULL: added since)"),
-        _c("n_sorted", pa.int64(), "n at the run's last sort (the copy in sum_request_sorted is current while equal)"),
+        _c("grown", pa.bool_(), "blocks added since the run's last sort (its copy in sum_request_sorted is behind)"),
         _c("has_req", pa.bool_(), "a requests row is stored (only those are listed)", False),
         _c("workload", pa.string(), "requests.workload"),
         _c("prompt_index", pa.int32(), "requests.prompt_index"),
@@ -658,7 +658,7 @@ SUM_REQUEST_SORTED = Table(
     (
         _c("run_id", pa.string(), "run id"),
         _c("pos", pa.int64(), "sum_request_page.pos"),
-        *(c for c in SUM_REQUEST_PAGE.columns if c.name not in ("run_id", "pos", "n_sorted", "has_req")),
+        *(c for c in SUM_REQUEST_PAGE.columns if c.name not in ("run_id", "pos", "grown", "has_req")),
     ),
     key=("run_id", "pos"),
     doc="sum_request_page's ranked rows of each run as of its last sort, written in pos order (physically "

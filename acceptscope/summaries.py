@@ -1042,7 +1042,7 @@ def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: s
             INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {sums})
             SELECT run_id, rid, NULL, false, {", ".join(f"sum({c})" for c in _PAGE_SUMS)} FROM {req_view}
             GROUP BY run_id, rid
-            ON CONFLICT DO UPDATE SET {", ".join(f"{c} = {c} + EXCLUDED.{c}" for c in _PAGE_SUMS)}""")
+            ON CONFLICT DO UPDATE SET grown = pos IS NOT NULL, {", ".join(f"{c} = {c} + EXCLUDED.{c}" for c in _PAGE_SUMS)}""")
     else:
         cols = ", ".join(_q(c) for c in _PAGE_REQ)
         con.execute(f"""
@@ -1080,8 +1080,8 @@ def _create_sorted(con: duckdb.DuckDBPyConnection) -> None:
 
 def _sort_pages(con: duckdb.DuckDBPyConnection, runs: Sequence[str], force: bool = False) -> None:
     """For each run in ``runs`` whose unsorted page rows outgrew :func:`_page_limit` (every one, ``force``):
-    rank its listed rows in (workload, prompt_index, rid) order (``pos``, an UPDATE in place, with ``n_sorted``
-    = n) and rewrite its copy in ``sum_request_sorted`` in that order (a table without an index: deleting
+    rank its listed rows in (workload, prompt_index, rid) order (``pos``, an UPDATE in place; ``grown`` cleared)
+    and rewrite its copy in ``sum_request_sorted`` in that order (a table without an index: deleting
     the run's rows from the ART-indexed ``sum_request_page`` would cost ~70 us a row at commit)."""
     _create_sorted(con)
     for r, (n_base, n_tail) in _page_tails(con, runs).items():
@@ -1089,7 +1089,7 @@ def _sort_pages(con: duckdb.DuckDBPyConnection, runs: Sequence[str], force: bool
             continue
         p = {"r": r}
         con.execute(f"""
-            UPDATE {_PAGE} SET pos = s.pos, n_sorted = {_PAGE}.n
+            UPDATE {_PAGE} SET pos = s.pos, grown = NULL
             FROM (SELECT rid, row_number() OVER (ORDER BY {_PAGE_ORDER}) - 1 AS pos
                   FROM {_PAGE} WHERE run_id = $r AND has_req) s
             WHERE {_PAGE}.run_id = $r AND {_PAGE}.rid = s.rid""", p)
@@ -1139,7 +1139,8 @@ def page_of_requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int, of
     ranked ``offset .. offset + limit`` are among its sorted rows at positions ``offset - t .. offset +
     limit`` and its ``t`` unsorted ones (each unsorted row sorting before a page row shifts it by one):
     one ordered LIMIT over those few rows answers, with the same ordering SQL. A sorted row whose blocks
-    grew since the sort (``n`` <> ``n_sorted``) takes its current sums from ``sum_request_page``."""
+    grew since the sort (``grown``: a constant filter, so zone maps skip row groups without one) takes its
+    current sums from ``sum_request_page``."""
     try:  # the unsorted rows: mostly the last row groups (zone maps on pos skip the others)
         t = con.execute(f"SELECT count(*) FROM {_PAGE} WHERE run_id = $r AND pos IS NULL AND has_req",
                         {"r": run_id}).fetchone()[0]
@@ -1160,7 +1161,7 @@ def page_of_requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int, of
         WITH c AS (SELECT rid, {cols}, {sums} FROM {_SORTED} WHERE run_id = $r AND {rng}
                    UNION ALL
                    SELECT rid, {cols}, {sums} FROM {_PAGE} WHERE run_id = $r AND pos IS NULL AND has_req),
-             d AS (SELECT rid, {sums} FROM {_PAGE} WHERE run_id = $r AND {rng} AND n <> n_sorted)
+             d AS (SELECT rid, {sums} FROM {_PAGE} WHERE run_id = $r AND grown AND {rng})
         SELECT c.rid, c.workload, c.prompt_index, c.seed, c.temperature, c.completion_tokens, c.finish_reason,
                c.latency_s, CASE WHEN {cur('n')} > 0 THEN {cur('n')}::HUGEINT END AS blocks,
                {cur('sum_acc_len')} / nullif({cur('n_acc_len')}, 0) AS mean_acc_len,
