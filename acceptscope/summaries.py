@@ -1042,13 +1042,17 @@ def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: s
             INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {sums})
             SELECT run_id, rid, NULL, false, {", ".join(f"sum({c})" for c in _PAGE_SUMS)} FROM {req_view}
             GROUP BY run_id, rid
-            ON CONFLICT DO UPDATE SET grown = pos IS NOT NULL, {", ".join(f"{c} = {c} + EXCLUDED.{c}" for c in _PAGE_SUMS)}""")
-    else:
+            ON CONFLICT DO UPDATE SET grown = CASE WHEN pos IS NOT NULL THEN true END, {", ".join(f"{c} = {c} + EXCLUDED.{c}" for c in _PAGE_SUMS)}""")
+    else:  # rows whose blocks came first get the request's columns by an UPDATE join (ON CONFLICT DO UPDATE
+        # took ~45 us a row here: 0.7 CPU-s per 16k requests rows), the others are inserted
         cols = ", ".join(_q(c) for c in _PAGE_REQ)
+        con.execute(f"""
+            UPDATE {_PAGE} SET has_req = true, {", ".join(f"{c} = v.{c}" for c in cols.split(", "))}
+            FROM {view} v WHERE {_PAGE}.run_id = v.run_id AND {_PAGE}.rid = v.rid""")
         con.execute(f"""
             INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {sums})
             SELECT run_id, rid, NULL, true, {cols}, {", ".join("0" for _ in _PAGE_SUMS)} FROM {view}
-            ON CONFLICT DO UPDATE SET has_req = true, {", ".join(f"{c} = EXCLUDED.{c}" for c in (cols.split(", ")))}""")
+            ON CONFLICT DO NOTHING""")
     runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
     con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT unnest({_lit_list(runs)}), 0 ON CONFLICT DO NOTHING")
     if table == REQ:
