@@ -425,8 +425,8 @@ TABLES: dict[str, Table] = {t.name: t for t in ALL_TABLES}
 # (acceptscope.summaries), so a dashboard panel reads kilobytes, not millions of rows.
 # Not part of the record model: exports and row counts leave them out.
 # ---------------------------------------------------------------------------
-SCHEMA_VERSION = 5  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
-# sum_request_keys; 4: + sum_run_rids; 5: + sum_key_pairs, sum_pairs
+SCHEMA_VERSION = 6  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
+# sum_request_keys; 4: + sum_run_rids; 5: + sum_key_pairs, sum_pairs; 6: + sum_request_page, sum_page_runs
 
 STORE_META = Table(
     "store_meta",
@@ -624,8 +624,62 @@ SUM_PAIRS = Table(
     doc="The (compact, cap-accept) run pairs whose sum_key_pairs rows are kept complete.",
 )
 
+SUM_REQUEST_PAGE = Table(
+    "sum_request_page",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("rid", pa.string(), "request id", False),
+        _c("pos", pa.int64(), "rank in (workload, prompt_index, rid) order at the run's last sort (NULL: added since)"),
+        _c("grown", pa.bool_(), "blocks added since the run's last sort (its copy in sum_request_sorted is behind)"),
+        _c("has_req", pa.bool_(), "a requests row is stored (only those are listed)", False),
+        _c("workload", pa.string(), "requests.workload"),
+        _c("prompt_index", pa.int32(), "requests.prompt_index"),
+        _c("seed", pa.int64(), "requests.seed"),
+        _c("temperature", pa.float64(), "requests.temperature"),
+        _c("completion_tokens", pa.int32(), "requests.completion_tokens"),
+        _c("finish_reason", pa.string(), "requests.finish_reason"),
+        _c("latency_s", pa.float64(), "requests.latency_s"),
+        _c("n", pa.int64(), "request_steps rows", False),
+        _c("sum_acc_len", pa.int64(), "Σ acc_len"),
+        _c("n_acc_len", pa.int64(), "rows with acc_len"),
+        _c("sum_window", pa.int64(), "Σ window"),
+        _c("n_window", pa.int64(), "rows with window"),
+        _c("sum_ceil1", pa.int64(), "Σ (ceiling + 1)"),
+        _c("n_ceil", pa.int64(), "rows with a ceiling"),
+    ),
+    key=("run_id", "rid"),
+    doc="The drill-down's rows per (run, request): the requests row's columns and the request's block sums, "
+        "ranked (pos) when enough were added since the run's last sort; sum_request_sorted holds a copy in "
+        "that order, so a page is a range of pos plus the few rows added since (summaries.page_of_requests).",
+)
+
+SUM_REQUEST_SORTED = Table(
+    "sum_request_sorted",
+    (
+        _c("run_id", pa.string(), "run id"),
+        _c("pos", pa.int64(), "sum_request_page.pos"),
+        *(c for c in SUM_REQUEST_PAGE.columns if c.name not in ("run_id", "pos", "grown", "has_req")),
+    ),
+    key=("run_id", "pos"),
+    doc="sum_request_page's ranked rows of each run as of its last sort, written in pos order (physically "
+        "clustered: zone maps skip all but a page's rows). Not in SUMMARY_TABLES: created without a primary "
+        "key by acceptscope.summaries, because deleting a run's rows from an ART-indexed table costs ~70 us "
+        "a row at commit.",
+)
+
+SUM_PAGE_RUNS = Table(
+    "sum_page_runs",
+    (
+        _c("run_id", pa.string(), "run id", False),
+        _c("n_base", pa.int64(), "rows of sum_request_page with a pos (the sorted part)", False),
+    ),
+    key=("run_id",),
+    doc="Per run, how many drill-down rows are in sorted order (sum_request_page.pos 0 .. n_base - 1).",
+)
+
 SUMMARY_TABLES: tuple[Table, ...] = (SUM_CELLS, SUM_REQUESTS, SUM_POSITIONS, SUM_RELIABILITY, SUM_STEPS,
-                                     SUM_STEP_BINS, SUM_REQUEST_KEYS, SUM_RUN_RIDS, SUM_KEY_PAIRS, SUM_PAIRS)
+                                     SUM_STEP_BINS, SUM_REQUEST_KEYS, SUM_RUN_RIDS, SUM_KEY_PAIRS, SUM_PAIRS,
+                                     SUM_REQUEST_PAGE, SUM_PAGE_RUNS)
 
 
 def table(name: str) -> Table:

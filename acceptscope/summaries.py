@@ -162,7 +162,9 @@ _OF = {schema.REQUEST_STEPS.name: (schema.SUM_CELLS, schema.SUM_REQUESTS, schema
 _NEW_IN_3 = (schema.SUM_STEP_BINS, schema.SUM_REQUEST_KEYS)
 _NEW_IN_4 = (schema.SUM_RUN_RIDS,)
 _NEW_IN_5 = (schema.SUM_KEY_PAIRS, schema.SUM_PAIRS)
-_V2 = tuple(t for t in schema.SUMMARY_TABLES if t not in _NEW_IN_3 + _NEW_IN_4 + _NEW_IN_5)  # what a version-2 file has
+_NEW_IN_6 = (schema.SUM_REQUEST_PAGE, schema.SUM_PAGE_RUNS)
+_V2 = tuple(t for t in schema.SUMMARY_TABLES
+            if t not in _NEW_IN_3 + _NEW_IN_4 + _NEW_IN_5 + _NEW_IN_6)  # what a version-2 file has
 
 
 SUMMARISED = frozenset(_OF)  # record-model tables whose appends update summaries
@@ -242,6 +244,7 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
                        f"JOIN {view} v ON v.run_id = s.run_id AND v.rid = s.rid GROUP BY s.run_id, s.rid)")
             con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
         add_pairs(con, table, view, runs)  # version 5: the pairs' copies of the keys just touched
+        add_pages(con, table, view, req_view)  # version 6: the drill-down's rows of the requests just touched
     finally:
         con.unregister(view)
         if table == RS:
@@ -456,6 +459,7 @@ def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
             con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
             con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
     rebuild_pairs(con, ids, tables)  # version 5: pairs of these runs from their rebuilt request keys
+    rebuild_pages(con, ids, tables)  # version 6: the drill-down's rows from requests + sum_requests
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -515,6 +519,7 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
             rebuild(con, todo, _NEW_IN_4)
             stale = sorted(done | set(todo))
         stale = ensure_pairs(con, v, stale)  # version 5: sum_key_pairs of the audit pairs
+        stale = ensure_pages(con, v, stale)  # version 6: sum_request_page of every run
         record_version(con)
         con.execute("COMMIT")
     except BaseException:
@@ -684,7 +689,11 @@ def reliability_bins(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], n_b
 
 def requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5000, offset: int = 0) -> pd.DataFrame:
     """One page of a run's requests (``limit`` from ``offset``, in workload, prompt order) with their
-    block statistics: the page is picked first, then only its requests' summary rows are summed."""
+    block statistics: from the sorted page rows (:func:`page_of_requests`, version 6), else the page is
+    picked from ``requests`` first and only its requests' summary rows are summed."""
+    page = page_of_requests(con, run_id, limit, offset)
+    if page is not None:
+        return page
     reqs = _source(con, schema.SUM_REQUESTS, [run_id])
     return _df(con, f"""
         WITH q AS MATERIALIZED (
@@ -814,19 +823,30 @@ def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_
         except duckdb.BinderException:  # a file from before the virtual clock (no modeled_step_ms column)
             parts.append(_df(con, sql.format(modeled=""), params))
     if binned:
-        k = "(" + " UNION ALL ".join(f"SELECT '{r.replace(chr(39), chr(39) * 2)}' AS run_id, {int(g)} AS g"
-                                     for r, g in binned.items()) + ")"
+        # runs merged k bins at a time (k > 1) are grouped; a run with k = 1 is read row for row, the same
+        # values without a GROUP BY (1/4 of the query's CPU on 2 x 6k bins)
+        def m(c: str, one: bool) -> str:
+            return f"sum_{c} / nullif(n_{c}, 0)" if one else f"sum(sum_{c}) / nullif(sum(n_{c}), 0)"
 
-        def m(c: str) -> str:
-            return f"sum(sum_{c}) / nullif(sum(n_{c}), 0)"
-        parts.append(_df(con, f"""
-            SELECT b.run_id, rank, epoch, min(bin) * {schema.STEP_BIN} AS forward_ct, {m('bs')} AS bs,
-                   {m('budget')} AS budget, {m('num_verify')} AS num_verify_tokens,
-                   {m('executed')} AS executed_verify_tokens, {m('predicted_ms')} AS predicted_step_ms,
-                   {m('theta')} AS predicted_theta, {m('cpu_ms')} AS step_cpu_ms, {m('gpu_ms')} AS step_gpu_ms,
-                   max(max_wall_s) AS wall_time_s, {m('modeled_ms')} AS modeled_step_ms, sum(n) AS steps
-            FROM {bins} b JOIN {k} k USING (run_id)
-            GROUP BY b.run_id, rank, epoch, bin // k.g ORDER BY b.run_id, rank, epoch, forward_ct"""))
+        def cols(one: bool) -> str:
+            def agg(x: str, f: str) -> str:
+                return x if one else f"{f}({x})"
+            return f"""b.run_id, rank, epoch, {agg('bin', 'min')} * {schema.STEP_BIN} AS forward_ct, {m('bs', one)} AS bs,
+                   {m('budget', one)} AS budget, {m('num_verify', one)} AS num_verify_tokens,
+                   {m('executed', one)} AS executed_verify_tokens, {m('predicted_ms', one)} AS predicted_step_ms,
+                   {m('theta', one)} AS predicted_theta, {m('cpu_ms', one)} AS step_cpu_ms,
+                   {m('gpu_ms', one)} AS step_gpu_ms, {agg('max_wall_s', 'max')} AS wall_time_s,
+                   {m('modeled_ms', one)} AS modeled_step_ms, {agg('n', 'sum')}::HUGEINT AS steps"""
+        ones, many = [r for r, g in binned.items() if g == 1], {r: g for r, g in binned.items() if g > 1}
+        sel = []
+        if ones:
+            sel.append(f"SELECT {cols(True)} FROM {bins} b WHERE list_contains({_lit_list(ones)}, b.run_id)")
+        if many:
+            k = "(" + " UNION ALL ".join(f"SELECT '{r.replace(chr(39), chr(39) * 2)}' AS run_id, {int(g)} AS g"
+                                         for r, g in many.items()) + ")"
+            sel.append(f"SELECT {cols(False)} FROM {bins} b JOIN {k} k USING (run_id) "
+                       "GROUP BY b.run_id, rank, epoch, bin // k.g")
+        parts.append(_df(con, " UNION ALL ".join(sel) + " ORDER BY run_id, rank, epoch, forward_ct"))
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     return out.sort_values(["run_id", "rank", "epoch", "forward_ct"], kind="stable", ignore_index=True) \
         if len(parts) > 1 else out
@@ -1003,3 +1023,165 @@ def pair_totals(con: duckdb.DuckDBPyConnection, compact_run: str, audit_run: str
                            "ORDER BY workload, prompt_index, seed", p).fetchnumpy()
         out["rows"] = tuple(np.asarray(cols[c], dtype=float) for c in ("w", "t", "z", "y"))
     return out
+
+
+# ---------------------------------------------------------------------------
+# schema version 6: the drill-down's rows (sum_request_page), kept sorted per run, so a page of requests
+# is a range of positions plus the rows added since the run was last sorted (no sort of every request)
+# ---------------------------------------------------------------------------
+PAGE_TAIL_MIN = 4096  # rows added since a run's last sort past which add() sorts it again ...
+PAGE_TAIL_SHARE = 8  # ... or past 1/PAGE_TAIL_SHARE of its sorted rows, whichever is more (amortised rewrites)
+_PAGE = schema.SUM_REQUEST_PAGE.name
+_PAGE_RUNS = schema.SUM_PAGE_RUNS.name
+_PAGE_REQ = ("workload", "prompt_index", "seed", "temperature", "completion_tokens", "finish_reason", "latency_s")
+_PAGE_SUMS = ("n", "sum_acc_len", "n_acc_len", "sum_window", "n_window", "sum_ceil1", "n_ceil")
+_PAGE_ORDER = "workload, prompt_index, rid"  # requests()' order (DuckDB's default: NULLS LAST)
+
+
+def _page_limit(n_base: int) -> int:
+    return max(PAGE_TAIL_MIN, int(n_base) // PAGE_TAIL_SHARE)
+
+
+def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: str) -> None:
+    """In :func:`add`: fold a batch into ``sum_request_page`` (blocks: the per-request sums ``req_view``
+    of the batch; requests rows: their columns), new rows unsorted (``pos`` NULL); then sort a run
+    whose unsorted requests outgrow :func:`_page_limit` (:func:`_sort_pages`)."""
+    if table not in (RS, REQ) or not present(con, _NEW_IN_6):
+        return
+    sums = ", ".join(_PAGE_SUMS)
+    if table == RS:
+        con.execute(f"""
+            INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {sums})
+            SELECT run_id, rid, NULL, false, {", ".join(f"sum({c})" for c in _PAGE_SUMS)} FROM {req_view}
+            GROUP BY run_id, rid
+            ON CONFLICT DO UPDATE SET grown = CASE WHEN pos IS NOT NULL THEN true END, {", ".join(f"{c} = {c} + EXCLUDED.{c}" for c in _PAGE_SUMS)}""")
+    else:  # rows whose blocks came first get the request's columns by an UPDATE join (ON CONFLICT DO UPDATE
+        # took ~45 us a row here: 0.7 CPU-s per 16k requests rows), the others are inserted
+        cols = ", ".join(_q(c) for c in _PAGE_REQ)
+        con.execute(f"""
+            UPDATE {_PAGE} SET has_req = true, {", ".join(f"{c} = v.{c}" for c in cols.split(", "))}
+            FROM {view} v WHERE {_PAGE}.run_id = v.run_id AND {_PAGE}.rid = v.rid""")
+        con.execute(f"""
+            INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {sums})
+            SELECT run_id, rid, NULL, true, {cols}, {", ".join("0" for _ in _PAGE_SUMS)} FROM {view}
+            ON CONFLICT DO NOTHING""")
+    runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
+    con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT unnest({_lit_list(runs)}), 0 ON CONFLICT DO NOTHING")
+    if table == REQ:
+        _sort_pages(con, runs)
+
+
+def _page_tails(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per run: (sorted rows, listed rows added since)."""
+    lit = _lit_list(runs)
+    base = dict(con.execute(f"SELECT run_id, n_base FROM {_PAGE_RUNS} WHERE list_contains({lit}, run_id)").fetchall())
+    tail = dict(con.execute(f"SELECT run_id, count(*) FROM {_PAGE} WHERE pos IS NULL AND has_req "
+                            f"AND list_contains({lit}, run_id) GROUP BY run_id").fetchall())
+    return {r: (int(base.get(r, 0)), int(tail.get(r, 0))) for r in runs}
+
+
+_SORTED = schema.SUM_REQUEST_SORTED.name
+_SORTED_COLS = ", ".join(_q(c.name) for c in schema.SUM_REQUEST_SORTED.columns)
+
+
+def _create_sorted(con: duckdb.DuckDBPyConnection) -> None:
+    """``sum_request_sorted`` without a primary key (column types from the record model via Arrow)."""
+    empty = pa.Table.from_pylist([], schema=schema.SUM_REQUEST_SORTED.arrow_schema)
+    con.register("_acceptscope_sorted_type", empty)
+    try:
+        con.execute(f"CREATE TABLE IF NOT EXISTS {_SORTED} AS SELECT * FROM _acceptscope_sorted_type")
+    finally:
+        con.unregister("_acceptscope_sorted_type")
+
+
+def _sort_pages(con: duckdb.DuckDBPyConnection, runs: Sequence[str], force: bool = False) -> None:
+    """For each run in ``runs`` whose unsorted page rows outgrew :func:`_page_limit` (every one, ``force``):
+    rank its listed rows in (workload, prompt_index, rid) order (``pos``, an UPDATE in place; ``grown`` cleared)
+    and rewrite its copy in ``sum_request_sorted`` in that order (a table without an index: deleting
+    the run's rows from the ART-indexed ``sum_request_page`` would cost ~70 us a row at commit)."""
+    _create_sorted(con)
+    for r, (n_base, n_tail) in _page_tails(con, runs).items():
+        if not n_tail or (not force and n_tail <= _page_limit(n_base)):
+            continue
+        p = {"r": r}
+        con.execute(f"""
+            UPDATE {_PAGE} SET pos = s.pos, grown = NULL
+            FROM (SELECT rid, row_number() OVER (ORDER BY {_PAGE_ORDER}) - 1 AS pos
+                  FROM {_PAGE} WHERE run_id = $r AND has_req) s
+            WHERE {_PAGE}.run_id = $r AND {_PAGE}.rid = s.rid""", p)
+        con.execute(f"DELETE FROM {_SORTED} WHERE run_id = $r", p)
+        con.execute(f"INSERT INTO {_SORTED} SELECT {_SORTED_COLS} FROM {_PAGE} WHERE run_id = $r AND pos IS NOT NULL "
+                    "ORDER BY pos", p)
+        con.execute(f"UPDATE {_PAGE_RUNS} SET n_base = {int(n_base) + int(n_tail)} WHERE run_id = $r", p)
+
+
+def rebuild_pages(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+                  tables: Sequence[schema.Table] = schema.SUMMARY_TABLES) -> None:
+    """After :func:`rebuild`: ``run_ids``' page rows from their requests rows and ``sum_requests``
+    (unsorted, then sorted by the rule :func:`add` follows)."""
+    if not run_ids or schema.SUM_REQUEST_PAGE not in tables or not present(con, _NEW_IN_6):
+        return
+    ids = {"ids": list(run_ids)}
+    _create_sorted(con)
+    for t in (*_NEW_IN_6, schema.SUM_REQUEST_SORTED):
+        con.execute(f"DELETE FROM {t.name} WHERE run_id IN (SELECT unnest($ids))", ids)
+    cols = ", ".join(_q(c) for c in _PAGE_REQ)
+    con.execute(f"""
+        INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {", ".join(_PAGE_SUMS)})
+        WITH b AS (SELECT run_id, rid, {", ".join(f"sum({c}) AS {c}" for c in _PAGE_SUMS)}
+                   FROM {schema.SUM_REQUESTS.name} WHERE run_id IN (SELECT unnest($ids)) GROUP BY run_id, rid),
+             q AS (SELECT run_id, rid, {cols} FROM {REQ} WHERE run_id IN (SELECT unnest($ids)))
+        SELECT coalesce(q.run_id, b.run_id), coalesce(q.rid, b.rid), NULL, q.rid IS NOT NULL,
+               {", ".join(f"q.{c}" for c in cols.split(", "))}, {", ".join(f"coalesce(b.{c}, 0)" for c in _PAGE_SUMS)}
+        FROM q FULL JOIN b ON q.run_id = b.run_id AND q.rid = b.rid""", ids)
+    con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT DISTINCT run_id, 0 FROM {_PAGE} "
+                "WHERE run_id IN (SELECT unnest($ids))", ids)
+    _sort_pages(con, list(run_ids))
+
+
+def ensure_pages(con: duckdb.DuckDBPyConnection, version: int, rebuilt: list[str]) -> list[str]:
+    """In :func:`ensure`, a file from before version 6: build every run's page rows; returns the runs
+    rebuilt so far plus those."""
+    if version >= 6:
+        return rebuilt
+    ids = [r for (r,) in con.execute(f"SELECT run_id FROM {REQ} UNION SELECT run_id FROM {schema.SUM_REQUESTS.name}")
+           .fetchall()]
+    rebuild_pages(con, ids)
+    return sorted(set(rebuilt) | set(ids))
+
+
+def page_of_requests(con: duckdb.DuckDBPyConnection, run_id: str, limit: int, offset: int) -> pd.DataFrame | None:
+    """:func:`requests`' page from the sorted copy (None: an older file, or a stale run). The run's rows
+    ranked ``offset .. offset + limit`` are among its sorted rows at positions ``offset - t .. offset +
+    limit`` and its ``t`` unsorted ones (each unsorted row sorting before a page row shifts it by one):
+    one ordered LIMIT over those few rows answers, with the same ordering SQL. A sorted row whose blocks
+    grew since the sort (``grown``: a constant filter, so zone maps skip row groups without one) takes its
+    current sums from ``sum_request_page``."""
+    try:  # the unsorted rows: mostly the last row groups (zone maps on pos skip the others)
+        t = con.execute(f"SELECT count(*) FROM {_PAGE} WHERE run_id = $r AND pos IS NULL AND has_req",
+                        {"r": run_id}).fetchone()[0]
+        con.execute(f"SELECT 1 FROM {_SORTED} LIMIT 0")
+    except duckdb.CatalogException:  # a file from before version 6, read-only
+        return None
+    if stale_runs(con, [run_id]):
+        return None
+    limit, offset = int(limit), int(offset)
+    lo, hi = max(0, offset - int(t)), offset + limit
+    rng = f"pos >= {lo} AND pos < {hi}"
+    cols = ", ".join(_PAGE_REQ)
+    sums = ", ".join(_PAGE_SUMS)
+
+    def cur(c: str) -> str:  # the current sum: the page row's, where its blocks grew since the sort
+        return f"coalesce(d.{c}, c.{c})"
+    return _df(con, f"""
+        WITH c AS (SELECT rid, {cols}, {sums} FROM {_SORTED} WHERE run_id = $r AND {rng}
+                   UNION ALL
+                   SELECT rid, {cols}, {sums} FROM {_PAGE} WHERE run_id = $r AND pos IS NULL AND has_req),
+             d AS (SELECT rid, {sums} FROM {_PAGE} WHERE run_id = $r AND grown AND {rng})
+        SELECT c.rid, c.workload, c.prompt_index, c.seed, c.temperature, c.completion_tokens, c.finish_reason,
+               c.latency_s, CASE WHEN {cur('n')} > 0 THEN {cur('n')}::HUGEINT END AS blocks,
+               {cur('sum_acc_len')} / nullif({cur('n_acc_len')}, 0) AS mean_acc_len,
+               {cur('sum_window')} / nullif({cur('n_window')}, 0) AS mean_window,
+               {cur('sum_ceil1')} / nullif({cur('n_ceil')}, 0) AS ceiling_accept_len
+        FROM c LEFT JOIN d USING (rid)
+        ORDER BY c.workload, c.prompt_index, c.rid LIMIT {limit} OFFSET {offset - lo}""", {"r": run_id})

@@ -326,3 +326,96 @@ def test_pairs_follow_the_runs_table_and_a_version_4_file_upgrades(filled: Store
 def _as_run(rs: pa.Table, run_id: str) -> pa.Table:
     i = rs.schema.get_field_index("run_id")
     return rs.set_column(i, rs.schema.field(i), pa.array([run_id] * rs.num_rows, pa.string()))
+
+
+# --- schema version 6: sum_request_page (a page of requests from sorted rows plus those added since) ---
+def _page_paths(r: Reader, run: str, limit: int, offset: int, monkeypatch) -> tuple[pd.DataFrame, ...]:
+    """requests() by the page table, by the path before it (top-N over requests + sum_requests), and from
+    the raw rows (every run stale)."""
+    assert r.summary(summaries.page_of_requests, run, limit, offset) is not None  # the page table answers
+    new = r.requests(run, limit, offset)
+    with monkeypatch.context() as m:
+        m.setattr(summaries, "page_of_requests", lambda *_: None)
+        old = r.requests(run, limit, offset)
+        m.setattr(summaries, "stale_runs", lambda con, ids=None: set(ids or []))
+        raw = r.requests(run, limit, offset)
+    return new, old, raw
+
+
+def _assert_pages_equal(path: Path, run: str, monkeypatch, step: int = 7) -> int:
+    r = Reader(path)
+    n = r.request_count(run)
+    for limit, offset in [(1000, 0), (n + 5, 0), (3, n - 2), (5, n + 3), *((step, o) for o in range(0, n, step))]:
+        new, old, raw = _page_paths(r, run, limit, offset, monkeypatch)
+        pd.testing.assert_frame_equal(new, old, obj=f"page {limit}@{offset}")
+        pd.testing.assert_frame_equal(new, raw, obj=f"raw page {limit}@{offset}")
+    return n
+
+
+def _page_state(path: Path, run: str) -> tuple[int, int]:
+    with Store(path, read_only=True).snapshot() as con:
+        return summaries._page_tails(con, [run])[run]
+
+
+def test_request_page_table_equals_the_top_n_on_messy_rows_with_ties(tmp_path: Path, monkeypatch) -> None:
+    """Requests with NULL workloads and prompt indices and many ties in (workload, prompt_index), requests
+    without blocks, blocks without a requests row, rows arriving in either order over many appends, and
+    sorts after some of them (small thresholds): every page equals the top-N path's and the raw rows'."""
+    monkeypatch.setattr(summaries, "PAGE_TAIL_MIN", 9)
+    monkeypatch.setattr(summaries, "PAGE_TAIL_SHARE", 3)
+    rng = np.random.default_rng(11)
+    n = 260
+    rids = [f"q{int(x)}" for x in rng.permutation(10 * n)[:n]]  # ids out of any order
+    reqs = [dict(run_id="p", rid=rid, workload=[None, "chat", "math", "chat"][i % 4],
+                 prompt_index=None if i % 11 == 0 else int(rng.integers(0, 5)), seed=i,
+                 temperature=None if i % 5 == 0 else 0.7, completion_tokens=int(rng.integers(1, 99)),
+                 finish_reason=["stop", None][i % 9 == 0], latency_s=float(rng.random()))
+            for i, rid in enumerate(rids)]
+    rs = _messy(2400, "p", 5)
+    with_blocks = rids[40:] + ["orphan-1", "orphan-2"]  # 40 requests without blocks, two blocks without a request
+    rs = rs.set_column(rs.schema.get_field_index("rid"), "rid",
+                       pa.array([with_blocks[int(i)] for i in rng.integers(0, len(with_blocks), rs.num_rows)]))
+    s = Store(tmp_path / "p.duckdb")
+    s.append({"runs": [H.run_row("p", "cap-accept")]})
+    for k in range(8):  # requests in 8 pieces, blocks in 8; in alternating order
+        q, b = reqs[k::8], rs.slice(k * 300, 300)
+        for piece in ([{"requests": q}, {"request_steps": b}] if k % 2 else [{"request_steps": b}, {"requests": q}]):
+            s.append(piece)
+    n_base, tail = _page_state(s.path, "p")
+    assert 0 < n_base < n and 0 < tail  # sorted rows and rows added since, both read
+    with s.snapshot() as con:  # and sorted rows whose blocks grew since (their sums from sum_request_page)
+        assert con.execute("SELECT count(*) FROM sum_request_page WHERE pos IS NOT NULL AND grown").fetchone()[0]
+    assert _assert_pages_equal(s.path, "p", monkeypatch) == n
+    # every request sorted (a rebuild), and a fresh run's page from unsorted rows only
+    with duckdb.connect(str(s.path)) as con:
+        summaries.rebuild(con, ["p"])
+    assert _page_state(s.path, "p") == (n, 0)
+    _assert_pages_equal(s.path, "p", monkeypatch, step=31)
+
+
+def test_request_page_table_on_the_fixture_store_and_a_version_5_file(filled: Store, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """The fixture's runs sorted and not; a version-5 file (no page table) read-only answers by the top-N,
+    and its first read-write open builds the page rows."""
+    want = {run: Reader(filled.path).requests(run, 10_000) for run in RUNS}
+    with duckdb.connect(str(filled.path)) as con:
+        summaries._sort_pages(con, ["run-a"], force=True)
+    assert _page_state(filled.path, "run-a")[1] == 0 and _page_state(filled.path, "run-b")[0] == 0
+    for run in RUNS:
+        _assert_pages_equal(filled.path, run, monkeypatch, step=5)
+    v5 = tmp_path / "v5.duckdb"
+    shutil.copy(filled.path, v5)
+    with duckdb.connect(str(v5)) as con:
+        for t in summaries._NEW_IN_6:
+            con.execute(f"DROP TABLE {t.name}")
+        con.execute("UPDATE store_meta SET value = '5' WHERE key = 'schema_version'")
+    with Store(v5, read_only=True).snapshot() as con:
+        assert not summaries.stale_runs(con) and summaries.page_of_requests(con, "run-a", 5, 0) is None
+    for run in RUNS:
+        pd.testing.assert_frame_equal(Reader(v5).requests(run, 10_000), want[run])
+    Store(v5)  # the upgrade
+    with Store(v5, read_only=True).snapshot() as con:
+        assert summaries.schema_version(con) == schema.SCHEMA_VERSION
+    for run in RUNS:
+        _assert_pages_equal(v5, run, monkeypatch, step=9)
+        pd.testing.assert_frame_equal(Reader(v5).requests(run, 10_000), want[run])
