@@ -29,6 +29,9 @@ from acceptscope import schema
 RS = schema.REQUEST_STEPS
 
 _LIST_FLOAT = ("confidence", "survival", "confidence_logit", "draft_logprob", "target_logprob")
+# list columns a frame built from Arrow pads on first use (the attribute holding the padded array)
+_LAZY = {"committed_tokens": "_committed", "confidence": "_confidence", "draft_logprob": "_draft_logprob",
+         "target_logprob": "_target_logprob"}
 
 
 def padded(values, width: int, fill: float | int = np.nan, dtype=np.float64) -> np.ndarray:
@@ -72,6 +75,30 @@ def padded(values, width: int, fill: float | int = np.nan, dtype=np.float64) -> 
             keep &= np.repeat(~np.asarray(c.is_null(), dtype=bool), lens)
         dst.reshape(-1)[dest[keep]] = flat[keep]
     return out
+
+
+def _fixed_flat(values, width: int) -> np.ndarray | None:
+    """The flat values of an Arrow list column whose every list has ``width`` entries (no NULL
+    list), in their own dtype (NULL floats as NaN), so row ``i`` is ``flat[i*width:(i+1)*width]``:
+    what :func:`padded` would give, without the padded copy. None for anything else (NULL lists,
+    other lengths, NULL ints)."""
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)) or not (pa.types.is_list(values.type)
+                                                                   or pa.types.is_large_list(values.type)):
+        return None
+    out = []
+    for c in (values.chunks if isinstance(values, pa.ChunkedArray) else [values]):
+        if len(c) == 0:
+            continue
+        o = np.asarray(c.offsets, dtype=np.int64)
+        if c.null_count or not bool(np.all(np.diff(o) == width)):
+            return None
+        vals = c.values.slice(o[0], o[-1] - o[0])
+        if vals.null_count and not pa.types.is_floating(vals.type):
+            return None
+        out.append(vals.to_numpy(zero_copy_only=False))  # floats: NULL -> NaN
+    if not out:
+        return None
+    return out[0] if len(out) == 1 else np.concatenate(out)
 
 
 def _request_codes(df: pd.DataFrame) -> np.ndarray:
@@ -197,11 +224,11 @@ class BlockFrame:
     gamma: int
     _df: pd.DataFrame | None  # scalar columns, sorted; index 0..n-1 (None: not built yet, see ``df``)
     draft: np.ndarray  # (n, G) int64
-    committed: np.ndarray  # (n, G+1) int64
-    confidence: np.ndarray  # (n, G)
+    _committed: np.ndarray | None  # (n, G+1) int64: see ``committed`` (None: padded on first use)
+    _confidence: np.ndarray | None  # (n, G)
     confidence_logit: np.ndarray  # (n, G)
-    draft_logprob: np.ndarray  # (n, G)
-    target_logprob: np.ndarray  # (n, G)
+    _draft_logprob: np.ndarray | None  # (n, G)
+    _target_logprob: np.ndarray | None  # (n, G)
     window: np.ndarray
     correct: np.ndarray
     cap_trim: np.ndarray  # -1 where NULL
@@ -220,6 +247,56 @@ class BlockFrame:
     _order: np.ndarray | None = None  # input row of each frame row (None: input already sorted)
     # stream built lazily
     _stream: dict | None = None
+    # Arrow list columns not padded yet: name -> (column, width, fill, dtype), in input row order
+    _pending: dict = field(default_factory=dict)
+    _flat: dict = field(default_factory=dict)  # name -> _fixed_flat of a pending column (None: not fixed-width)
+
+    def _padded(self, name: str) -> np.ndarray:
+        """A lazily padded list column, padded (and put in frame row order) on first use."""
+        attr = _LAZY[name]
+        a = getattr(self, attr)
+        if a is None:
+            col, width, fill, dtype = self._pending.pop(name)
+            a = padded(col, width, fill, dtype)
+            self._flat.pop(name, None)
+            if self._order is not None:
+                a = a[self._order]
+            setattr(self, attr, a)
+        return a
+
+    @property
+    def committed(self) -> np.ndarray:
+        """(n, G+1) committed tokens (-1: none)."""
+        return self._padded("committed_tokens")
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self._padded("confidence")
+
+    @property
+    def draft_logprob(self) -> np.ndarray:
+        return self._padded("draft_logprob")
+
+    @property
+    def target_logprob(self) -> np.ndarray:
+        return self._padded("target_logprob")
+
+    def list_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """``getattr(frame, name)[rows]`` of a lazily padded list column (``confidence``,
+        ``draft_logprob``, ...) without padding every row. Why: the tail estimator reads the
+        draft log-probs and confidences of the censored rows only (a fifth of the rows)."""
+        key = {"committed": "committed_tokens"}.get(name, name)
+        a = getattr(self, _LAZY[key])
+        if a is not None:
+            return a[rows]
+        col, width, fill, dtype = self._pending[key]
+        if key not in self._flat:  # (cached: the censored rows of each chunk read it again)
+            self._flat[key] = _fixed_flat(col, width)
+        flat = self._flat[key]
+        if flat is None:
+            return self._padded(key)[rows]
+        src = rows if self._order is None else self._order[rows]
+        return flat.reshape(-1, width)[src].astype(dtype)
 
     @property
     def n(self) -> int:
@@ -354,12 +431,20 @@ class BlockFrame:
                     col = col.iloc[order] if isinstance(col, pd.Series) else [col[i] for i in order]
             return padded(col, width, fill, dtype)
 
+        pending = {}
+
+        def take_lazy(name, width, fill, dtype):  # Arrow input: padded on first use (BlockFrame._padded)
+            if src is not None and name in list_cols:
+                pending[name] = (list_cols[name], width, fill, dtype)
+                return None
+            return take(name, width, fill, dtype)
+
         draft = take("draft_tokens", G, -1, np.int64)
-        committed = take("committed_tokens", G + 1, -1, np.int64)
-        conf = take("confidence", G, np.nan, np.float64)
+        committed = take_lazy("committed_tokens", G + 1, -1, np.int64)
+        conf = take_lazy("confidence", G, np.nan, np.float64)
         zl = take("confidence_logit", G, np.nan, np.float64)
-        dlp = take("draft_logprob", G, np.nan, np.float64)
-        tlp = take("target_logprob", G, np.nan, np.float64)
+        dlp = take_lazy("draft_logprob", G, np.nan, np.float64)
+        tlp = take_lazy("target_logprob", G, np.nan, np.float64)
 
         window = sort(get("window", 0, np.int64))
         correct = sort(get("correct_drafts", 0, np.int64))
@@ -373,6 +458,9 @@ class BlockFrame:
             committed[np.arange(n), np.minimum(correct, G)] = bonus
             notes.append("committed_tokens reconstructed from draft_tokens[:correct_drafts] + bonus_token")
         elif (bonus < 0).any() and "committed_tokens" in list_cols:
+            if committed is None:
+                committed = take("committed_tokens", G + 1, -1, np.int64)
+                del pending["committed_tokens"]
             ok = bonus < 0
             bonus = np.where(ok, committed[np.arange(n), np.clip(correct, 0, G)], bonus)
         temperature = sort(get("temperature", np.nan, np.float64))
@@ -397,12 +485,12 @@ class BlockFrame:
         else:
             fin = sort(get("finished", False, bool))
         return cls(
-            gamma=G, _df=df, draft=draft, committed=committed, confidence=conf, confidence_logit=zl,
-            draft_logprob=dlp, target_logprob=tlp, window=window, correct=correct,
+            gamma=G, _df=df, draft=draft, _committed=committed, _confidence=conf, confidence_logit=zl,
+            _draft_logprob=dlp, _target_logprob=tlp, window=window, correct=correct,
             cap_trim=sort(get("cap_trim", -1, np.int64)), ceiling=sort(get("ceiling", -1, np.int64)),
             prefix=prefix, bonus=bonus, temperature=temperature, request=request, segment=segment,
             finished=fin, notes=notes, forward_ct=sort(fct0), workload_codes=sort(wl[0]), workload_labels=wl[1],
-            _src=src, _order=order,
+            _src=src, _order=order, _pending=pending,
         )
 
     # ------------------------------------------------------------------

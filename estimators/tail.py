@@ -129,8 +129,8 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
     if exact_first:
         exact |= (k == w) & valid
     h = np.where(exact, match, np.nan)
-    dlp = frame.draft_logprob[rows]
-    has_q = ~np.isnan(dlp).all(1)
+    dlp = frame.list_rows("draft_logprob", rows)
+    has_q = has_lp = ~np.isnan(dlp).all(1)
     if use_logprobs:
         lp = np.where(lt["scored_tok"] == d, lt["scored_lp"], np.nan)
         if gather is not None:
@@ -148,7 +148,7 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
     diverged = ~_before_all(~(tail & valid & ~match))
     # state by lookup of (path_ok, unknown, diverged): matched -> 3 known / 1 unknown; else 2 / 0
     state = _STATE.take(path_ok * np.int8(4) + unknown * np.int8(2) + diverged)
-    return dict(h=h, walked=walked, path_ok=path_ok, state=state, has_q=has_q)
+    return dict(h=h, walked=walked, path_ok=path_ok, state=state, has_q=has_q, has_lp=has_lp | has_q)
 
 
 def _before_all(ok: np.ndarray) -> np.ndarray:
@@ -440,8 +440,7 @@ class TailEstimator:
         col["bound_lo"][rows], col["bound_hi"][rows] = blo, bhi
         col["resolved"][ro] = False
         col["walked"][rows] = wk["walked"]
-        has_lp = ~np.isnan(frame.draft_logprob[rows]).all(1) | wk["has_q"]
-        col["mode"][rows] = np.where(frame.greedy[rows], 1, np.where(has_lp & (self.mode != "confidence"), 2, 3))
+        col["mode"][rows] = np.where(frame.greedy[rows], 1, np.where(wk["has_lp"] & (self.mode != "confidence"), 2, 3))
         pmo = np.zeros((0, G + 1))
         if op.size:
             h_op, st_op = Hk[op], wk["state"][op]
