@@ -506,25 +506,37 @@ class BlockFrame:
         if self._stream is not None:
             return self._stream
         G = self.gamma
-        # committed positions per row: correct + 1, fewer when the request hit its token limit
-        # mid-step and the engine committed a truncated list (missing entries are -1)
-        present = self.committed >= 0
-        cnt = present[:, 0].astype(np.int64)
-        for j in range(1, G + 1):  # column by column: a row-wise sum over G + 1 entries is slower
-            cnt += present[:, j]
-        np.minimum(cnt, self.correct + 1, out=cnt)
-        on = np.arange(G + 1)[None, :] < cnt[:, None]  # (row, j) committed; row-major = stream order
-        at = np.flatnonzero(on)  # one flat index, three takes
-        realized = self.committed.reshape(-1).take(at)
-        # the drafts scored at j < G in stream order: entry (row r, j) sits at r * G + j of the drafts
-        # (at - r); -1 / NaN put back at each bonus entry (j == G: no draft there), the last entry
-        # of every row with cnt > G
-        sa = at - np.repeat(np.arange(self.n), cnt)
-        ends = np.cumsum(cnt)
+        fast = self._stream_from_lists()
+        if fast is not None:  # the committed lists are the stream as they are: no padded copy
+            realized, cnt = fast
+            ends = np.cumsum(cnt)
+            # entry (row r, j) of the drafts sits at r * G + j
+            sa = np.arange(realized.size) + np.repeat(np.arange(self.n) * G - (ends - cnt), cnt)
+        else:
+            # committed positions per row: correct + 1, fewer when the request hit its token limit
+            # mid-step and the engine committed a truncated list (missing entries are -1)
+            present = self.committed >= 0
+            cnt = present[:, 0].astype(np.int64)
+            for j in range(1, G + 1):  # column by column: a row-wise sum over G + 1 entries is slower
+                cnt += present[:, j]
+            np.minimum(cnt, self.correct + 1, out=cnt)
+            on = np.arange(G + 1)[None, :] < cnt[:, None]  # (row, j) committed; row-major = stream order
+            at = np.flatnonzero(on)  # one flat index, three takes
+            realized = self.committed.reshape(-1).take(at)
+            # entry (row r, j) of the drafts sits at r * G + j (at - r)
+            sa = at - np.repeat(np.arange(self.n), cnt)
+            ends = np.cumsum(cnt)
+        # the drafts scored at j < G in stream order; -1 / NaN put back at each bonus entry (j == G:
+        # no draft there), the last entry of every row with cnt > G
         bonus_at = ends[cnt > G] - 1
         scored_tok = self.draft.reshape(-1).take(sa, mode="clip")
         scored_tok[bonus_at] = -1
-        scored_lp = np.ascontiguousarray(self.target_logprob).reshape(-1).take(sa, mode="clip")
+        tlp = self._flat.get("target_logprob") if self._target_logprob is None else None
+        if tlp is None and self._target_logprob is None and "target_logprob" in self._pending:
+            tlp = self._flat["target_logprob"] = _fixed_flat(self._pending["target_logprob"][0], G)
+        if tlp is None or self._order is not None:
+            tlp = np.ascontiguousarray(self.target_logprob).reshape(-1)
+        scored_lp = tlp.take(sa, mode="clip").astype(np.float64, copy=False)
         scored_lp[bonus_at] = np.nan
         nseg = int(self.segment.max()) + 1 if self.n else 0
         seg_first_row = np.searchsorted(self.segment, np.arange(nseg))
@@ -535,6 +547,31 @@ class BlockFrame:
         self._stream = dict(realized=realized, scored_tok=scored_tok, scored_lp=scored_lp,
                             seg_first_pos=seg_first_pos, seg_offset=seg_offset, seg_len=seg_len)
         return self._stream
+
+    def _stream_from_lists(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(realized, count per row) read straight off Arrow ``committed_tokens`` when every list is
+        exactly a row's committed tokens (no NULL, no negative token, at most ``correct + 1`` and
+        ``G + 1`` entries, input in frame order): what the padded path would select. Else None."""
+        if self._committed is not None or self._order is not None or "committed_tokens" not in self._pending:
+            return None
+        col = self._pending["committed_tokens"][0]
+        chunks = [c for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) if len(c)]
+        if not chunks or any(c.null_count for c in chunks):
+            return None
+        lens, vals = [], []
+        for c in chunks:
+            o = np.asarray(c.offsets, dtype=np.int64)
+            v = c.values.slice(o[0], o[-1] - o[0])
+            if v.null_count or not pa.types.is_integer(v.type):
+                return None
+            lens.append(np.diff(o))
+            vals.append(v.to_numpy())
+        cnt = lens[0] if len(lens) == 1 else np.concatenate(lens)
+        realized = (vals[0] if len(vals) == 1 else np.concatenate(vals)).astype(np.int64, copy=False)
+        if cnt.size != self.n or (realized.size and realized.min() < 0) or (cnt > self.gamma + 1).any() \
+                or (cnt > self.correct + 1).any():
+            return None
+        return realized, cnt
 
     def later(self, rows: np.ndarray) -> dict:
         """For rows, look up the committed stream at every draft position ``k`` (absolute ``prefix+k+1``).
