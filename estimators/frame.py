@@ -531,10 +531,12 @@ class BlockFrame:
         bonus_at = ends[cnt > G] - 1
         scored_tok = self.draft.reshape(-1).take(sa, mode="clip")
         scored_tok[bonus_at] = -1
-        tlp = self._flat.get("target_logprob") if self._target_logprob is None else None
-        if tlp is None and self._target_logprob is None and "target_logprob" in self._pending:
-            tlp = self._flat["target_logprob"] = _fixed_flat(self._pending["target_logprob"][0], G)
-        if tlp is None or self._order is not None:
+        tlp = None  # the target log-probs' flat values when they are the padded rows as they are
+        if self._order is None and self._target_logprob is None and "target_logprob" in self._pending:
+            if "target_logprob" not in self._flat:
+                self._flat["target_logprob"] = _fixed_flat(self._pending["target_logprob"][0], G)
+            tlp = self._flat["target_logprob"]
+        if tlp is None:
             tlp = np.ascontiguousarray(self.target_logprob).reshape(-1)
         scored_lp = tlp.take(sa, mode="clip").astype(np.float64, copy=False)
         scored_lp[bonus_at] = np.nan
