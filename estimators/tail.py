@@ -116,23 +116,28 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
     G = frame.gamma
     k = np.arange(G)[None, :]
     w = frame.window[rows][:, None]
-    d = frame.draft[rows]
-    lt = frame.later(rows)
-    valid = lt["valid"] & (d >= 0)
-    match = valid & (lt["realized"] == d)
+    d = frame.draft.take(rows, axis=0)  # (a row take: several times a fancy index d[rows])
+    lt = frame.later(rows)  # this call's own arrays: combined in place below
+    valid = lt["valid"]
+    valid &= d >= 0
+    match = lt["realized"] == d
+    match &= valid
     tail = k >= w
     path_ok = _before_all(~tail | match)
+    on_path = tail & path_ok
     greedy = frame.greedy[rows][:, None]
     # greedy: exact indicator along the matched path; first trimmed position: exact via the
     # capped bonus (all modes)
-    exact = greedy & tail & path_ok & valid
+    exact = on_path & valid
+    exact &= greedy
     if exact_first:
         exact |= (k == w) & valid
     h = np.where(exact, match, np.nan)
     dlp = frame.list_rows("draft_logprob", rows)
     has_q = has_lp = ~np.isnan(dlp).all(1)
     if use_logprobs:
-        lp = np.where(lt["scored_tok"] == d, lt["scored_lp"], np.nan)
+        lp = lt["scored_lp"]
+        np.putmask(lp, lt["scored_tok"] != d, np.nan)
         if gather is not None:
             pg = gather.get("gather") if isinstance(gather, dict) else gather
             gm = gather_matrix(frame, pg, rows)
@@ -141,13 +146,21 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
                 dlp = np.where(np.isnan(dlp), q_matrix(frame, gather["rows"], rows), dlp)
                 has_q = ~np.isnan(np.where(tail, dlp, np.nan)).all(1)
         # h is NaN there, as is min(1, p/q) where unknown: computed only where the later step scored the draft
-        soft = np.flatnonzero(~greedy & tail & path_ok & ~exact & ~np.isnan(lp))
+        soft = on_path & ~exact
+        soft &= ~greedy
+        soft &= ~np.isnan(lp)
+        soft = np.flatnonzero(soft)
         h.reshape(-1)[soft] = np.minimum(1.0, np.exp(lp.reshape(-1)[soft] - dlp.reshape(-1)[soft]))
     unknown = np.isnan(h)
-    walked = np.count_nonzero(tail & path_ok & ~unknown, axis=1)
-    diverged = ~_before_all(~(tail & valid & ~match))
+    walked = np.count_nonzero(on_path & ~unknown, axis=1)
+    off = tail & valid  # a realized token that is not the draft: the walk diverged after it
+    off &= ~match
+    diverged = ~_before_all(~off)
     # state by lookup of (path_ok, unknown, diverged): matched -> 3 known / 1 unknown; else 2 / 0
-    state = _STATE.take(path_ok * np.int8(4) + unknown * np.int8(2) + diverged)
+    code = path_ok * np.int8(4)
+    code += unknown * np.int8(2)
+    code += diverged
+    state = _STATE.take(code)
     return dict(h=h, walked=walked, path_ok=path_ok, state=state, has_q=has_q, has_lp=has_lp | has_q)
 
 
@@ -231,9 +244,10 @@ def _block_uniforms(frame: BlockFrame, rows: np.ndarray, seed: int) -> np.ndarra
         h = frame.forward_ct[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         h ^= frame.prefix[rows].astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         h ^= frame.window[rows].astype(np.uint64) * np.uint64(0x165667B19E3779F9)
-        d = frame.draft[rows].astype(np.uint64)
+        d = frame.draft.take(rows, axis=0).view(np.uint64)  # (int64 -> uint64: the same bits, no copy)
         for k in range(frame.gamma):
-            h = (h ^ d[:, k]) * np.uint64(0x100000001B3)
+            h ^= d[:, k]
+            h *= np.uint64(0x100000001B3)
         h ^= np.uint64(seed) * np.uint64(0xD6E8FEB86659FD93)
         h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -429,10 +443,14 @@ class TailEstimator:
         G = frame.gamma
         w = frame.window[rows]
         # identification bounds: leading exact accepts / first exact rejection
-        tail = np.arange(G)[None, :] >= w[:, None]
-        lead1 = np.logical_and.accumulate(~tail | (Hk == 1.0), 1) & tail
-        notzero = np.logical_and.accumulate(~tail | (Hk != 0.0), 1) & tail
-        blo, bhi = w + lead1.sum(1), w + notzero.sum(1)
+        blo, bhi = w.copy(), w.copy()
+        lead1, notzero = np.ones(len(w), bool), np.ones(len(w), bool)
+        for j in range(G):  # column by column (an accumulate along rows is several times slower)
+            before = w > j
+            lead1 &= (Hk[:, j] == 1.0) | before
+            notzero &= (Hk[:, j] != 0.0) | before
+            blo += lead1 & ~before
+            bhi += notzero & ~before
         op = np.flatnonzero(blo != bhi)
         ro = rows[op]
         cell[rows] = blo
@@ -485,12 +503,14 @@ def _first_from_bonus(frame: BlockFrame, rows: np.ndarray, wk: dict) -> dict:
     i = np.flatnonzero(w < G)
     if i.size == 0:
         return wk
-    wi = w[i]
+    # flat indices: a 2-D fancy index is several times slower
+    at = i * G + w[i]
     b = frame.bonus[rows[i]]
-    d = frame.draft[rows[i], wi]
-    ok = np.isnan(wk["h"][i, wi]) & (b >= 0) & (d >= 0)
-    i, wi = i[ok], wi[ok]
-    wk["h"][i, wi] = (b[ok] == d[ok]).astype(float)
-    wk["state"][i, wi] = 3
-    wk["walked"][i] += 1
+    d = frame.draft.reshape(-1).take(rows[i] * G + w[i])
+    h, state = wk["h"].reshape(-1), wk["state"].reshape(-1)
+    ok = np.isnan(h.take(at)) & (b >= 0) & (d >= 0)
+    at = at[ok]
+    h[at] = (b[ok] == d[ok]).astype(float)
+    state[at] = 3
+    wk["walked"][i[ok]] += 1
     return wk
