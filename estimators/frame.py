@@ -77,15 +77,15 @@ def padded(values, width: int, fill: float | int = np.nan, dtype=np.float64) -> 
     return out
 
 
-def _fixed_flat(values, width: int) -> np.ndarray | None:
-    """The flat values of an Arrow list column whose every list has ``width`` entries (no NULL
-    list), in their own dtype (NULL floats as NaN), so row ``i`` is ``flat[i*width:(i+1)*width]``:
-    what :func:`padded` would give, without the padded copy. None for anything else (NULL lists,
-    other lengths, NULL ints)."""
+def _fixed_chunks(values, width: int) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """An Arrow list column whose every list has ``width`` entries (no NULL list) as numpy views,
+    one ``(rows, width)`` array per chunk in its own dtype (NULL floats as NaN; zero-copy without
+    NULLs), with the chunks' first rows (and the total) in ``starts``: what :func:`padded` would
+    give, without the padded copy. None for anything else (NULL lists, other lengths, NULL ints)."""
     if not isinstance(values, (pa.Array, pa.ChunkedArray)) or not (pa.types.is_list(values.type)
                                                                    or pa.types.is_large_list(values.type)):
         return None
-    out = []
+    starts, views = [0], []
     for c in (values.chunks if isinstance(values, pa.ChunkedArray) else [values]):
         if len(c) == 0:
             continue
@@ -95,10 +95,40 @@ def _fixed_flat(values, width: int) -> np.ndarray | None:
         vals = c.values.slice(o[0], o[-1] - o[0])
         if vals.null_count and not pa.types.is_floating(vals.type):
             return None
-        out.append(vals.to_numpy(zero_copy_only=False))  # floats: NULL -> NaN
-    if not out:
-        return None
-    return out[0] if len(out) == 1 else np.concatenate(out)
+        views.append(vals.to_numpy(zero_copy_only=False).reshape(len(c), width))
+        starts.append(starts[-1] + len(c))
+    return (np.asarray(starts), views) if views else None
+
+
+def _chunk_rows(fc, rows: np.ndarray) -> np.ndarray:
+    """Rows (any order) of :func:`_fixed_chunks` views, as one ``(len(rows), width)`` array."""
+    starts, views = fc
+    if len(views) == 1:
+        return views[0].take(rows, axis=0)
+    cid = np.searchsorted(starts, rows, side="right") - 1
+    out = np.empty((len(rows), views[0].shape[1]), views[0].dtype)
+    for c, v in enumerate(views):
+        sel = np.flatnonzero(cid == c)
+        if sel.size:
+            out[sel] = v.take(rows[sel] - starts[c], axis=0)
+    return out
+
+
+def _chunk_flat(fc, idx: np.ndarray) -> np.ndarray:
+    """``padded.reshape(-1).take(idx, mode="clip")`` of :func:`_fixed_chunks` views, for ascending
+    flat indices ``idx`` (row * width + column): each chunk takes its own range of them."""
+    starts, views = fc
+    if len(views) == 1:
+        return views[0].reshape(-1).take(idx, mode="clip")
+    width = views[0].shape[1]
+    bounds = np.searchsorted(idx, starts * width)
+    bounds[-1] = len(idx)  # past the end: clipped into the last chunk
+    out = np.empty(len(idx), views[0].dtype)
+    for c, v in enumerate(views):
+        a, b = bounds[c], bounds[c + 1]
+        if b > a:
+            out[a:b] = v.reshape(-1).take(idx[a:b] - starts[c] * width, mode="clip")
+    return out
 
 
 def _request_codes(df: pd.DataFrame) -> np.ndarray:
@@ -249,7 +279,7 @@ class BlockFrame:
     _stream: dict | None = None
     # Arrow list columns not padded yet: name -> (column, width, fill, dtype), in input row order
     _pending: dict = field(default_factory=dict)
-    _flat: dict = field(default_factory=dict)  # name -> _fixed_flat of a pending column (None: not fixed-width)
+    _flat: dict = field(default_factory=dict)  # name -> _fixed_chunks of a pending column (None: not fixed-width)
 
     def _padded(self, name: str) -> np.ndarray:
         """A lazily padded list column, padded (and put in frame row order) on first use."""
@@ -291,12 +321,11 @@ class BlockFrame:
             return a[rows]
         col, width, fill, dtype = self._pending[key]
         if key not in self._flat:  # (cached: the censored rows of each chunk read it again)
-            self._flat[key] = _fixed_flat(col, width)
-        flat = self._flat[key]
-        if flat is None:
+            self._flat[key] = _fixed_chunks(col, width)
+        fc = self._flat[key]
+        if fc is None:
             return self._padded(key)[rows]
-        src = rows if self._order is None else self._order[rows]
-        return flat.reshape(-1, width)[src].astype(dtype)
+        return _chunk_rows(fc, rows if self._order is None else self._order[rows]).astype(dtype)
 
     @property
     def n(self) -> int:
@@ -531,14 +560,15 @@ class BlockFrame:
         bonus_at = ends[cnt > G] - 1
         scored_tok = self.draft.reshape(-1).take(sa, mode="clip")
         scored_tok[bonus_at] = -1
-        tlp = None  # the target log-probs' flat values when they are the padded rows as they are
+        fc = None  # the target log-probs as Arrow has them, when they are the padded rows as they are
         if self._order is None and self._target_logprob is None and "target_logprob" in self._pending:
             if "target_logprob" not in self._flat:
-                self._flat["target_logprob"] = _fixed_flat(self._pending["target_logprob"][0], G)
-            tlp = self._flat["target_logprob"]
-        if tlp is None:
-            tlp = np.ascontiguousarray(self.target_logprob).reshape(-1)
-        scored_lp = tlp.take(sa, mode="clip").astype(np.float64, copy=False)
+                self._flat["target_logprob"] = _fixed_chunks(self._pending["target_logprob"][0], G)
+            fc = self._flat["target_logprob"]
+        if fc is not None:
+            scored_lp = _chunk_flat(fc, sa).astype(np.float64, copy=False)
+        else:
+            scored_lp = np.ascontiguousarray(self.target_logprob).reshape(-1).take(sa, mode="clip")
         scored_lp[bonus_at] = np.nan
         nseg = int(self.segment.max()) + 1 if self.n else 0
         seg_first_row = np.searchsorted(self.segment, np.arange(nseg))
