@@ -540,7 +540,8 @@ class BlockFrame:
             realized, cnt = fast
             ends = np.cumsum(cnt)
             # entry (row r, j) of the drafts sits at r * G + j
-            sa = np.arange(realized.size) + np.repeat(np.arange(self.n) * G - (ends - cnt), cnt)
+            sa = np.repeat(np.arange(self.n) * G - (ends - cnt), cnt)
+            sa += np.arange(realized.size)
         else:
             # committed positions per row: correct + 1, fewer when the request hit its token limit
             # mid-step and the engine committed a truncated list (missing entries are -1)
@@ -619,10 +620,11 @@ class BlockFrame:
         valid = (rel0 >= 0)[:, None] & (k < (st["seg_len"][seg] - rel0)[:, None])
         idx = (st["seg_offset"][seg] + rel0)[:, None] + k  # out of range only where not valid
         out = {"valid": valid}
+        invalid = ~valid
         for name, fill in (("realized", -1), ("scored_tok", -1), ("scored_lp", np.nan)):
             a = st[name]
             out[name] = v = a.take(idx, mode="clip") if a.size else np.full(idx.shape, fill)
-            np.putmask(v, ~valid, fill)
+            np.putmask(v, invalid, fill)
         return out
 
     def logits(self, temperatures: np.ndarray | None = None, clip: float = 1e-4) -> tuple[np.ndarray, str]:

@@ -393,7 +393,8 @@ class TailEstimator:
         parts = [self._censored(frame, r, gather, seed, col, cell)
                  for r in np.array_split(rows, max(1, -(-rows.size // chunk_rows)))]
         pmf = np.zeros((n, G + 1))
-        pmf.reshape(-1)[np.arange(n) * (G + 1) + cell] = 1.0
+        cell += np.arange(0, n * (G + 1), G + 1)  # flat index of each row's point mass
+        pmf.reshape(-1)[cell] = 1.0
         for p in parts:
             pmf[p["open"]] = p["pmf"]
         df = frame.pandas_columns(("run_id", "rid", "forward_ct", "rank", "epoch", "workload"))
