@@ -392,6 +392,8 @@ class TailEstimator:
         cell = correct.copy()  # the pmf's point mass: correct, or a resolved block's bound
         parts = [self._censored(frame, r, gather, seed, col, cell)
                  for r in np.array_split(rows, max(1, -(-rows.size // chunk_rows)))]
+        if frame is not data:  # our own frame: its committed stream (a few arrays over all rows) is done
+            frame._stream = None  # (freed now, the result's pmf and columns reuse its memory: fewer page faults)
         pmf = np.zeros((n, G + 1))
         cell += np.arange(0, n * (G + 1), G + 1)  # flat index of each row's point mass
         pmf.reshape(-1)[cell] = 1.0
