@@ -29,6 +29,9 @@ from acceptscope import schema
 RS = schema.REQUEST_STEPS
 
 _LIST_FLOAT = ("confidence", "survival", "confidence_logit", "draft_logprob", "target_logprob")
+# list columns a frame built from Arrow pads on first use (the attribute holding the padded array)
+_LAZY = {"committed_tokens": "_committed", "confidence": "_confidence", "draft_logprob": "_draft_logprob",
+         "target_logprob": "_target_logprob"}
 
 
 def padded(values, width: int, fill: float | int = np.nan, dtype=np.float64) -> np.ndarray:
@@ -62,15 +65,69 @@ def padded(values, width: int, fill: float | int = np.nan, dtype=np.float64) -> 
             dst[:] = flat.reshape(m, width)
             continue
         lens = np.diff(o)
-        if c.null_count == 0 and lens.max() <= width:  # short lists (committed_tokens): fill row prefixes
-            dst[np.arange(width)[None, :] < lens[:, None]] = flat
-            continue
         row_at = np.arange(m) * width
         dest = np.arange(flat.size) + np.repeat(row_at - (o[:-1] - o[0]), lens)
+        if c.null_count == 0 and lens.max() <= width:  # short lists (committed_tokens): every entry lands
+            dst.reshape(-1)[dest] = flat  # (a flat scatter: ~2x a boolean-mask fill of the row prefixes)
+            continue
         keep = dest < np.repeat(row_at + width, lens)  # entries past width are dropped
         if c.null_count:
             keep &= np.repeat(~np.asarray(c.is_null(), dtype=bool), lens)
         dst.reshape(-1)[dest[keep]] = flat[keep]
+    return out
+
+
+def _fixed_chunks(values, width: int) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """An Arrow list column whose every list has ``width`` entries (no NULL list) as numpy views,
+    one ``(rows, width)`` array per chunk in its own dtype (NULL floats as NaN; zero-copy without
+    NULLs), with the chunks' first rows (and the total) in ``starts``: what :func:`padded` would
+    give, without the padded copy. None for anything else (NULL lists, other lengths, NULL ints)."""
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)) or not (pa.types.is_list(values.type)
+                                                                   or pa.types.is_large_list(values.type)):
+        return None
+    starts, views = [0], []
+    for c in (values.chunks if isinstance(values, pa.ChunkedArray) else [values]):
+        if len(c) == 0:
+            continue
+        o = np.asarray(c.offsets, dtype=np.int64)
+        if c.null_count or not bool(np.all(np.diff(o) == width)):
+            return None
+        vals = c.values.slice(o[0], o[-1] - o[0])
+        if vals.null_count and not pa.types.is_floating(vals.type):
+            return None
+        views.append(vals.to_numpy(zero_copy_only=False).reshape(len(c), width))
+        starts.append(starts[-1] + len(c))
+    return (np.asarray(starts), views) if views else None
+
+
+def _chunk_rows(fc, rows: np.ndarray) -> np.ndarray:
+    """Rows (any order) of :func:`_fixed_chunks` views, as one ``(len(rows), width)`` array."""
+    starts, views = fc
+    if len(views) == 1:
+        return views[0].take(rows, axis=0)
+    cid = np.searchsorted(starts, rows, side="right") - 1
+    out = np.empty((len(rows), views[0].shape[1]), views[0].dtype)
+    for c, v in enumerate(views):
+        sel = np.flatnonzero(cid == c)
+        if sel.size:
+            out[sel] = v.take(rows[sel] - starts[c], axis=0)
+    return out
+
+
+def _chunk_flat(fc, idx: np.ndarray) -> np.ndarray:
+    """``padded.reshape(-1).take(idx, mode="clip")`` of :func:`_fixed_chunks` views, for ascending
+    flat indices ``idx`` (row * width + column): each chunk takes its own range of them."""
+    starts, views = fc
+    if len(views) == 1:
+        return views[0].reshape(-1).take(idx, mode="clip")
+    width = views[0].shape[1]
+    bounds = np.searchsorted(idx, starts * width)
+    bounds[-1] = len(idx)  # past the end: clipped into the last chunk
+    out = np.empty(len(idx), views[0].dtype)
+    for c, v in enumerate(views):
+        a, b = bounds[c], bounds[c + 1]
+        if b > a:
+            out[a:b] = v.reshape(-1).take(idx[a:b] - starts[c] * width, mode="clip")
     return out
 
 
@@ -197,11 +254,11 @@ class BlockFrame:
     gamma: int
     _df: pd.DataFrame | None  # scalar columns, sorted; index 0..n-1 (None: not built yet, see ``df``)
     draft: np.ndarray  # (n, G) int64
-    committed: np.ndarray  # (n, G+1) int64
-    confidence: np.ndarray  # (n, G)
+    _committed: np.ndarray | None  # (n, G+1) int64: see ``committed`` (None: padded on first use)
+    _confidence: np.ndarray | None  # (n, G)
     confidence_logit: np.ndarray  # (n, G)
-    draft_logprob: np.ndarray  # (n, G)
-    target_logprob: np.ndarray  # (n, G)
+    _draft_logprob: np.ndarray | None  # (n, G)
+    _target_logprob: np.ndarray | None  # (n, G)
     window: np.ndarray
     correct: np.ndarray
     cap_trim: np.ndarray  # -1 where NULL
@@ -220,6 +277,55 @@ class BlockFrame:
     _order: np.ndarray | None = None  # input row of each frame row (None: input already sorted)
     # stream built lazily
     _stream: dict | None = None
+    # Arrow list columns not padded yet: name -> (column, width, fill, dtype), in input row order
+    _pending: dict = field(default_factory=dict)
+    _flat: dict = field(default_factory=dict)  # name -> _fixed_chunks of a pending column (None: not fixed-width)
+
+    def _padded(self, name: str) -> np.ndarray:
+        """A lazily padded list column, padded (and put in frame row order) on first use."""
+        attr = _LAZY[name]
+        a = getattr(self, attr)
+        if a is None:
+            col, width, fill, dtype = self._pending.pop(name)
+            a = padded(col, width, fill, dtype)
+            self._flat.pop(name, None)
+            if self._order is not None:
+                a = a[self._order]
+            setattr(self, attr, a)
+        return a
+
+    @property
+    def committed(self) -> np.ndarray:
+        """(n, G+1) committed tokens (-1: none)."""
+        return self._padded("committed_tokens")
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self._padded("confidence")
+
+    @property
+    def draft_logprob(self) -> np.ndarray:
+        return self._padded("draft_logprob")
+
+    @property
+    def target_logprob(self) -> np.ndarray:
+        return self._padded("target_logprob")
+
+    def list_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """``getattr(frame, name)[rows]`` of a lazily padded list column (``confidence``,
+        ``draft_logprob``, ...) without padding every row. Why: the tail estimator reads the
+        draft log-probs and confidences of the censored rows only (a fifth of the rows)."""
+        key = {"committed": "committed_tokens"}.get(name, name)
+        a = getattr(self, _LAZY[key])
+        if a is not None:
+            return a[rows]
+        col, width, fill, dtype = self._pending[key]
+        if key not in self._flat:  # (cached: the censored rows of each chunk read it again)
+            self._flat[key] = _fixed_chunks(col, width)
+        fc = self._flat[key]
+        if fc is None:
+            return self._padded(key)[rows]
+        return _chunk_rows(fc, rows if self._order is None else self._order[rows]).astype(dtype)
 
     @property
     def n(self) -> int:
@@ -354,12 +460,20 @@ class BlockFrame:
                     col = col.iloc[order] if isinstance(col, pd.Series) else [col[i] for i in order]
             return padded(col, width, fill, dtype)
 
+        pending = {}
+
+        def take_lazy(name, width, fill, dtype):  # Arrow input: padded on first use (BlockFrame._padded)
+            if src is not None and name in list_cols:
+                pending[name] = (list_cols[name], width, fill, dtype)
+                return None
+            return take(name, width, fill, dtype)
+
         draft = take("draft_tokens", G, -1, np.int64)
-        committed = take("committed_tokens", G + 1, -1, np.int64)
-        conf = take("confidence", G, np.nan, np.float64)
+        committed = take_lazy("committed_tokens", G + 1, -1, np.int64)
+        conf = take_lazy("confidence", G, np.nan, np.float64)
         zl = take("confidence_logit", G, np.nan, np.float64)
-        dlp = take("draft_logprob", G, np.nan, np.float64)
-        tlp = take("target_logprob", G, np.nan, np.float64)
+        dlp = take_lazy("draft_logprob", G, np.nan, np.float64)
+        tlp = take_lazy("target_logprob", G, np.nan, np.float64)
 
         window = sort(get("window", 0, np.int64))
         correct = sort(get("correct_drafts", 0, np.int64))
@@ -373,6 +487,9 @@ class BlockFrame:
             committed[np.arange(n), np.minimum(correct, G)] = bonus
             notes.append("committed_tokens reconstructed from draft_tokens[:correct_drafts] + bonus_token")
         elif (bonus < 0).any() and "committed_tokens" in list_cols:
+            if committed is None:
+                committed = take("committed_tokens", G + 1, -1, np.int64)
+                del pending["committed_tokens"]
             ok = bonus < 0
             bonus = np.where(ok, committed[np.arange(n), np.clip(correct, 0, G)], bonus)
         temperature = sort(get("temperature", np.nan, np.float64))
@@ -397,12 +514,12 @@ class BlockFrame:
         else:
             fin = sort(get("finished", False, bool))
         return cls(
-            gamma=G, _df=df, draft=draft, committed=committed, confidence=conf, confidence_logit=zl,
-            draft_logprob=dlp, target_logprob=tlp, window=window, correct=correct,
+            gamma=G, _df=df, draft=draft, _committed=committed, _confidence=conf, confidence_logit=zl,
+            _draft_logprob=dlp, _target_logprob=tlp, window=window, correct=correct,
             cap_trim=sort(get("cap_trim", -1, np.int64)), ceiling=sort(get("ceiling", -1, np.int64)),
             prefix=prefix, bonus=bonus, temperature=temperature, request=request, segment=segment,
             finished=fin, notes=notes, forward_ct=sort(fct0), workload_codes=sort(wl[0]), workload_labels=wl[1],
-            _src=src, _order=order,
+            _src=src, _order=order, _pending=pending,
         )
 
     # ------------------------------------------------------------------
@@ -418,25 +535,41 @@ class BlockFrame:
         if self._stream is not None:
             return self._stream
         G = self.gamma
-        # committed positions per row: correct + 1, fewer when the request hit its token limit
-        # mid-step and the engine committed a truncated list (missing entries are -1)
-        present = self.committed >= 0
-        cnt = present[:, 0].astype(np.int64)
-        for j in range(1, G + 1):  # column by column: a row-wise sum over G + 1 entries is slower
-            cnt += present[:, j]
-        np.minimum(cnt, self.correct + 1, out=cnt)
-        on = np.arange(G + 1)[None, :] < cnt[:, None]  # (row, j) committed; row-major = stream order
-        at = np.flatnonzero(on)  # one flat index, three takes
-        realized = self.committed.reshape(-1).take(at)
-        # the drafts scored at j < G in stream order: entry (row r, j) sits at r * G + j of the drafts
-        # (at - r); -1 / NaN put back at each bonus entry (j == G: no draft there), the last entry
-        # of every row with cnt > G
-        sa = at - np.repeat(np.arange(self.n), cnt)
-        ends = np.cumsum(cnt)
+        fast = self._stream_from_lists()
+        if fast is not None:  # the committed lists are the stream as they are: no padded copy
+            realized, cnt = fast
+            ends = np.cumsum(cnt)
+            # entry (row r, j) of the drafts sits at r * G + j
+            sa = np.repeat(np.arange(self.n) * G - (ends - cnt), cnt)
+            sa += np.arange(realized.size)
+        else:
+            # committed positions per row: correct + 1, fewer when the request hit its token limit
+            # mid-step and the engine committed a truncated list (missing entries are -1)
+            present = self.committed >= 0
+            cnt = present[:, 0].astype(np.int64)
+            for j in range(1, G + 1):  # column by column: a row-wise sum over G + 1 entries is slower
+                cnt += present[:, j]
+            np.minimum(cnt, self.correct + 1, out=cnt)
+            on = np.arange(G + 1)[None, :] < cnt[:, None]  # (row, j) committed; row-major = stream order
+            at = np.flatnonzero(on)  # one flat index, three takes
+            realized = self.committed.reshape(-1).take(at)
+            # entry (row r, j) of the drafts sits at r * G + j (at - r)
+            sa = at - np.repeat(np.arange(self.n), cnt)
+            ends = np.cumsum(cnt)
+        # the drafts scored at j < G in stream order; -1 / NaN put back at each bonus entry (j == G:
+        # no draft there), the last entry of every row with cnt > G
         bonus_at = ends[cnt > G] - 1
         scored_tok = self.draft.reshape(-1).take(sa, mode="clip")
         scored_tok[bonus_at] = -1
-        scored_lp = np.ascontiguousarray(self.target_logprob).reshape(-1).take(sa, mode="clip")
+        fc = None  # the target log-probs as Arrow has them, when they are the padded rows as they are
+        if self._order is None and self._target_logprob is None and "target_logprob" in self._pending:
+            if "target_logprob" not in self._flat:
+                self._flat["target_logprob"] = _fixed_chunks(self._pending["target_logprob"][0], G)
+            fc = self._flat["target_logprob"]
+        if fc is not None:
+            scored_lp = _chunk_flat(fc, sa).astype(np.float64, copy=False)
+        else:
+            scored_lp = np.ascontiguousarray(self.target_logprob).reshape(-1).take(sa, mode="clip")
         scored_lp[bonus_at] = np.nan
         nseg = int(self.segment.max()) + 1 if self.n else 0
         seg_first_row = np.searchsorted(self.segment, np.arange(nseg))
@@ -447,6 +580,31 @@ class BlockFrame:
         self._stream = dict(realized=realized, scored_tok=scored_tok, scored_lp=scored_lp,
                             seg_first_pos=seg_first_pos, seg_offset=seg_offset, seg_len=seg_len)
         return self._stream
+
+    def _stream_from_lists(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(realized, count per row) read straight off Arrow ``committed_tokens`` when every list is
+        exactly a row's committed tokens (no NULL, no negative token, at most ``correct + 1`` and
+        ``G + 1`` entries, input in frame order): what the padded path would select. Else None."""
+        if self._committed is not None or self._order is not None or "committed_tokens" not in self._pending:
+            return None
+        col = self._pending["committed_tokens"][0]
+        chunks = [c for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) if len(c)]
+        if not chunks or any(c.null_count for c in chunks):
+            return None
+        lens, vals = [], []
+        for c in chunks:
+            o = np.asarray(c.offsets, dtype=np.int64)
+            v = c.values.slice(o[0], o[-1] - o[0])
+            if v.null_count or not pa.types.is_integer(v.type):
+                return None
+            lens.append(np.diff(o))
+            vals.append(v.to_numpy())
+        cnt = lens[0] if len(lens) == 1 else np.concatenate(lens)
+        realized = (vals[0] if len(vals) == 1 else np.concatenate(vals)).astype(np.int64, copy=False)
+        if cnt.size != self.n or (realized.size and realized.min() < 0) or (cnt > self.gamma + 1).any() \
+                or (cnt > self.correct + 1).any():
+            return None
+        return realized, cnt
 
     def later(self, rows: np.ndarray) -> dict:
         """For rows, look up the committed stream at every draft position ``k`` (absolute ``prefix+k+1``).
@@ -462,10 +620,11 @@ class BlockFrame:
         valid = (rel0 >= 0)[:, None] & (k < (st["seg_len"][seg] - rel0)[:, None])
         idx = (st["seg_offset"][seg] + rel0)[:, None] + k  # out of range only where not valid
         out = {"valid": valid}
+        invalid = ~valid
         for name, fill in (("realized", -1), ("scored_tok", -1), ("scored_lp", np.nan)):
             a = st[name]
             out[name] = v = a.take(idx, mode="clip") if a.size else np.full(idx.shape, fill)
-            np.putmask(v, ~valid, fill)
+            np.putmask(v, invalid, fill)
         return out
 
     def logits(self, temperatures: np.ndarray | None = None, clip: float = 1e-4) -> tuple[np.ndarray, str]:

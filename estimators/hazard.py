@@ -516,7 +516,7 @@ class HazardModel:
             raise RuntimeError("HazardModel is not fitted")
         rows = np.arange(frame.n) if rows is None else rows
         G = frame.gamma
-        c = frame.confidence[rows]
+        c = frame.list_rows("confidence", rows)
         if self.method == "confidence":
             return dict(c=c)
         if G != self.gamma_:

@@ -116,23 +116,28 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
     G = frame.gamma
     k = np.arange(G)[None, :]
     w = frame.window[rows][:, None]
-    d = frame.draft[rows]
-    lt = frame.later(rows)
-    valid = lt["valid"] & (d >= 0)
-    match = valid & (lt["realized"] == d)
+    d = frame.draft.take(rows, axis=0)  # (a row take: several times a fancy index d[rows])
+    lt = frame.later(rows)  # this call's own arrays: combined in place below
+    valid = lt["valid"]
+    valid &= d >= 0
+    match = lt["realized"] == d
+    match &= valid
     tail = k >= w
     path_ok = _before_all(~tail | match)
+    on_path = tail & path_ok
     greedy = frame.greedy[rows][:, None]
     # greedy: exact indicator along the matched path; first trimmed position: exact via the
     # capped bonus (all modes)
-    exact = greedy & tail & path_ok & valid
+    exact = on_path & valid
+    exact &= greedy
     if exact_first:
         exact |= (k == w) & valid
     h = np.where(exact, match, np.nan)
-    dlp = frame.draft_logprob[rows]
-    has_q = ~np.isnan(dlp).all(1)
+    dlp = frame.list_rows("draft_logprob", rows)
+    has_q = has_lp = ~np.isnan(dlp).all(1)
     if use_logprobs:
-        lp = np.where(lt["scored_tok"] == d, lt["scored_lp"], np.nan)
+        lp = lt["scored_lp"]
+        np.putmask(lp, lt["scored_tok"] != d, np.nan)
         if gather is not None:
             pg = gather.get("gather") if isinstance(gather, dict) else gather
             gm = gather_matrix(frame, pg, rows)
@@ -141,14 +146,22 @@ def walk(frame: BlockFrame, rows: np.ndarray, *, use_logprobs: bool = True, exac
                 dlp = np.where(np.isnan(dlp), q_matrix(frame, gather["rows"], rows), dlp)
                 has_q = ~np.isnan(np.where(tail, dlp, np.nan)).all(1)
         # h is NaN there, as is min(1, p/q) where unknown: computed only where the later step scored the draft
-        soft = np.flatnonzero(~greedy & tail & path_ok & ~exact & ~np.isnan(lp))
+        soft = on_path & ~exact
+        soft &= ~greedy
+        soft &= ~np.isnan(lp)
+        soft = np.flatnonzero(soft)
         h.reshape(-1)[soft] = np.minimum(1.0, np.exp(lp.reshape(-1)[soft] - dlp.reshape(-1)[soft]))
     unknown = np.isnan(h)
-    walked = np.count_nonzero(tail & path_ok & ~unknown, axis=1)
-    diverged = ~_before_all(~(tail & valid & ~match))
+    walked = np.count_nonzero(on_path & ~unknown, axis=1)
+    off = tail & valid  # a realized token that is not the draft: the walk diverged after it
+    off &= ~match
+    diverged = ~_before_all(~off)
     # state by lookup of (path_ok, unknown, diverged): matched -> 3 known / 1 unknown; else 2 / 0
-    state = _STATE.take(path_ok * np.int8(4) + unknown * np.int8(2) + diverged)
-    return dict(h=h, walked=walked, path_ok=path_ok, state=state, has_q=has_q)
+    code = path_ok * np.int8(4)
+    code += unknown * np.int8(2)
+    code += diverged
+    state = _STATE.take(code)
+    return dict(h=h, walked=walked, path_ok=path_ok, state=state, has_q=has_q, has_lp=has_lp | has_q)
 
 
 def _before_all(ok: np.ndarray) -> np.ndarray:
@@ -231,9 +244,10 @@ def _block_uniforms(frame: BlockFrame, rows: np.ndarray, seed: int) -> np.ndarra
         h = frame.forward_ct[rows].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         h ^= frame.prefix[rows].astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         h ^= frame.window[rows].astype(np.uint64) * np.uint64(0x165667B19E3779F9)
-        d = frame.draft[rows].astype(np.uint64)
+        d = frame.draft.take(rows, axis=0).view(np.uint64)  # (int64 -> uint64: the same bits, no copy)
         for k in range(frame.gamma):
-            h = (h ^ d[:, k]) * np.uint64(0x100000001B3)
+            h ^= d[:, k]
+            h *= np.uint64(0x100000001B3)
         h ^= np.uint64(seed) * np.uint64(0xD6E8FEB86659FD93)
         h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -367,40 +381,34 @@ class TailEstimator:
         G, n = frame.gamma, frame.n
         cens = frame.censored
         rows = np.flatnonzero(cens)
-        parts = [self._censored(frame, r, gather, seed)
+        # every column starts as the exact answer of an uncensored row; each chunk of censored rows
+        # writes its own rows in place (no per-chunk columns concatenated, then scattered, again)
+        correct = frame.correct
+        col = dict(mean=correct.astype(float), var=np.zeros(n), bound_lo=correct.copy(), bound_hi=correct.copy(),
+                   resolved=np.ones(n, bool), walked=np.zeros(n, np.int64), mode=np.zeros(n, np.int8))
+        for L in self.levels:
+            tag = int(round(L * 100))
+            col[f"lo{tag}"], col[f"hi{tag}"], col[f"mass{tag}"] = correct.copy(), correct.copy(), np.ones(n)
+        cell = correct.copy()  # the pmf's point mass: correct, or a resolved block's bound
+        parts = [self._censored(frame, r, gather, seed, col, cell)
                  for r in np.array_split(rows, max(1, -(-rows.size // chunk_rows)))]
-        at = np.cumsum([0] + [len(p["mean"]) for p in parts[:-1]])
-        for p, a in zip(parts, at):  # open blocks: part-relative -> among all censored rows
-            p["open"] = p["open"] + a
-        c = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-        def fill(exact, values):  # a column over all rows: ``exact`` (uncensored rows), ``values`` (censored)
-            out = np.full(n, exact, dtype=values.dtype) if np.ndim(exact) == 0 else exact.copy()
-            out[rows] = values
-            return out
-
+        if frame is not data:  # our own frame: its committed stream (a few arrays over all rows) is done
+            frame._stream = None  # (freed now, the result's pmf and columns reuse its memory: fewer page faults)
         pmf = np.zeros((n, G + 1))
-        pmf.reshape(-1)[np.arange(n) * (G + 1) + frame.correct] = 1.0  # exact: all mass on correct
-        pmf[rows] = c["pmf"]
-        has_lp = ~np.isnan(frame.draft_logprob[rows]).all(1) | c["has_q"]
-        mode = np.zeros(n, np.int8)  # exact-in-window
-        mode[rows] = np.where(frame.greedy[rows], 1, np.where(has_lp & (self.mode != "confidence"), 2, 3))
+        cell += np.arange(0, n * (G + 1), G + 1)  # flat index of each row's point mass
+        pmf.reshape(-1)[cell] = 1.0
+        for p in parts:
+            pmf[p["open"]] = p["pmf"]
         df = frame.pandas_columns(("run_id", "rid", "forward_ct", "rank", "epoch", "workload"))
         cols = {
             "run_id": df["run_id"].array, "rid": df["rid"].array, "forward_ct": df["forward_ct"].to_numpy(),
             "rank": df["rank"].to_numpy(), "epoch": df["epoch"].to_numpy(),
             "workload": df["workload"].array if "workload" in df else None,
-            "temperature": frame.temperature, "window": frame.window, "correct": frame.correct,
-            "acc_len": frame.correct + 1, "censored": cens,
-            "mode": pa.array(_MODES).take(pa.array(mode)).to_pandas(),
-            "mean": fill(frame.correct.astype(float), c["mean"]), "var": fill(0.0, c["var"]),
-            "bound_lo": fill(frame.correct, c["bound_lo"]), "bound_hi": fill(frame.correct, c["bound_hi"]),
-            "resolved": fill(True, c["bound_lo"] == c["bound_hi"]), "walked": fill(0, c["walked"]),
+            "temperature": frame.temperature, "window": frame.window, "correct": correct,
+            "acc_len": correct + 1, "censored": cens,
+            "mode": pa.array(_MODES).take(pa.array(col.pop("mode"))).to_pandas(),
         }
-        for L in self.levels:
-            tag = int(round(L * 100))
-            for name, base in (("lo", frame.correct), ("hi", frame.correct), ("mass", 1.0)):
-                cols[f"{name}{tag}"] = fill(base, c[f"{name}{tag}"])
+        cols.update(col)
         if frame.has_truth.any():
             cols["truth"] = np.where(frame.has_truth, frame.ceiling, np.nan)
         res = TailResult(blocks=pd.DataFrame(cols, copy=False), pmf=pmf, gamma=G, levels=tuple(self.levels),
@@ -408,14 +416,13 @@ class TailEstimator:
                          notes=list(frame.notes) + self.hazard.fallback_notes(frame, rows))
         if hazard_boot and (refits is not None or hasattr(self.hazard, "_train")):
             models = self.hazard_refits(hazard_boot, seed) if refits is None else refits
-            mean, var = res.blocks["mean"].to_numpy(), res.blocks["var"].to_numpy()
+            mean, var = col["mean"], col["var"]
             means = np.empty((len(models), n))
             vars_ = np.empty((len(models), n))
             # resolved blocks keep their point mass under any hazards: only the open ones are refitted
-            op = c["open"]
-            ro = rows[op]
-            feats = self.hazard.features(frame, ro, c["state"][op])  # shared by every refit
-            h_op = c["h"][op]
+            ro = np.concatenate([p["open"] for p in parts])
+            feats = self.hazard.features(frame, ro, np.concatenate([p["state"] for p in parts]))  # shared by every refit
+            h_op = np.concatenate([p["h"] for p in parts])
             for i, model in enumerate(models):
                 hm = model.predict_features(feats)
                 _, mc, vc = self._pmf(frame, ro, h_op, hm)
@@ -424,42 +431,51 @@ class TailEstimator:
             res._boot = dict(means=means, vars=vars_)
         return res
 
-    def _censored(self, frame: BlockFrame, rows: np.ndarray, gather, seed: int) -> dict:
-        """Walk, hazards, predictive pmf, identification bounds and intervals of censored ``rows``.
+    def _censored(self, frame: BlockFrame, rows: np.ndarray, gather, seed: int, col: dict, cell: np.ndarray) -> dict:
+        """Walk, hazards, predictive pmf, identification bounds and intervals of censored ``rows``,
+        written into their rows of the result columns ``col`` (and ``cell``, the pmf's point mass).
 
         A block the walk resolved (its identification bounds meet) has all its mass on that
         bound whatever the hazards say (the known 1s up to a known 0, or to gamma): its pmf, mean,
         variance and intervals are written directly (the same values the general path computes,
-        bit for bit); only the open blocks (``open``) get hazard predictions, pmfs and intervals.
+        bit for bit); only the open blocks get hazard predictions, pmfs and intervals. Returns the
+        open blocks' frame rows (``open``), pmfs, walk hazards and states (the refits reuse them).
         Why: on the reference engine about two thirds of the censored blocks are resolved."""
         wk = self._walk(frame, rows, gather)
         Hk = wk["h"]
-        G, n = frame.gamma, len(rows)
+        G = frame.gamma
         w = frame.window[rows]
         # identification bounds: leading exact accepts / first exact rejection
-        tail = np.arange(G)[None, :] >= w[:, None]
-        lead1 = np.logical_and.accumulate(~tail | (Hk == 1.0), 1) & tail
-        notzero = np.logical_and.accumulate(~tail | (Hk != 0.0), 1) & tail
-        blo, bhi = w + lead1.sum(1), w + notzero.sum(1)
+        blo, bhi = w.copy(), w.copy()
+        lead1, notzero = np.ones(len(w), bool), np.ones(len(w), bool)
+        for j in range(G):  # column by column (an accumulate along rows is several times slower)
+            before = w > j
+            lead1 &= (Hk[:, j] == 1.0) | before
+            notzero &= (Hk[:, j] != 0.0) | before
+            blo += lead1 & ~before
+            bhi += notzero & ~before
         op = np.flatnonzero(blo != bhi)
-        pm = np.zeros((n, G + 1))
-        pm.reshape(-1)[np.arange(n) * (G + 1) + blo] = 1.0
-        mean, var = blo.astype(float), np.zeros(n)
-        out = dict(h=Hk, state=wk["state"], walked=wk["walked"], has_q=wk["has_q"], pmf=pm, mean=mean, var=var,
-                   bound_lo=blo, bound_hi=bhi, open=op)
         ro = rows[op]
+        cell[rows] = blo
+        col["mean"][rows] = blo
+        col["bound_lo"][rows], col["bound_hi"][rows] = blo, bhi
+        col["resolved"][ro] = False
+        col["walked"][rows] = wk["walked"]
+        col["mode"][rows] = np.where(frame.greedy[rows], 1, np.where(wk["has_lp"] & (self.mode != "confidence"), 2, 3))
+        pmo = np.zeros((0, G + 1))
         if op.size:
-            pmo, mean[op], var[op] = self._pmf(frame, ro, Hk[op], self.hazard.predict(frame, ro, wk["state"][op]))
-            pm[op] = pmo
-            u = _block_uniforms(frame, ro, seed)
-            iv = _quantile_intervals(pmo, self.levels, self.interval, u)
+            h_op, st_op = Hk[op], wk["state"][op]
+            pmo, col["mean"][ro], col["var"][ro] = self._pmf(frame, ro, h_op, self.hazard.predict(frame, ro, st_op))
+            iv = _quantile_intervals(pmo, self.levels, self.interval, _block_uniforms(frame, ro, seed))
+        else:
+            h_op, st_op = Hk[:0], wk["state"][:0]
         for L in self.levels:
             tag = int(round(L * 100))
-            lo, hi, m = blo.copy(), blo.copy(), np.ones(n)
+            lo, hi, m = col[f"lo{tag}"], col[f"hi{tag}"], col[f"mass{tag}"]
+            lo[rows], hi[rows] = blo, blo
             if op.size:
-                lo[op], hi[op], m[op] = iv[L]
-            out[f"lo{tag}"], out[f"hi{tag}"], out[f"mass{tag}"] = lo, hi, m
-        return out
+                lo[ro], hi[ro], m[ro] = iv[L]
+        return dict(open=ro, pmf=pmo, h=h_op, state=st_op)
 
     @staticmethod
     def _pmf(frame, rows, Hk, Hm):
@@ -490,12 +506,14 @@ def _first_from_bonus(frame: BlockFrame, rows: np.ndarray, wk: dict) -> dict:
     i = np.flatnonzero(w < G)
     if i.size == 0:
         return wk
-    wi = w[i]
+    # flat indices: a 2-D fancy index is several times slower
+    at = i * G + w[i]
     b = frame.bonus[rows[i]]
-    d = frame.draft[rows[i], wi]
-    ok = np.isnan(wk["h"][i, wi]) & (b >= 0) & (d >= 0)
-    i, wi = i[ok], wi[ok]
-    wk["h"][i, wi] = (b[ok] == d[ok]).astype(float)
-    wk["state"][i, wi] = 3
-    wk["walked"][i] += 1
+    d = frame.draft.reshape(-1).take(rows[i] * G + w[i])
+    h, state = wk["h"].reshape(-1), wk["state"].reshape(-1)
+    ok = np.isnan(h.take(at)) & (b >= 0) & (d >= 0)
+    at = at[ok]
+    h[at] = (b[ok] == d[ok]).astype(float)
+    state[at] = 3
+    wk["walked"][i[ok]] += 1
     return wk

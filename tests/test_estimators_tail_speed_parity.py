@@ -214,3 +214,39 @@ def test_arrow_input_gives_the_pandas_frame(stream):
     assert fa._df is None
     pd.testing.assert_frame_equal(part, fa.df[cols])
     pd.testing.assert_frame_equal(fa.df[cols], fp.df[cols], check_dtype=False)
+
+
+def test_chunked_arrow_lists_read_in_place_match_padding(stream):
+    """Arrow list columns left unpadded (committed tokens, confidences, log-probs: read per chunk,
+    only where needed) give the pinned frame, stream and walk, and the same estimate as padding
+    them, however the table is chunked (chunk edges mid-request) and with NULL log-probs."""
+    sim, comp, _ = stream
+    tbl = pa.Table.from_pandas(comp.sort_values(["rid", "step_index"]), preserve_index=False)
+    tlp = tbl.column("target_logprob").combine_chunks()
+    with_nulls = pa.array([None if i % 3 == 0 else v for i, v in enumerate(tlp.values.to_pylist())], tlp.type.value_type)
+    tbl_nulls = tbl.set_column(tbl.schema.get_field_index("target_logprob"), "target_logprob",
+                               pa.ListArray.from_arrays(tlp.offsets, with_nulls))
+    est = TailEstimator().fit(simulate(n_requests=60, seed=12).tables["request_steps"])
+    shuffled = pa.Table.from_pandas(comp.sample(frac=1, random_state=2), preserve_index=False)
+    for base in (tbl, tbl_nulls, shuffled):
+        want_frame = BlockFrame.from_request_steps(base.to_pandas(), gamma=sim.gamma)  # padded eagerly
+        want = est.estimate(want_frame)
+        for size in (None, 37, 1000):
+            data = base if size is None else pa.Table.from_batches(base.to_batches(max_chunksize=size))
+            fr = BlockFrame.from_request_steps(data, gamma=sim.gamma)
+            rows = np.flatnonzero(fr.censored)
+            for name in ("confidence", "draft_logprob", "target_logprob", "committed"):
+                np.testing.assert_array_equal(fr.list_rows(name, rows), getattr(want_frame, name)[rows])
+            st, st_want = fr.stream(), want_frame.stream()
+            for k in st_want:
+                np.testing.assert_array_equal(st[k], st_want[k], err_msg=k)
+            if base is tbl:
+                lt = fr.later(rows)
+                got = _digest([fr.draft, fr.committed, fr.confidence, fr.draft_logprob, fr.target_logprob, fr.window,
+                               fr.correct, fr.prefix, fr.bonus, fr.request, fr.segment,
+                               *[st[k] for k in sorted(st)], *[lt[k] for k in sorted(lt)]])
+                assert got == PINNED["frame_arrow"], size
+            res = est.estimate(data, gamma=sim.gamma)
+            pd.testing.assert_frame_equal(res.blocks.drop(columns=["run_id", "rid", "workload"]),
+                                          want.blocks.drop(columns=["run_id", "rid", "workload"]), check_exact=True)
+            np.testing.assert_array_equal(res.pmf, want.pmf)
