@@ -1050,20 +1050,33 @@ def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: s
         return
     sums = ", ".join(_PAGE_SUMS)
     if table == RS:
-        con.execute(f"""
-            INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {sums})
-            SELECT run_id, rid, NULL, false, {", ".join(f"sum({c})" for c in _PAGE_SUMS)} FROM {req_view}
-            GROUP BY run_id, rid
-            ON CONFLICT DO UPDATE SET grown = CASE WHEN pos IS NOT NULL THEN true END, {", ".join(f"{c} = {c} + EXCLUDED.{c}" for c in _PAGE_SUMS)}""")
-    else:  # rows whose blocks came first get the request's columns by an UPDATE join (ON CONFLICT DO UPDATE
-        # took ~45 us a row here: 0.7 CPU-s per 16k requests rows), the others are inserted
+        # only listed requests (a requests row stored) have a page row to add to; the blocks of the others
+        # stay in sum_requests, which a requests row's insert below reads. A server dump's ingest lists no
+        # requests: no statement (an upsert of every batch's requests cost ~0.35 CPU-s per 100k
+        # request-steps, 22% of that ingest)
+        if con.execute(f"SELECT EXISTS (SELECT 1 FROM {_PAGE} WHERE run_id IN "
+                       f"(SELECT DISTINCT run_id FROM {req_view}))").fetchone()[0]:
+            con.execute(f"""
+                UPDATE {_PAGE} SET grown = CASE WHEN pos IS NOT NULL THEN true END,
+                       {", ".join(f"{c} = {_PAGE}.{c} + v.{c}" for c in _PAGE_SUMS)}
+                FROM (SELECT run_id, rid, {", ".join(f"sum({c}) AS {c}" for c in _PAGE_SUMS)} FROM {req_view}
+                      GROUP BY run_id, rid) v
+                WHERE {_PAGE}.run_id = v.run_id AND {_PAGE}.rid = v.rid""")
+    else:  # rows already there get the request's columns by an UPDATE join (ON CONFLICT DO UPDATE took
+        # ~45 us a row here: 0.7 CPU-s per 16k requests rows); new ones are inserted with the blocks stored
+        # so far (sum_requests)
         cols = ", ".join(_q(c) for c in _PAGE_REQ)
         con.execute(f"""
             UPDATE {_PAGE} SET has_req = true, {", ".join(f"{c} = v.{c}" for c in cols.split(", "))}
             FROM {view} v WHERE {_PAGE}.run_id = v.run_id AND {_PAGE}.rid = v.rid""")
         con.execute(f"""
             INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {sums})
-            SELECT run_id, rid, NULL, true, {cols}, {", ".join("0" for _ in _PAGE_SUMS)} FROM {view}
+            SELECT v.run_id, v.rid, NULL, true, {", ".join(f"v.{c}" for c in cols.split(", "))},
+                   {", ".join(f"coalesce(b.{c}, 0)" for c in _PAGE_SUMS)}
+            FROM {view} v LEFT JOIN (
+                SELECT s.run_id, s.rid, {", ".join(f"sum(s.{c}) AS {c}" for c in _PAGE_SUMS)}
+                FROM {schema.SUM_REQUESTS.name} s SEMI JOIN {view} w ON s.run_id = w.run_id AND s.rid = w.rid
+                GROUP BY s.run_id, s.rid) b ON v.run_id = b.run_id AND v.rid = b.rid
             ON CONFLICT DO NOTHING""")
     runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
     con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT unnest({_lit_list(runs)}), 0 ON CONFLICT DO NOTHING")
@@ -1131,11 +1144,11 @@ def rebuild_pages(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
         WITH b AS (SELECT run_id, rid, {", ".join(f"sum({c}) AS {c}" for c in _PAGE_SUMS)}
                    FROM {schema.SUM_REQUESTS.name} WHERE run_id IN (SELECT unnest($ids)) GROUP BY run_id, rid),
              q AS (SELECT run_id, rid, {cols} FROM {REQ} WHERE run_id IN (SELECT unnest($ids)))
-        SELECT coalesce(q.run_id, b.run_id), coalesce(q.rid, b.rid), NULL, q.rid IS NOT NULL,
+        SELECT q.run_id, q.rid, NULL, true,
                {", ".join(f"q.{c}" for c in cols.split(", "))}, {", ".join(f"coalesce(b.{c}, 0)" for c in _PAGE_SUMS)}
-        FROM q FULL JOIN b ON q.run_id = b.run_id AND q.rid = b.rid""", ids)
-    con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT DISTINCT run_id, 0 FROM {_PAGE} "
-                "WHERE run_id IN (SELECT unnest($ids))", ids)
+        FROM q LEFT JOIN b ON q.run_id = b.run_id AND q.rid = b.rid""", ids)
+    con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT run_id, 0 FROM (SELECT run_id FROM {REQ} UNION SELECT run_id "
+                f"FROM {schema.SUM_REQUESTS.name}) WHERE run_id IN (SELECT unnest($ids))", ids)  # as add() lists them
     _sort_pages(con, list(run_ids))
 
 
