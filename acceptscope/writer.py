@@ -317,12 +317,18 @@ class TelemetryWriter:
     def _tables(parts: dict[str, list[pa.Table]]) -> dict[str, pa.Table]:
         return {name: pa.concat_tables(p) if len(p) > 1 else p[0] for name, p in parts.items()}
 
-    def _fail(self, e: BaseException, tables: dict[str, pa.Table]) -> None:
-        """Make ``e`` the sticky error, ``tables`` the rows kept for a retry, and raise it as a WriterError."""
+    def _stick(self, e: BaseException, tables: dict[str, pa.Table] | None = None) -> None:
+        """Make ``e`` the sticky error (and ``tables``, when given, the rows kept for a retry)."""
         with self._cv:
             self._error = e
-            self.failed = tables
+            if tables is not None:
+                self.failed = tables
             self._cv.notify_all()
+
+    def _fail(self, e: BaseException, tables: dict[str, pa.Table]) -> None:
+        """:meth:`_stick`, then raise it as a WriterError."""
+        self._stick(e, tables)
+        with self._cv:
             self._raise_if_failed()
 
     def _commit(self, parts: dict[str, list[pa.Table]], upto: int, oldest: float | None) -> bool:
@@ -332,10 +338,7 @@ class TelemetryWriter:
         try:
             inserted = self.store.write_arrow(tables)
         except BaseException as e:  # noqa: BLE001 - surfaced to producers, never dropped
-            with self._cv:
-                self._error = e
-                self.failed = tables
-                self._cv.notify_all()
+            self._stick(e, tables)
             return False
         done = time.monotonic()
         with self._cv:
@@ -356,8 +359,6 @@ class TelemetryWriter:
             try:
                 self.on_flush(info)
             except BaseException as e:  # noqa: BLE001
-                with self._cv:
-                    self._error = e
-                    self._cv.notify_all()
+                self._stick(e)
                 return False
         return True
