@@ -611,8 +611,7 @@ def _fit_estimator(store, meta_row, meta: pd.DataFrame, fit_rows: int, seed: int
                    hazards_from: str | None = None, duckdb_memory: str | None = DUCKDB_MEMORY):
     """The run's fitted TailEstimator and a note on what it was fitted on (the policy of
     :func:`estimators.hazard_runs`, as :func:`estimators.run_all`). ``duckdb_memory``: the pass's
-    share; the sample is read on a cursor of the ordered scan's database, whose memory limit is one
-    for both (a smaller one set here would starve the scan's sort: 100M failed so)."""
+    share, for the sample's read (:func:`run_all_stream` fits every run before its ordered scan opens)."""
     rid, gamma = meta_row.run_id, int(meta_row.gamma)
     if meta_row.n_truth == meta_row.n_rows:
         train = (rid,)
