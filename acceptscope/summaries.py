@@ -244,7 +244,7 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
                        f"JOIN {view} v ON v.run_id = s.run_id AND v.rid = s.rid GROUP BY s.run_id, s.rid)")
             con.execute(_upsert_sql(keys, _keys_sql(view, per_rid, "LEFT", "count(*)")))
         add_pairs(con, table, view, runs)  # version 5: the pairs' copies of the keys just touched
-        add_pages(con, table, view, req_view)  # version 6: the drill-down's rows of the requests just touched
+        add_pages(con, table, view, req_view, runs)  # version 6: the drill-down's rows of the requests just touched
     finally:
         con.unregister(view)
         if table == RS:
@@ -1042,20 +1042,22 @@ def _page_limit(n_base: int) -> int:
     return max(PAGE_TAIL_MIN, int(n_base) // PAGE_TAIL_SHARE)
 
 
-def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: str) -> None:
+def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: str,
+              runs: Sequence[str] | None = None) -> None:
     """In :func:`add`: fold a batch into ``sum_request_page`` (blocks: the per-request sums ``req_view``
     of the batch; requests rows: their columns), new rows unsorted (``pos`` NULL); then sort a run
     whose unsorted requests outgrow :func:`_page_limit` (:func:`_sort_pages`)."""
     if table not in (RS, REQ) or not present(con, _NEW_IN_6):
         return
+    if runs is None:  # (add() passes the batch's runs, read off its Arrow columns)
+        runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
     sums = ", ".join(_PAGE_SUMS)
     if table == RS:
         # only listed requests (a requests row stored) have a page row to add to; the blocks of the others
         # stay in sum_requests, which a requests row's insert below reads. A server dump's ingest lists no
         # requests: no statement (an upsert of every batch's requests cost ~0.35 CPU-s per 100k
         # request-steps, 22% of that ingest)
-        if con.execute(f"SELECT EXISTS (SELECT 1 FROM {_PAGE} WHERE run_id IN "
-                       f"(SELECT DISTINCT run_id FROM {req_view}))").fetchone()[0]:
+        if _has_rows(con, _PAGE, runs):
             con.execute(f"""
                 UPDATE {_PAGE} SET grown = CASE WHEN pos IS NOT NULL THEN true END,
                        {", ".join(f"{c} = {_PAGE}.{c} + v.{c}" for c in _PAGE_SUMS)}
@@ -1078,7 +1080,6 @@ def add_pages(con: duckdb.DuckDBPyConnection, table: str, view: str, req_view: s
                 FROM {schema.SUM_REQUESTS.name} s SEMI JOIN {view} w ON s.run_id = w.run_id AND s.rid = w.rid
                 GROUP BY s.run_id, s.rid) b ON v.run_id = b.run_id AND v.rid = b.rid
             ON CONFLICT DO NOTHING""")
-    runs = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {view}").fetchall()]
     con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT unnest({_lit_list(runs)}), 0 ON CONFLICT DO NOTHING")
     if table == REQ:
         _sort_pages(con, runs)
