@@ -24,7 +24,8 @@ All functions take an open DuckDB connection; the caller owns the locking discip
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+from typing import Any, Callable, Sequence
 
 import duckdb
 import numpy as np
@@ -32,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from acceptscope import schema
+from acceptscope import batch_summaries, schema
 
 RELIABILITY_BINS = 15  # equal-width bins kept by sum_reliability; other bin counts read the raw table
 RS, STEPS, REQ, RUNS = (schema.REQUEST_STEPS.name, schema.STEPS.name, schema.REQUESTS.name, schema.RUNS.name)
@@ -205,22 +206,23 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
     sums = _OF.get(table)
     if not sums or inserted.num_rows == 0:
         return
-    view, req_view, rel_view = f"_summarise_{table}", f"_summarise_{table}_req", f"_summarise_{table}_rel"
+    view, req_view, rows_view = f"_summarise_{table}", f"_summarise_{table}_req", f"_summarise_{table}_rows"
     runs = pc.unique(inserted["run_id"]).drop_null().to_pylist() if "run_id" in inserted.column_names else None
     con.register(view, inserted)
     try:
         keys = schema.SUM_REQUEST_KEYS
+        groups = batch_summaries.Groups(inserted) if table == RS else None
         for t in sums:
             if t in (keys, schema.SUM_REQUESTS, schema.SUM_RUN_RIDS):
                 continue
-            rows = _reliability_rows(con, inserted) if t is schema.SUM_RELIABILITY else None
-            if rows is not None:  # (numpy on the batch's lists; None: the SQL below)
+            rows = _batch_rows(con, t, inserted, groups)
+            if rows is not None:  # (numpy on the batch's columns; None: the SQL below)
                 if rows.num_rows:
-                    con.register(rel_view, rows)
+                    con.register(rows_view, rows)
                     try:
-                        con.execute(_upsert_sql(t, f"SELECT * FROM {rel_view}"))
+                        con.execute(_upsert_sql(t, f"SELECT * FROM {rows_view}"))
                     finally:
-                        con.unregister(rel_view)
+                        con.unregister(rows_view)
                 continue
             max_len = _max_len(inserted, "survival") if t is schema.SUM_POSITIONS else None
             con.execute(_upsert_sql(t, _agg_sql(t, view, max_len=max_len)))
@@ -273,124 +275,26 @@ def _new_rids_sql(req: str) -> str:
         GROUP BY ALL"""
 
 
+def _batch_rows(con: duckdb.DuckDBPyConnection, t: schema.Table, tbl: pa.Table,
+                groups: batch_summaries.Groups | None) -> pa.Table | None:
+    """Summary ``t``'s rows of an appended request_steps batch (``groups``: its run x workload codes) by
+    :mod:`acceptscope.batch_summaries` (numpy), or None where that module declines the batch or has no form
+    of ``t``: the caller then runs :func:`_agg_sql`."""
+    if groups is None:
+        return None
+    if t is schema.SUM_CELLS:
+        return batch_summaries.cells_rows(tbl, groups)
+    if t is schema.SUM_POSITIONS:
+        return batch_summaries.positions_rows(tbl, groups)
+    if t is schema.SUM_RELIABILITY:
+        return batch_summaries.reliability_rows(con, tbl, groups, RELIABILITY_BINS)
+    return None
+
+
 def _max_len(tbl: pa.Table, column: str) -> int:
     """Longest list in ``tbl[column]`` (0 when all are NULL or empty)."""
     m = pc.max(pc.list_value_length(tbl[column])).as_py()
     return int(m or 0)
-
-
-_REL_MAX_CELLS = 1 << 22  # dense accumulator cells (groups x positions x variants x bins) past which the SQL runs
-
-
-def _reliability_rows(con: duckdb.DuckDBPyConnection, tbl: pa.Table, n_bins: int = RELIABILITY_BINS) -> pa.Table | None:
-    """``sum_reliability`` rows of an appended batch from its list offsets and values (numpy), not an
-    unnest in SQL: the same rows as :func:`_agg_sql`'s (keys and counts exactly; ``sum_p`` accumulated with
-    ``np.add.at`` in row, position order, which DuckDB's hash aggregate follows up to its partial sums, so
-    the last bits may differ, as the SQL's own do with its thread count; the logit's sigmoid is DuckDB's
-    own expression over the flat values). Why: the unnest was ~1/3 of the summaries update.
-    None (the caller runs the SQL) outside the plain case: a label outside [0, 1], a ceiling past
-    2**20, or a dense accumulator too large. Works a record batch at a time (memory: one batch)."""
-    if tbl.num_rows == 0:
-        return None
-    max_len = _max_len(tbl, "confidence")
-    if max_len == 0:
-        return _rel_table([], [], [], [], [], [], [], [])
-    mm = pc.min_max(tbl["ceiling"]).as_py()
-    if mm["max"] is not None and mm["max"] > (1 << 20):
-        return None
-    groups: dict[tuple[str, str], int] = {}
-    size = 2 * n_bins * max_len
-    acc_p = np.zeros(0)
-    acc_h = np.zeros(0, dtype=np.int64)
-    acc_n = np.zeros(0, dtype=np.int64)
-    for rb in tbl.to_batches(max_chunksize=1 << 17):
-        n = rb.num_rows
-        ceil, conf = rb.column("ceiling"), rb.column("confidence")
-        ok = np.asarray(pc.and_(pc.is_valid(ceil), pc.is_valid(conf)))
-        if not ok.any():
-            continue
-        c_np = np.asarray(pc.fill_null(ceil, -1)).astype(np.int64)
-        offs = np.asarray(conf.offsets, dtype=np.int64)
-        lens = offs[1:] - offs[:-1]
-        m = np.where(ok, np.clip(np.minimum(lens, c_np + 1), 0, None), 0)  # labelled positions per row
-        if not m.any():
-            continue
-        code = _group_codes(rb, ok, groups)
-        if len(groups) * size > _REL_MAX_CELLS:
-            return None
-        if len(acc_n) < len(groups) * size:
-            grow = len(groups) * size - len(acc_n)
-            acc_p = np.concatenate([acc_p, np.zeros(grow)])
-            acc_h = np.concatenate([acc_h, np.zeros(grow, dtype=np.int64)])
-            acc_n = np.concatenate([acc_n, np.zeros(grow, dtype=np.int64)])
-        vals = conf.values.slice(offs[0], offs[-1] - offs[0]).to_numpy(zero_copy_only=False)
-        width = int(lens[0])
-        if width and (lens == width).all():  # fixed-width lists (gamma): a 2-D view, no gather by offsets
-            row, k0 = np.nonzero(np.arange(width) < m[:, None])  # (row, position) order
-            p = vals.reshape(n, width)[row, k0]
-        else:
-            row = np.repeat(np.arange(n), m)
-            k0 = np.arange(len(row)) - np.repeat(np.cumsum(m) - m, m)  # 0-based position
-            p = vals[offs[row] - offs[0] + k0]
-        y = k0 < c_np[row]  # label: ceiling >= k
-        base = k0 * (2 * n_bins) if code is None else code[row] * size + k0 * (2 * n_bins)
-        variants = [(0, p, None)]
-        lg = rb.column("confidence_logit")
-        if lg.null_count < n:
-            lo = np.asarray(lg.offsets, dtype=np.int64)
-            have = np.asarray(pc.is_valid(lg))[row] & (k0 < (lo[1:] - lo[:-1])[row])
-            z = lg.values.slice(lo[0], lo[-1] - lo[0]).take(pa.array(lo[row[have]] - lo[0] + k0[have]))
-            con.register("_summarise_z", pa.table({"z": z}))
-            try:
-                raw = con.execute("SELECT 1 / (1 + exp(-z)) FROM _summarise_z").fetchnumpy()
-            finally:
-                con.unregister("_summarise_z")
-            z = next(iter(raw.values()))  # (a NULL logit element: a masked value, dropped as NaN)
-            variants.append((1, np.asarray(z.filled(np.nan) if np.ma.isMaskedArray(z) else z), have))
-        for v, p, sel in variants:
-            p = p.astype(np.float64)  # (c::DOUBLE)
-            b, yy = (base, y) if sel is None else (base[sel], y[sel])
-            keep = np.isfinite(p)
-            if not keep.all():
-                p, b, yy = p[keep], b[keep], yy[keep]
-            if len(p) and (p.min() < 0 or p.max() > 1):
-                return None
-            key = b + (v * n_bins) + np.minimum(np.floor(p * n_bins).astype(np.int64), n_bins - 1)
-            np.add.at(acc_p, key, p)
-            acc_h += np.bincount(key[yy], minlength=len(acc_h))
-            acc_n += np.bincount(key, minlength=len(acc_n))
-    nz = np.flatnonzero(acc_n)
-    names = list(groups)
-    g, r = np.divmod(nz, size)
-    k0, r = np.divmod(r, 2 * n_bins)
-    v, b = np.divmod(r, n_bins)
-    return _rel_table([names[i][0] for i in g], [names[i][1] for i in g], (k0 + 1).astype(np.int32),
-                      np.where(v == 0, "after", "before"), b.astype(np.int32), acc_p[nz], acc_h[nz], acc_n[nz])
-
-
-def _group_codes(rb: pa.RecordBatch, ok: np.ndarray, groups: dict[tuple[str, str], int]) -> np.ndarray | None:
-    """Per row, the index in ``groups`` (extended in place) of its (run_id, workload or '?'); None when
-    that is 0 for every row (one run, one workload: no dictionary encoding of the string columns)."""
-    run, wl = rb.column("run_id"), pc.fill_null(rb.column("workload"), "?")
-    first = (run[0].as_py(), wl[0].as_py())
-    if not groups or first in groups and groups[first] == 0:
-        if pc.all(pc.equal(run, first[0])).as_py() and pc.all(pc.equal(wl, first[1])).as_py():
-            groups.setdefault(first, 0)
-            return None
-    run, wl = pc.dictionary_encode(run), pc.dictionary_encode(wl)
-    rd, wd = run.dictionary.to_pylist(), wl.dictionary.to_pylist()
-    pair = np.asarray(run.indices, dtype=np.int64) * len(wd) + np.asarray(wl.indices, dtype=np.int64)
-    code = np.zeros(len(rd) * len(wd), dtype=np.int64)
-    for q in np.unique(pair[ok]):
-        code[q] = groups.setdefault((rd[q // len(wd)], wd[q % len(wd)]), len(groups))
-    return code[pair]
-
-
-def _rel_table(run, wl, k, variant, b, sum_p, hits, n) -> pa.Table:
-    cols = [pa.array(run, pa.string()), pa.array(wl, pa.string()), pa.array(k, pa.int32()),
-            pa.array(variant, pa.string()), pa.array(b, pa.int32()), pa.array(sum_p, pa.float64()),
-            pa.array(hits, pa.int64()), pa.array(n, pa.int64())]
-    return pa.Table.from_arrays(cols, names=schema.SUM_RELIABILITY.names)
 
 
 def _counts(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> dict[str, int]:
@@ -410,6 +314,9 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     cells, steps = schema.SUM_CELLS.name, schema.SUM_STEPS.name
     keys = schema.SUM_REQUEST_KEYS.name
     have = _tables(con)
+    marked = _rebuilding(con, have)  # an unfinished rebuild's runs (ensure): stale whatever the counts say
+    if run_ids is not None:
+        marked &= set(ids)
     have_keys = keys in have  # version 3: requests rows are counted too
     v2_present = all(t.name in have for t in _V2)
     try:
@@ -428,7 +335,7 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
             f"SELECT EXISTS (SELECT 1 FROM {RS} WHERE run_id IN ({lit})) "
             f"OR EXISTS (SELECT 1 FROM {STEPS} WHERE run_id IN ({lit}))").fetchone()[0]
         if (raw_n, raw_s, raw_q) == (sum_n, sum_s, sum_q) and not orphans and not unsummarised and v2_present:
-            return set()
+            return marked
     except duckdb.CatalogException:  # no summary tables: a file from before schema version 2
         pass
     where, p = ("", []) if run_ids is None else (" WHERE run_id IN (SELECT unnest(?))", [list(run_ids)])
@@ -441,13 +348,17 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
     raw_q = _counts(con, f"SELECT run_id, count(*) FROM {REQ}{where} GROUP BY run_id", p) if have_keys else {}
     sum_q = _counts(con, f"SELECT run_id, sum(n_requests) FROM {keys}{where} GROUP BY run_id", p) if have_keys else {}
     runs = set(raw_rs) | set(raw_st) | set(sum_rs) | set(sum_st) | set(raw_q) | set(sum_q)
-    return {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)
-            or raw_q.get(r, 0) != sum_q.get(r, 0)}
+    return marked | {r for r in runs if raw_rs.get(r, 0) != sum_rs.get(r, 0) or raw_st.get(r, 0) != sum_st.get(r, 0)
+                     or raw_q.get(r, 0) != sum_q.get(r, 0)}
 
 
 def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
-            tables: Sequence[schema.Table] = schema.SUMMARY_TABLES) -> None:
-    """Recompute the summaries ``tables`` of ``run_ids`` from the raw tables (DuckDB aggregation)."""
+            tables: Sequence[schema.Table] = schema.SUMMARY_TABLES,
+            each: Callable[[Callable[[], Any]], Any] = lambda step: step()) -> None:
+    """Recompute the summaries ``tables`` of ``run_ids`` from the raw tables (DuckDB aggregation).
+
+    ``each`` runs every step (one summary table's delete and insert, then the pairs, then the pages):
+    in the caller's transaction by default; :func:`ensure` gives each step a transaction of its own."""
     ids = list(run_ids)
     if not ids:
         return
@@ -456,10 +367,13 @@ def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
         for t in sums:
             if t not in tables:
                 continue
-            con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
-            con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
-    rebuild_pairs(con, ids, tables)  # version 5: pairs of these runs from their rebuilt request keys
-    rebuild_pages(con, ids, tables)  # version 6: the drill-down's rows from requests + sum_requests
+
+            def step(t: schema.Table = t, src: str = src) -> None:
+                con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
+                con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
+            each(step)
+    each(lambda: rebuild_pairs(con, ids, tables))  # version 5: pairs of these runs from their rebuilt request keys
+    each(lambda: rebuild_pages(con, ids, tables))  # version 6: the drill-down's rows from requests + sum_requests
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -483,8 +397,13 @@ def check_version(con: duckdb.DuckDBPyConnection, path: object) -> int:
 
 
 # DuckDB's memory for a rebuild (its default is 80% of RAM): the aggregation of a 100M request-step run
-# spills to the database's temp directory instead (bench/scale.py's 100M store: see docs/scale.md §8)
-REBUILD_MEMORY = "1GB"
+# spills to the database's temp directory instead (bench/scale.py's 100M store: see docs/scale.md §8). What
+# cannot spill grows with a run's requests: the key indexes of sum_requests and sum_request_page (3.9M
+# requests in that store: 1GB ran out at sum_requests' commit; 1536MB rebuilt it, 1,744 MB peak, 313 CPU-s)
+REBUILD_MEMORY = "1536MB"
+# store_meta key holding the runs (a JSON list) whose summaries a rebuild is rewriting: set before the
+# first table is touched, cleared with the schema version in the last step; stale_runs() counts them stale
+REBUILDING = "rebuilding_runs"
 
 
 def record_version(con: duckdb.DuckDBPyConnection) -> None:
@@ -493,38 +412,67 @@ def record_version(con: duckdb.DuckDBPyConnection) -> None:
                 [str(schema.SCHEMA_VERSION)])
 
 
+def _rebuilding(con: duckdb.DuckDBPyConnection, have: set[str]) -> set[str]:
+    """Runs an unfinished rebuild left marked (none when the file has no mark, or no store_meta;
+    ``have``: the file's tables)."""
+    if schema.STORE_META.name not in have:
+        return set()
+    row = con.execute(f"SELECT value FROM {schema.STORE_META.name} WHERE key = ?", [REBUILDING]).fetchone()
+    return set(json.loads(row[0])) if row else set()
+
+
+def _in_transaction(con: duckdb.DuckDBPyConnection, step: Callable[[], Any]) -> Any:
+    """Run ``step`` in a transaction of its own: committed, or rolled back when it raises."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        out = step()
+        con.execute("COMMIT")
+        return out
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
 def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     """On a read-write open (the store has created any missing summary table): rebuild stale runs and
     record the schema version.
 
-    Returns the runs rebuilt (a file from before schema version 2 rebuilds every run once; one from
-    version 2 gets the step bins of every run with steps, from the steps table only).
+    One transaction per summary table, not one for the whole rebuild: DuckDB holds a transaction's new
+    rows in memory, and a 100M request-step run's ``sum_requests`` (3.9M rows) with the statements after it
+    ran out of the rebuild's 1 GB. Between those commits the runs being rebuilt stay marked in
+    ``store_meta`` (:data:`REBUILDING`), so a reader, or the next open after a crash, counts them stale
+    (:func:`stale_runs`) and aggregates their raw rows. Returns the runs rebuilt (a file from before schema
+    version 2 rebuilds every run once; one from version 2 gets the step bins of every run with steps, from
+    the steps table only).
     """
     v = check_version(con, path)
     limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
     con.execute(f"SET memory_limit='{REBUILD_MEMORY}'")  # a rebuild aggregates whole runs: spill, not grow with them
-    con.execute("BEGIN TRANSACTION")
+    meta = schema.STORE_META.name
     try:
         stale = sorted(stale_runs(con))
-        rebuild(con, stale)
+        if stale:
+            _in_transaction(con, lambda: con.execute(f"INSERT OR REPLACE INTO {meta} VALUES (?, ?)",
+                                                     [REBUILDING, json.dumps(stale)]))
+        rebuild(con, stale, each=lambda step: _in_transaction(con, step))
         if v < 3:  # step bins and request keys are new in version 3: fill them for the runs kept above
             done = set(stale)
             todo = [r for (r,) in con.execute(f"SELECT run_id FROM {STEPS} UNION SELECT run_id FROM {REQ}").fetchall()
                     if r not in done]
-            rebuild(con, todo, _NEW_IN_3)
+            rebuild(con, todo, _NEW_IN_3, each=lambda step: _in_transaction(con, step))
             stale = sorted(done | set(todo))
         if v < 4:  # the per-run request counts are new in version 4
             done = set(stale)
             todo = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {RS}").fetchall() if r not in done]
-            rebuild(con, todo, _NEW_IN_4)
+            rebuild(con, todo, _NEW_IN_4, each=lambda step: _in_transaction(con, step))
             stale = sorted(done | set(todo))
-        stale = ensure_pairs(con, v, stale)  # version 5: sum_key_pairs of the audit pairs
-        stale = ensure_pages(con, v, stale)  # version 6: sum_request_page of every run
-        record_version(con)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+        stale = _in_transaction(con, lambda: ensure_pairs(con, v, stale))  # version 5: sum_key_pairs
+        stale = _in_transaction(con, lambda: ensure_pages(con, v, stale))  # version 6: sum_request_page
+
+        def finish() -> None:
+            record_version(con)
+            con.execute(f"DELETE FROM {meta} WHERE key = ?", [REBUILDING])
+        _in_transaction(con, finish)
     finally:
         con.execute(f"SET memory_limit='{limit}'")
     return stale

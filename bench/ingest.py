@@ -32,6 +32,10 @@ records at a time, so building a 10M request-step dump (3.3 GB) takes no more me
    * ``read_json+insert``: DuckDB ``INSERT OR IGNORE INTO`` a table with the store's
      request_steps columns and primary key ``SELECT ... FROM read_json(jsonl)``;
    * ``read_json-ctas``: ``CREATE TABLE AS SELECT * FROM read_json(jsonl)`` (no key, no checks);
+   * ``read_json-dump``: what DuckDB alone does with the dump as SGLang writes it (no JSONL made for it
+     before the clock): ``read_json`` of the one document (its ``maximum_object_size`` raised to the file's
+     size), the request-steps unnested from ``internal_states[].dspark_info_record.records[].reqs[]``,
+     ``INSERT OR IGNORE`` into the keyed table as ``read_json+insert`` does;
    * ``duckdb-append-floor``: DuckDB alone: ``INSERT INTO request_steps SELECT * FROM arrow`` of the
      already-parsed request_steps (the parse is done before the clock starts) into the store's
      index-free table, file-backed, threads=1, commit and close (checkpoint) included. No pipeline
@@ -154,7 +158,25 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
         con.execute("SET threads=1")
         # (a 10M-row INSERT OR IGNORE grew past 5.5 GB unbounded: the shared box needs a cap)
         con.execute(f"SET memory_limit='{os.environ.get('BENCH_DUCKDB_MEMORY_LIMIT', '3GB')}'")
-        if kind == "read_json+insert":
+        if kind == "read_json-dump":
+            # the dump itself, as SGLang wrote it: one JSON document (read_json's object size raised to hold
+            # it), its request-steps unnested from internal_states[].dspark_info_record.records[].reqs[]
+            con.execute(create_table_sql(schema.REQUEST_STEPS))
+            cols = ["run_id", "rank", "epoch", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
+                    "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
+            req = ["rid", "req_pool_index", "prefix_len", "verify_len", "correct_drafts", "acc_len", "cap_trim",
+                   "bonus_token", "draft_tokens", "confidence", "survival"]
+            con.execute(f"""
+                INSERT OR IGNORE INTO request_steps ({', '.join(cols)})
+                WITH d AS (SELECT internal_states FROM read_json('{dump}',
+                                                                 maximum_object_size={Path(dump).stat().st_size + 16})),
+                     s AS (SELECT unnest(internal_states) AS st, generate_subscripts(internal_states, 1) - 1 AS rank
+                           FROM d),
+                     r AS (SELECT rank, unnest(st.dspark_info_record.records) AS rec FROM s),
+                     q AS (SELECT rank, rec.forward_ct AS forward_ct, unnest(rec.reqs) AS req FROM r)
+                SELECT 'bench', rank, 0, forward_ct, {', '.join(f'req.{c}' for c in req)} FROM q""")
+            n = con.execute("SELECT count(*) FROM request_steps").fetchone()[0]
+        elif kind == "read_json+insert":
             con.execute(create_table_sql(schema.REQUEST_STEPS))
             cols = ["run_id", "rank", "epoch", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
                     "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
@@ -254,7 +276,7 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
     """Wall time, CPU time and peak RSS against dump size: ours vs DuckDB's read_json, side by side."""
     import numpy as np
 
-    kinds = a.kinds.split(",") if a.kinds else ["ours", "read_json+insert", "read_json-ctas"]
+    kinds = a.kinds.split(",") if a.kinds else ["ours", "read_json+insert", "read_json-dump", "read_json-ctas"]
     base = Path(a.baseline).resolve() if a.baseline else None
     if base is not None:
         kinds = [BASELINE] + kinds
@@ -430,7 +452,7 @@ def main() -> None:
     ap.add_argument("--workdir", help="keep the generated inputs here and reuse them (default: a temp dir)")
     ap.add_argument("--growth", help="comma-separated dump sizes in request-steps: the growth table instead")
     ap.add_argument("--keep", action="store_true", help="--growth: keep each size's dump (default: deleted)")
-    ap.add_argument("--kinds", help="--growth: comma-separated pipelines (default: ours,read_json+insert,read_json-ctas)")
+    ap.add_argument("--kinds", help="--growth: comma-separated pipelines (default: ours,read_json+insert,read_json-dump,read_json-ctas)")
     ap.add_argument("--baseline", metavar="TREE",
                     help="--growth: also run ours from this checkout (e.g. main), alternating with this tree's")
     ap.add_argument("--parsers", action="store_true",

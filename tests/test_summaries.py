@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from acceptscope import audit_sampling, schema, summaries
+from acceptscope import audit_sampling, batch_summaries, schema, summaries
 from acceptscope.store import Store
 from acceptscope.writer import TelemetryWriter
 from acceptscope.figures import tables as figures
@@ -169,6 +169,39 @@ def test_rows_appended_past_the_store_make_the_run_stale(filled: Store) -> None:
     with filled.snapshot() as c:
         assert summaries.stale_runs(c) == set()
     _same(now, _panels(Reader(filled.path)))
+
+
+def test_a_rebuild_cut_short_leaves_its_runs_stale_until_the_next_open_finishes_it(filled: Store, monkeypatch) -> None:
+    """``ensure`` commits the rebuild one summary table at a time (one transaction held every table's new
+    rows in memory: a 100M request-step run's ran out of the rebuild's 1 GB). A rebuild that dies between
+    those commits leaves its runs marked in store_meta: readers count them stale (and aggregate the raw
+    rows: the panels still answer right) until the next read-write open rebuilds them and clears the mark."""
+    fresh = _panels(Reader(filled.path))
+    con = duckdb.connect(str(filled.path))
+    con.execute("INSERT INTO request_steps SELECT * REPLACE (forward_ct + 100000 AS forward_ct) "
+                "FROM request_steps WHERE run_id = 'run-b' AND forward_ct < 10")
+    con.close()
+
+    def dies(*a, **k):
+        raise RuntimeError("killed mid-rebuild")
+    with monkeypatch.context() as m:
+        m.setattr(summaries, "rebuild_pages", dies)
+        with pytest.raises(RuntimeError, match="mid-rebuild"):
+            Store(filled.path)
+    with filled.snapshot() as c:
+        # sum_cells of run-b was rebuilt and committed (its row counts match again), yet run-b stays stale
+        assert c.execute("SELECT sum(n) FROM sum_cells WHERE run_id = 'run-b'").fetchone()[0] == \
+            c.execute("SELECT count(*) FROM request_steps WHERE run_id = 'run-b'").fetchone()[0]
+        assert summaries.stale_runs(c) == {"run-b"}
+        assert summaries.stale_runs(c, ["run-a"]) == set()
+    got = _panels(Reader(filled.path))
+    assert got["run_summary"].set_index("run_id").loc["run-b", "blocks"] > \
+        fresh["run_summary"].set_index("run_id").loc["run-b", "blocks"]
+    assert Store(filled.path).rebuilt_summaries == ["run-b"]
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c) == set()
+        assert c.execute("SELECT count(*) FROM store_meta WHERE key = ?", [summaries.REBUILDING]).fetchone()[0] == 0
+    _same(got, _panels(Reader(filled.path)))
 
 
 def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
@@ -340,7 +373,7 @@ def test_requests_seen_counts_distinct_requests_across_batches_and_workloads(tmp
 
 
 def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
-    """The numpy form of the reliability summary (``summaries._reliability_rows``, used by ``add``) gives
+    """The numpy form of the reliability summary (``batch_summaries.reliability_rows``, used by ``summaries.add``) gives
     the rows of its SQL definition on messy, multi-chunk batches: keys and counts exactly, ``sum_p`` to
     the last bits (DuckDB's hash aggregate adds partial sums in an order of its own); a confidence outside
     [0, 1] leaves the batch to the SQL."""
@@ -349,7 +382,7 @@ def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
     batch = pa.concat_tables([a.slice(0, 900), b, a.slice(900)])  # several chunks, two runs
     con.register("v", batch)
     want = con.sql(f"SELECT * FROM ({summaries._agg_sql(schema.SUM_RELIABILITY, 'v')}) ORDER BY ALL").to_arrow_table()
-    got = summaries._reliability_rows(con, batch)
+    got = batch_summaries.reliability_rows(con, batch, batch_summaries.Groups(batch), summaries.RELIABILITY_BINS)
     assert got is not None and got.num_rows == want.num_rows > 0
     assert {"after", "before"} <= set(got.column("variant").to_pylist())
     con.register("g", got)
@@ -365,7 +398,46 @@ def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
              if c and k is not None and k >= 0 and c[0] is not None and c[0] == c[0])
     conf[i] = [1.5] + conf[i][1:]
     odd = batch.set_column(batch.schema.get_field_index("confidence"), "confidence", pa.array(conf, schema.F32_LIST))
-    assert summaries._reliability_rows(con, odd) is None
+    assert batch_summaries.reliability_rows(con, odd, batch_summaries.Groups(odd), summaries.RELIABILITY_BINS) is None
+
+
+def _sql_rows(con, t: schema.Table, view: str, **kw) -> pd.DataFrame:
+    got = con.sql(f"SELECT * FROM ({summaries._agg_sql(t, view, **kw)})").df()
+    got.columns = t.names
+    return got.sort_values(list(t.key), ignore_index=True)
+
+
+def _fixed_width_messy(n: int, run_id: str, seed: int) -> pa.Table:
+    """``_messy`` rows with every survival list back to its full width (NULL lists kept, NaN elements
+    in place of the NULL ones): the case ``batch_summaries.positions_rows`` takes."""
+    t, full = _messy(n, run_id, seed), H.request_steps(n, run_id=run_id, seed=seed, ranks=3)
+    rng = np.random.default_rng(seed)
+    surv = [None if s is None else [float("nan") if rng.random() < 0.02 else x for x in f]
+            for s, f in zip(t.column("survival").to_pylist(), full.column("survival").to_pylist())]
+    return t.set_column(t.schema.get_field_index("survival"), "survival", pa.array(surv, schema.F32_LIST))
+
+
+def test_cells_and_positions_from_the_batch_columns_equal_the_sql() -> None:
+    """The numpy forms of ``sum_cells`` and ``sum_positions`` (``batch_summaries``, used by ``summaries.add``)
+    give the rows of their SQL definitions on a two-run batch with NULL windows, ceilings, correct_drafts,
+    workloads and survival lists and NaN survivals: keys and counts exactly, survival sums to the last
+    bits. Ragged survival lists (what SGLang never writes) are left to the SQL."""
+    con = duckdb.connect(config={"threads": 1})
+    batch = pa.concat_tables([_fixed_width_messy(1200, "run-a", 31), _fixed_width_messy(500, "run-b", 32)])
+    con.register("v", batch)
+    for t, fn, kw in ((schema.SUM_CELLS, batch_summaries.cells_rows, {}),
+                      (schema.SUM_POSITIONS, batch_summaries.positions_rows,
+                       {"max_len": summaries._max_len(batch, "survival")})):
+        got = fn(batch, batch_summaries.Groups(batch))
+        assert got is not None and got.num_rows > 0, t.name
+        want = _sql_rows(con, t, "v", **kw)
+        assert want["run_id"].nunique() == 2 and (want["workload"] == "?").any(), t.name
+        got = got.to_pandas().sort_values(list(t.key), ignore_index=True)
+        pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-12, obj=t.name)
+    positions = batch_summaries.positions_rows(batch, batch_summaries.Groups(batch)).to_pandas()
+    assert positions["sum_s"].isna().any() and (positions["n_emp"] < positions["n"]).any()
+    ragged = _messy(300, "run-a", 33)
+    assert batch_summaries.positions_rows(ragged, batch_summaries.Groups(ragged)) is None
 
 
 def test_a_new_file_starts_at_this_schema_version_and_is_not_migrated(tmp_path: Path) -> None:
