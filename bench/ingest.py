@@ -259,8 +259,10 @@ def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: b
     if out.returncode != 0:
         for p in db.parent.glob(db.name + "*"):
             p.unlink()
-        if tolerate:
-            return {"failed": out.stderr.strip().splitlines()[-1][:200] if out.stderr.strip() else "failed"}
+        if tolerate:  # the error's own line (DuckDB's messages end in advice lines)
+            lines = out.stderr.strip().splitlines()
+            why = next((x for x in reversed(lines) if "Error" in x or "Exception" in x), lines[-1] if lines else "")
+            return {"failed": why[:200] or "failed"}
         raise SystemExit(f"{kind} failed:\n{out.stderr}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["rows"] == n, (kind, r["rows"], n)

@@ -91,19 +91,21 @@ _PANEL = r"""
 import json, sys, time
 db, name, runs, reps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 from acceptscope.reader import Reader
+from acceptscope import audit_sampling  # (imported before the clock: the worst call is a cold query, not an import)
+from acceptscope.figures import tables as figures
 r = Reader(db)
 def call():
     if name == "reliability_bins":
-        from acceptscope.figures import tables as figures
         return figures.reliability_bins(r, runs)
     if name == "sampling_inference":
-        from acceptscope import audit_sampling
         try:
             return audit_sampling.infer_runs(r, runs[0], runs[1])
         except ValueError as e:
             return str(e)
     if name == "requests":
         return r.requests(runs[0])
+    if name == "step_costs":  # as the Cost panel asks: app/panels/cost.py's MAX_POINTS per run
+        return r.step_costs(runs, 20_000)
     return getattr(r, name)(runs)
 ts = []
 for _ in range(reps):

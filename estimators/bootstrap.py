@@ -35,8 +35,12 @@ for estimators that refit or reweight rows (the tail's hazard refits; calibratio
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from scipy.special import ndtri
 
 TAIL_STATS = ("n", "n_censored", "sum_mean", "sum_var", "sum_below", "sum_above", "sum_truth", "n_truth")
@@ -70,14 +74,37 @@ def request_keys(run_id, rid) -> np.ndarray:
         return _mix(r * _U64(0x9E3779B97F4A7C15) ^ q)
 
 
+def _arrow(values) -> pa.Array | None:
+    """The one Arrow array behind ``values`` (an Arrow array, a pandas column of Arrow strings), or None."""
+    arrow = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else getattr(
+        getattr(values, "array", values), "__arrow_array__", lambda: None)()
+    if isinstance(arrow, pa.ChunkedArray):
+        arrow = arrow.combine_chunks() if arrow.num_chunks != 1 else arrow.chunk(0)
+    return arrow
+
+
+def _factorized(values) -> tuple[Any, np.ndarray]:
+    """(the values, an Arrow array where Arrow holds them; integer codes equal exactly where they are)."""
+    arrow = _arrow(values)
+    if arrow is None:
+        values = np.asarray(values)
+        return values, pd.factorize(values)[0]
+    return arrow, np.asarray(pc.dictionary_encode(arrow, null_encoding="encode").indices, dtype=np.int64)
+
+
 def row_request_keys(run_id, rid) -> np.ndarray:
-    """:func:`request_keys` per row, hashing each distinct request once."""
-    rc, _ = pd.factorize(np.asarray(run_id))
-    qc, _ = pd.factorize(np.asarray(rid))
-    code, _ = pd.factorize(rc.astype(np.int64) * (int(qc.max()) + 2 if qc.size else 1) + qc)
+    """:func:`request_keys` per row, hashing each distinct request once. Columns Arrow holds are
+    dictionary-encoded by Arrow and only the distinct requests' strings come out as Python objects
+    (``np.asarray`` of the whole column made a string per row: ~7% of ``estimate`` at 100M rows)."""
+    (runs, rc), (rids, qc) = _factorized(run_id), _factorized(rid)
+    code, _ = pd.factorize(rc * (int(qc.max()) + 2 if qc.size else 1) + qc)
     first = np.zeros(int(code.max()) + 1 if code.size else 0, np.int64)
     first[code[::-1]] = np.arange(code.size)[::-1]
-    return request_keys(np.asarray(run_id)[first], np.asarray(rid)[first])[code]
+
+    def at(values, idx: np.ndarray) -> np.ndarray:
+        return values.take(pa.array(idx)).to_numpy(zero_copy_only=False) if isinstance(values, pa.Array) \
+            else values[idx]
+    return request_keys(at(runs, first), at(rids, first))[code]
 
 
 def uniforms(keys: np.ndarray, i: int, seed: int = 0, stream: int = 0) -> np.ndarray:
