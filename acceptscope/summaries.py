@@ -357,8 +357,9 @@ def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
             each: Callable[[Callable[[], Any]], Any] = lambda step: step()) -> None:
     """Recompute the summaries ``tables`` of ``run_ids`` from the raw tables (DuckDB aggregation).
 
-    ``each`` runs every step (one summary table's delete and insert, then the pairs, then the pages):
-    in the caller's transaction by default; :func:`ensure` gives each step a transaction of its own."""
+    ``each`` runs every step (a summary table's delete, then its insert; then the pairs, then the pages):
+    in the caller's transaction by default; :func:`ensure` gives each step a transaction of its own (a
+    delete and an insert of 3.9M ``sum_requests`` rows in one ran out of 1 GB: the key index holds both)."""
     ids = list(run_ids)
     if not ids:
         return
@@ -367,13 +368,11 @@ def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
         for t in sums:
             if t not in tables:
                 continue
-
-            def step(t: schema.Table = t, src: str = src) -> None:
-                con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))", {"ids": ids})
-                con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids})
-            each(step)
+            each(lambda t=t: con.execute(f"DELETE FROM {_q(t.name)} WHERE run_id IN (SELECT unnest($ids))",
+                                         {"ids": ids}))
+            each(lambda t=t, src=src: con.execute(f"INSERT INTO {_q(t.name)} {_agg_sql(t, src)}", {"ids": ids}))
     each(lambda: rebuild_pairs(con, ids, tables))  # version 5: pairs of these runs from their rebuilt request keys
-    each(lambda: rebuild_pages(con, ids, tables))  # version 6: the drill-down's rows from requests + sum_requests
+    rebuild_pages(con, ids, tables, each)  # version 6: the drill-down's rows from requests + sum_requests
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -1078,27 +1077,35 @@ def _sort_pages(con: duckdb.DuckDBPyConnection, runs: Sequence[str], force: bool
 
 
 def rebuild_pages(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
-                  tables: Sequence[schema.Table] = schema.SUMMARY_TABLES) -> None:
+                  tables: Sequence[schema.Table] = schema.SUMMARY_TABLES,
+                  each: Callable[[Callable[[], Any]], Any] = lambda step: step()) -> None:
     """After :func:`rebuild`: ``run_ids``' page rows from their requests rows and ``sum_requests``
-    (unsorted, then sorted by the rule :func:`add` follows)."""
+    (unsorted, then sorted by the rule :func:`add` follows). ``each`` runs the two steps (the old rows'
+    delete; the insert and the sort), as in :func:`rebuild`."""
     if not run_ids or schema.SUM_REQUEST_PAGE not in tables or not present(con, _NEW_IN_6):
         return
     ids = {"ids": list(run_ids)}
-    _create_sorted(con)
-    for t in (*_NEW_IN_6, schema.SUM_REQUEST_SORTED):
-        con.execute(f"DELETE FROM {t.name} WHERE run_id IN (SELECT unnest($ids))", ids)
-    cols = ", ".join(_q(c) for c in _PAGE_REQ)
-    con.execute(f"""
-        INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {", ".join(_PAGE_SUMS)})
-        WITH b AS (SELECT run_id, rid, {", ".join(f"sum({c}) AS {c}" for c in _PAGE_SUMS)}
-                   FROM {schema.SUM_REQUESTS.name} WHERE run_id IN (SELECT unnest($ids)) GROUP BY run_id, rid),
-             q AS (SELECT run_id, rid, {cols} FROM {REQ} WHERE run_id IN (SELECT unnest($ids)))
-        SELECT q.run_id, q.rid, NULL, true,
-               {", ".join(f"q.{c}" for c in cols.split(", "))}, {", ".join(f"coalesce(b.{c}, 0)" for c in _PAGE_SUMS)}
-        FROM q LEFT JOIN b ON q.run_id = b.run_id AND q.rid = b.rid""", ids)
-    con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT run_id, 0 FROM (SELECT run_id FROM {REQ} UNION SELECT run_id "
-                f"FROM {schema.SUM_REQUESTS.name}) WHERE run_id IN (SELECT unnest($ids))", ids)  # as add() lists them
-    _sort_pages(con, list(run_ids))
+
+    def clear() -> None:
+        _create_sorted(con)
+        for t in (*_NEW_IN_6, schema.SUM_REQUEST_SORTED):
+            con.execute(f"DELETE FROM {t.name} WHERE run_id IN (SELECT unnest($ids))", ids)
+
+    def fill() -> None:
+        cols = ", ".join(_q(c) for c in _PAGE_REQ)
+        con.execute(f"""
+            INSERT INTO {_PAGE} (run_id, rid, pos, has_req, {cols}, {", ".join(_PAGE_SUMS)})
+            WITH b AS (SELECT run_id, rid, {", ".join(f"sum({c}) AS {c}" for c in _PAGE_SUMS)}
+                       FROM {schema.SUM_REQUESTS.name} WHERE run_id IN (SELECT unnest($ids)) GROUP BY run_id, rid),
+                 q AS (SELECT run_id, rid, {cols} FROM {REQ} WHERE run_id IN (SELECT unnest($ids)))
+            SELECT q.run_id, q.rid, NULL, true,
+                   {", ".join(f"q.{c}" for c in cols.split(", "))}, {", ".join(f"coalesce(b.{c}, 0)" for c in _PAGE_SUMS)}
+            FROM q LEFT JOIN b ON q.run_id = b.run_id AND q.rid = b.rid""", ids)
+        con.execute(f"INSERT INTO {_PAGE_RUNS} SELECT run_id, 0 FROM (SELECT run_id FROM {REQ} UNION SELECT run_id "
+                    f"FROM {schema.SUM_REQUESTS.name}) WHERE run_id IN (SELECT unnest($ids))", ids)  # as add() lists them
+        _sort_pages(con, list(run_ids))
+    each(clear)
+    each(fill)
 
 
 def ensure_pages(con: duckdb.DuckDBPyConnection, version: int, rebuilt: list[str]) -> list[str]:
