@@ -445,25 +445,25 @@ def _key_ranges(t: schema.Table, incoming: pa.Table, alias: str) -> list[str]:
     return terms
 
 
-def _existing_keys_sql(t: schema.Table, incoming: pa.Table, keys_view: str) -> str:
+def _existing_keys_sql(t: schema.Table, box: list[str], keys_view: str) -> str:
     """Row indices (``_i``) of the batch whose natural key is already in the table.
 
-    Only the key columns take part (a semi-join), pruned to the batch's key
-    ranges so zone maps skip row groups that cannot collide.
+    Only the key columns take part (a semi-join), pruned to the batch's key box
+    (``_key_ranges``) so zone maps skip row groups that cannot collide.
     """
     keys = [_q(k) for k in t.key]
     on = " AND ".join(f"e.{k} = i.{k}" for k in keys)
-    where = " AND ".join([on] + _key_ranges(t, incoming, "e"))
+    where = " AND ".join([on] + box)
     return f"SELECT i._i FROM {keys_view} i WHERE EXISTS (SELECT 1 FROM {_q(t.name)} e WHERE {where})"
 
 
-def _may_collide(con: duckdb.DuckDBPyConnection, t: schema.Table, incoming: pa.Table) -> bool:
-    """Whether any stored row lies inside the batch's key box (else none of its keys can exist).
+def _may_collide(con: duckdb.DuckDBPyConnection, t: schema.Table, box: list[str]) -> bool:
+    """Whether any stored row lies inside the batch's key box (``_key_ranges``; else none of its keys can exist).
 
     A probe on zone maps: a fresh table, a new run, or a poll whose ``forward_ct``
     range starts past the stored ones answers False without reading the batch.
     """
-    where = " AND ".join(_key_ranges(t, incoming, "e")) or "TRUE"
+    where = " AND ".join(box) or "TRUE"
     return bool(con.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(t.name)} e WHERE {where})").fetchall()[0][0])
 
 
@@ -485,11 +485,12 @@ def insert_new_rows(con: duckdb.DuckDBPyConnection, t: schema.Table, tbl: pa.Tab
         con.unregister(view)
         return int(row[0]) if row else 0
     tbl = dedupe_batch(t, tbl)
-    if _may_collide(con, t, tbl):
+    box = _key_ranges(t, tbl, "e")  # (min and max of every key column: once for the probe and the semi-join)
+    if _may_collide(con, t, box):
         keys_view = f"_keys_{t.name}"
         keys = tbl.select(list(t.key)).append_column("_i", pa.array(np.arange(tbl.num_rows, dtype=np.int64)))
         con.register(keys_view, keys)
-        dup = con.execute(_existing_keys_sql(t, tbl, keys_view)).fetchnumpy()["_i"]
+        dup = con.execute(_existing_keys_sql(t, box, keys_view)).fetchnumpy()["_i"]
         con.unregister(keys_view)
         if len(dup):
             keep = np.ones(tbl.num_rows, dtype=bool)

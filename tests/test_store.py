@@ -201,18 +201,21 @@ def test_arrival_order_is_kept(store: Store) -> None:
 
 def test_bulk_path_probe_sees_only_rows_inside_the_batch_key_box(store: Store) -> None:
     """The semi-join is skipped exactly when no stored row lies in the batch's key box."""
-    from acceptscope.store import _may_collide
+    from acceptscope.store import _key_ranges, _may_collide
 
     t = schema.REQUEST_STEPS
     first = H.request_steps(800, start_forward_ct=0)
     later = H.request_steps(800, start_forward_ct=1_000)  # forward_ct range past the stored one
+
+    def probe(con, batch) -> bool:
+        return _may_collide(con, t, _key_ranges(t, batch, "e"))
     with store.connect() as con:
-        assert not _may_collide(con, t, first)  # empty table
+        assert not probe(con, first)  # empty table
     assert store.write_arrow({"request_steps": first}) == {"request_steps": 800}
     with store.connect() as con:
-        assert _may_collide(con, t, first)
-        assert not _may_collide(con, t, later)
-        assert not _may_collide(con, t, H.request_steps(800, run_id="run-b"))
+        assert probe(con, first)
+        assert not probe(con, later)
+        assert not probe(con, H.request_steps(800, run_id="run-b"))
     assert store.write_arrow({"request_steps": later}) == {"request_steps": 800}
     # a batch past the stored range with repeats inside it: the bulk path still drops them
     more = H.request_steps(400, start_forward_ct=5_000)
