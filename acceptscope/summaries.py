@@ -397,9 +397,10 @@ def check_version(con: duckdb.DuckDBPyConnection, path: object) -> int:
 
 # DuckDB's memory for a rebuild (its default is 80% of RAM): the aggregation of a 100M request-step run
 # spills to the database's temp directory instead (bench/scale.py's 100M store: see docs/scale.md §8). What
-# cannot spill grows with a run's requests: the key indexes of sum_requests and sum_request_page (3.9M
-# requests in that store: 1GB ran out at sum_requests' commit; 1536MB rebuilt it, 1,744 MB peak, 313 CPU-s)
-REBUILD_MEMORY = "1536MB"
+# cannot spill grows with a run's requests: a transaction's changes to the key indexes of sum_requests and
+# sum_request_page, hence one step per delete and per insert in ensure() (3.9M requests in that store: 502 CPU-s,
+# 1,221 MB peak; with the delete and the insert in one transaction it ran out of 1GB)
+REBUILD_MEMORY = "1GB"
 # store_meta key holding the runs (a JSON list) whose summaries a rebuild is rewriting: set before the
 # first table is touched, cleared with the schema version in the last step; stale_runs() counts them stale
 REBUILDING = "rebuilding_runs"
@@ -436,9 +437,10 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     """On a read-write open (the store has created any missing summary table): rebuild stale runs and
     record the schema version.
 
-    One transaction per summary table, not one for the whole rebuild: DuckDB holds a transaction's new
-    rows in memory, and a 100M request-step run's ``sum_requests`` (3.9M rows) with the statements after it
-    ran out of the rebuild's 1 GB. Between those commits the runs being rebuilt stay marked in
+    A transaction per step of :func:`rebuild` (a table's delete, its insert, ...), not one for the whole
+    rebuild: DuckDB holds a transaction's new rows and key-index changes in memory, and a 100M request-step
+    run's ``sum_requests`` (3.9M rows) ran out of the rebuild's 1 GB, with the statements after it and then
+    alone with its delete. Between those commits the runs being rebuilt stay marked in
     ``store_meta`` (:data:`REBUILDING`), so a reader, or the next open after a crash, counts them stale
     (:func:`stale_runs`) and aggregates their raw rows. Returns the runs rebuilt (a file from before schema
     version 2 rebuilds every run once; one from version 2 gets the step bins of every run with steps, from
