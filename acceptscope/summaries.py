@@ -418,7 +418,16 @@ def _rebuilding(con: duckdb.DuckDBPyConnection, have: set[str]) -> set[str]:
     if schema.STORE_META.name not in have:
         return set()
     row = con.execute(f"SELECT value FROM {schema.STORE_META.name} WHERE key = ?", [REBUILDING]).fetchone()
-    return set(json.loads(row[0])) if row else set()
+    if row is None:
+        return set()
+    try:
+        marked = json.loads(row[0])
+        if isinstance(marked, list) and all(isinstance(r, str) for r in marked):
+            return set(marked)
+    except (TypeError, ValueError):
+        pass
+    # a mark that does not read as a list of run ids (edited by hand, cut short): every run is suspect
+    return {r for (r,) in con.execute(f"SELECT run_id FROM {RUNS}").fetchall()}
 
 
 def _in_transaction(con: duckdb.DuckDBPyConnection, step: Callable[[], Any]) -> Any:

@@ -204,6 +204,22 @@ def test_a_rebuild_cut_short_leaves_its_runs_stale_until_the_next_open_finishes_
     _same(got, _panels(Reader(filled.path)))
 
 
+def test_an_unreadable_rebuild_mark_makes_every_run_stale_until_a_rebuild(filled: Store) -> None:
+    """A ``rebuilding_runs`` mark that is not a JSON list of run ids (edited by hand) cannot say which runs
+    are half rebuilt: all of them count stale (readers aggregate the raw rows, the panels still answer
+    right), and the next read-write open rebuilds them and clears it."""
+    fresh = _panels(Reader(filled.path))
+    con = duckdb.connect(str(filled.path))
+    con.execute("INSERT OR REPLACE INTO store_meta VALUES (?, '{not json')", [summaries.REBUILDING])
+    con.close()
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c) == set(RUNS)
+    _same(fresh, _panels(Reader(filled.path)))
+    assert sorted(Store(filled.path).rebuilt_summaries) == sorted(RUNS)
+    with filled.snapshot() as c:
+        assert summaries.stale_runs(c) == set()
+
+
 def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     s = Store(tmp_path / "n.duckdb")
     with s.connect() as con:
