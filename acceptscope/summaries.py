@@ -37,6 +37,12 @@ from acceptscope import batch_summaries, schema
 
 RELIABILITY_BINS = 15  # equal-width bins kept by sum_reliability; other bin counts read the raw table
 RS, STEPS, REQ, RUNS = (schema.REQUEST_STEPS.name, schema.STEPS.name, schema.REQUESTS.name, schema.RUNS.name)
+Step = Callable[[Callable[[], Any]], Any]  # runs one step of a rebuild: inline, or in a transaction of its own
+
+
+def _inline(step: Callable[[], Any]) -> Any:
+    """A rebuild step in the caller's transaction (the default :data:`Step`)."""
+    return step()
 
 _COUNTS = """count(*) AS n,
   coalesce(sum(acc_len), 0)::BIGINT AS sum_acc_len, count(acc_len) AS n_acc_len,
@@ -354,7 +360,7 @@ def stale_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = N
 
 def rebuild(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
             tables: Sequence[schema.Table] = schema.SUMMARY_TABLES,
-            each: Callable[[Callable[[], Any]], Any] = lambda step: step()) -> None:
+            each: Step = _inline) -> None:
     """Recompute the summaries ``tables`` of ``run_ids`` from the raw tables (DuckDB aggregation).
 
     ``each`` runs every step (a summary table's delete, then its insert; then the pairs, then the pages):
@@ -459,30 +465,32 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
     limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
     con.execute(f"SET memory_limit='{REBUILD_MEMORY}'")  # a rebuild aggregates whole runs: spill, not grow with them
     meta = schema.STORE_META.name
+
+    def own(step: Callable[[], Any]) -> Any:
+        return _in_transaction(con, step)
     try:
         stale = sorted(stale_runs(con))
         if stale:
-            _in_transaction(con, lambda: con.execute(f"INSERT OR REPLACE INTO {meta} VALUES (?, ?)",
-                                                     [REBUILDING, json.dumps(stale)]))
-        rebuild(con, stale, each=lambda step: _in_transaction(con, step))
+            own(lambda: con.execute(f"INSERT OR REPLACE INTO {meta} VALUES (?, ?)", [REBUILDING, json.dumps(stale)]))
+        rebuild(con, stale, each=own)
         if v < 3:  # step bins and request keys are new in version 3: fill them for the runs kept above
             done = set(stale)
             todo = [r for (r,) in con.execute(f"SELECT run_id FROM {STEPS} UNION SELECT run_id FROM {REQ}").fetchall()
                     if r not in done]
-            rebuild(con, todo, _NEW_IN_3, each=lambda step: _in_transaction(con, step))
+            rebuild(con, todo, _NEW_IN_3, each=own)
             stale = sorted(done | set(todo))
         if v < 4:  # the per-run request counts are new in version 4
             done = set(stale)
             todo = [r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {RS}").fetchall() if r not in done]
-            rebuild(con, todo, _NEW_IN_4, each=lambda step: _in_transaction(con, step))
+            rebuild(con, todo, _NEW_IN_4, each=own)
             stale = sorted(done | set(todo))
-        stale = _in_transaction(con, lambda: ensure_pairs(con, v, stale))  # version 5: sum_key_pairs
-        stale = _in_transaction(con, lambda: ensure_pages(con, v, stale))  # version 6: sum_request_page
+        stale = own(lambda: ensure_pairs(con, v, stale))  # version 5: sum_key_pairs
+        stale = own(lambda: ensure_pages(con, v, stale))  # version 6: sum_request_page
 
         def finish() -> None:
             record_version(con)
             con.execute(f"DELETE FROM {meta} WHERE key = ?", [REBUILDING])
-        _in_transaction(con, finish)
+        own(finish)
     finally:
         con.execute(f"SET memory_limit='{limit}'")
     return stale
@@ -1089,7 +1097,7 @@ def _sort_pages(con: duckdb.DuckDBPyConnection, runs: Sequence[str], force: bool
 
 def rebuild_pages(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
                   tables: Sequence[schema.Table] = schema.SUMMARY_TABLES,
-                  each: Callable[[Callable[[], Any]], Any] = lambda step: step()) -> None:
+                  each: Step = _inline) -> None:
     """After :func:`rebuild`: ``run_ids``' page rows from their requests rows and ``sum_requests``
     (unsorted, then sorted by the rule :func:`add` follows). ``each`` runs the two steps (the old rows'
     delete; the insert and the sort), as in :func:`rebuild`."""

@@ -158,12 +158,13 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
         con.execute("SET threads=1")
         # (a 10M-row INSERT OR IGNORE grew past 5.5 GB unbounded: the shared box needs a cap)
         con.execute(f"SET memory_limit='{os.environ.get('BENCH_DUCKDB_MEMORY_LIMIT', '3GB')}'")
+        # the request_steps columns both keyed read_json pipelines fill
+        cols = ["run_id", "rank", "epoch", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
+                "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
         if kind == "read_json-dump":
             # the dump itself, as SGLang wrote it: one JSON document (read_json's object size raised to hold
             # it), its request-steps unnested from internal_states[].dspark_info_record.records[].reqs[]
             con.execute(create_table_sql(schema.REQUEST_STEPS))
-            cols = ["run_id", "rank", "epoch", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
-                    "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
             req = ["rid", "req_pool_index", "prefix_len", "verify_len", "correct_drafts", "acc_len", "cap_trim",
                    "bonus_token", "draft_tokens", "confidence", "survival"]
             con.execute(f"""
@@ -178,8 +179,6 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
             n = con.execute("SELECT count(*) FROM request_steps").fetchone()[0]
         elif kind == "read_json+insert":
             con.execute(create_table_sql(schema.REQUEST_STEPS))
-            cols = ["run_id", "rank", "epoch", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
-                    "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
             sel = ["'bench'", "rank", "0", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
                    "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
             con.execute(f"INSERT OR IGNORE INTO request_steps ({', '.join(cols)}) SELECT {', '.join(sel)} "

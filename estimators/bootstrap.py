@@ -43,6 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.special import ndtri
 
+from acceptscope.arrow_columns import one_array
+
 TAIL_STATS = ("n", "n_censored", "sum_mean", "sum_var", "sum_below", "sum_above", "sum_truth", "n_truth")
 _SUMS = ("n", "sum_mean", "n_censored", "sum_below", "sum_above", "n_truth", "sum_truth")  # per group, with the replicates
 KEY = "req_key"  # uint64 stable hash of (run_id, rid)
@@ -78,9 +80,7 @@ def _arrow(values) -> pa.Array | None:
     """The one Arrow array behind ``values`` (an Arrow array, a pandas column of Arrow strings), or None."""
     arrow = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else getattr(
         getattr(values, "array", values), "__arrow_array__", lambda: None)()
-    if isinstance(arrow, pa.ChunkedArray):
-        arrow = arrow.combine_chunks() if arrow.num_chunks != 1 else arrow.chunk(0)
-    return arrow
+    return None if arrow is None else one_array(arrow)
 
 
 def _factorized(values) -> tuple[Any, np.ndarray]:
