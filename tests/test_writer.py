@@ -16,12 +16,17 @@ from acceptscope.writer import TelemetryWriter, WriterError
 from tests import _store_helpers as H
 
 
+# every guarantee below holds with the flush thread and without it (flushes committed by the appending thread)
+both_modes = pytest.mark.parametrize("background", [True, False], ids=["flush-thread", "inline"])
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
     return Store(tmp_path / "w.duckdb")
 
 
-def test_many_producers_mixed_inputs_all_rows_once(store: Store) -> None:
+@both_modes
+def test_many_producers_mixed_inputs_all_rows_once(store: Store, background: bool) -> None:
     producers, per = 4, 12
 
     def produce(w: TelemetryWriter, p: int) -> None:
@@ -32,7 +37,7 @@ def test_many_producers_mixed_inputs_all_rows_once(store: Store) -> None:
             w.append("steps", rows if kind == 0 else pd.DataFrame(rows) if kind == 1 else pa.Table.from_pylist(rows))
             w.append("request_steps", H.request_steps(80, start_forward_ct=fct, seed=k))
 
-    with store.writer(flush_interval_s=0.05) as w:
+    with store.writer(flush_interval_s=0.05, background=background) as w:
         threads = [threading.Thread(target=produce, args=(w, p)) for p in range(producers)]
         for t in threads:
             t.start()
@@ -61,8 +66,9 @@ def test_background_flush_without_explicit_flush(store: Store) -> None:
         w.close()
 
 
-def test_flush_commits_everything_appended_before(store: Store) -> None:
-    with store.writer(flush_interval_s=60) as w:  # the timer never fires during the test
+@both_modes
+def test_flush_commits_everything_appended_before(store: Store, background: bool) -> None:
+    with store.writer(flush_interval_s=60, background=background) as w:  # the timer never fires during the test
         w.append("steps", H.steps(7))
         w.flush()
         assert store.counts()["steps"] == 7
@@ -72,8 +78,9 @@ def test_flush_commits_everything_appended_before(store: Store) -> None:
     assert store.counts()["steps"] == 10  # close flushed the rest
 
 
-def test_one_flush_is_one_transaction_across_tables(store: Store) -> None:
-    with store.writer(flush_interval_s=60) as w:
+@both_modes
+def test_one_flush_is_one_transaction_across_tables(store: Store, background: bool) -> None:
+    with store.writer(flush_interval_s=60, background=background) as w:
         w.append("runs", [H.run_row()])
         w.append("steps", H.steps(4))
         w.append("request_steps", H.request_steps(16))
@@ -83,8 +90,9 @@ def test_one_flush_is_one_transaction_across_tables(store: Store) -> None:
     assert (c["runs"], c["steps"], c["request_steps"]) == (1, 4, 16)
 
 
-def test_backpressure_bounds_the_buffer(store: Store) -> None:
-    with store.writer(flush_interval_s=60, max_buffer_rows=500) as w:
+@both_modes
+def test_backpressure_bounds_the_buffer(store: Store, background: bool) -> None:
+    with store.writer(flush_interval_s=60, max_buffer_rows=500, background=background) as w:
         for k in range(12):
             w.append("request_steps", H.request_steps(200, start_forward_ct=25 * k, seed=k))
             assert w.stats()["buffered_rows"] <= 500 + 200
@@ -93,9 +101,10 @@ def test_backpressure_bounds_the_buffer(store: Store) -> None:
     assert store.counts()["request_steps"] == 2400
 
 
-def test_backpressure_by_bytes(store: Store) -> None:
+@both_modes
+def test_backpressure_by_bytes(store: Store, background: bool) -> None:
     one = H.request_steps(100)
-    with store.writer(flush_interval_s=60, max_buffer_bytes=3 * one.nbytes) as w:
+    with store.writer(flush_interval_s=60, max_buffer_bytes=3 * one.nbytes, background=background) as w:
         for k in range(10):
             w.append("request_steps", H.request_steps(100, start_forward_ct=13 * k, seed=k))
         assert w.stats()["max_buffered_bytes"] <= 5 * one.nbytes
@@ -157,8 +166,9 @@ def test_invalid_settings() -> None:
         TelemetryWriter.__init__(object.__new__(TelemetryWriter), None, flush_interval_s=0)  # type: ignore[arg-type]
 
 
-def test_append_many_is_validated_and_flushed_as_one_unit(store: Store) -> None:
-    with store.writer(flush_interval_s=60) as w:
+@both_modes
+def test_append_many_is_validated_and_flushed_as_one_unit(store: Store, background: bool) -> None:
+    with store.writer(flush_interval_s=60, background=background) as w:
         with pytest.raises(ValueError, match="unknown column"):
             w.append_many({"steps": H.steps(2), "request_steps": [{"bogus": 1}]})
         assert w.stats()["buffered_rows"] == 0  # the valid part was not buffered either
@@ -169,14 +179,16 @@ def test_append_many_is_validated_and_flushed_as_one_unit(store: Store) -> None:
     assert (store.counts()["steps"], store.counts()["request_steps"]) == (3, 24)
 
 
-def test_close_then_shares_the_last_flush_connection(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+@both_modes
+def test_close_then_shares_the_last_flush_connection(store: Store, monkeypatch: pytest.MonkeyPatch,
+                                                     background: bool) -> None:
     """close(then=...): the buffered rows and the caller's closing writes go through ONE open of the file."""
     from acceptscope import store as store_mod
 
     opens: list[bool] = []
     real = store_mod._connect
     monkeypatch.setattr(store_mod, "_connect", lambda *a, **k: opens.append(True) or real(*a, **k))
-    w = store.writer(flush_interval_s=3600)
+    w = store.writer(flush_interval_s=3600, background=background)
     w.append("runs", [H.run_row()])
     w.append("steps", H.steps(5))
     seen: dict = {}
@@ -189,9 +201,10 @@ def test_close_then_shares_the_last_flush_connection(store: Store, monkeypatch: 
     assert store.counts()["steps"] == 5
 
 
-def test_close_then_not_run_when_the_last_flush_fails(tmp_path: Path) -> None:
+@both_modes
+def test_close_then_not_run_when_the_last_flush_fails(tmp_path: Path, background: bool) -> None:
     store = Store(tmp_path / "f.duckdb", lock_timeout_s=0.3)
-    w = store.writer(flush_interval_s=3600)
+    w = store.writer(flush_interval_s=3600, background=background)
     w.append("steps", H.steps(4))
     blocker = duckdb.connect(str(store.path), read_only=True)  # the closing thread cannot open read-write
     ran: list[bool] = []
@@ -206,3 +219,60 @@ def test_close_then_not_run_when_the_last_flush_fails(tmp_path: Path) -> None:
     assert not ran
     assert w.failed["steps"].num_rows == 4  # kept for a retry, as a failed background flush keeps them
     assert store.counts()["steps"] == 0
+
+
+def test_inline_writer_commits_a_due_flush_in_the_appending_thread(store: Store) -> None:
+    """background=False: no flush thread; the append that finds the bound reached, or the interval passed
+    since the oldest buffered append, commits the buffer before it returns."""
+    w = store.writer(flush_interval_s=0.2, max_buffer_rows=100, background=False)
+    try:
+        assert not any(t.name.startswith("acceptscope-writer") for t in threading.enumerate())
+        w.append("steps", H.steps(60))
+        assert store.counts()["steps"] == 0 and w.stats()["buffered_rows"] == 60  # neither bound nor interval
+        w.append("steps", H.steps(60, start_forward_ct=60))  # 120 > 100 rows: committed by this append
+        assert store.counts()["steps"] == 120 and w.stats()["buffered_rows"] == 0
+        w.append("steps", H.steps(5, start_forward_ct=120))
+        time.sleep(0.3)
+        assert store.counts()["steps"] == 120  # nothing runs between appends
+        w.append("steps", H.steps(5, start_forward_ct=125))  # the oldest buffered append is past the interval
+        assert store.counts()["steps"] == 130
+        assert w.stats()["flushes"] == 2
+    finally:
+        w.close()
+
+
+def test_inline_commit_error_raises_from_append_and_rows_are_kept(tmp_path: Path) -> None:
+    store = Store(tmp_path / "i.duckdb", lock_timeout_s=0.3)
+    w = store.writer(flush_interval_s=3600, max_buffer_rows=10, background=False)
+    w.append("steps", H.steps(6))
+    blocker = duckdb.connect(str(store.path), read_only=True)
+    try:
+        with pytest.raises(WriterError, match="TimeoutError") as exc:
+            w.append("steps", H.steps(6, start_forward_ct=6))  # over the bound: this append commits, and fails
+        assert isinstance(exc.value.__cause__, TimeoutError)
+        with pytest.raises(WriterError):
+            w.append("steps", H.steps(1, start_forward_ct=50))  # sticky
+        with pytest.raises(WriterError):
+            w.close()
+    finally:
+        blocker.close()
+    assert w.failed["steps"].num_rows == 12
+    with store.writer(background=False) as w2:
+        w2.append("steps", w.failed["steps"])
+    assert store.counts()["steps"] == 12
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_bulk_ingest_writes_inline_on_one_cpu(store: Store, monkeypatch: pytest.MonkeyPatch, cpus: int) -> None:
+    """A dump's ingest on one usable CPU commits in the parsing thread (a flush thread would only add
+    switches there); with more it keeps the flush thread, which overlaps the parse."""
+    import acceptscope.ingest as ingest
+
+    monkeypatch.setattr(ingest, "usable_cpus", lambda: cpus)
+    w = ingest._bulk_writer(store)
+    try:
+        assert (w._thread is None) == (cpus == 1)
+        w.append("steps", H.steps(3))
+    finally:
+        w.close()
+    assert store.counts()["steps"] == 3

@@ -50,6 +50,7 @@ from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.ingest.sps import parse_sps_table
 from acceptscope.ingest.sps_profile import ingest_profile_file
 from acceptscope.ingest.sts_table import parse_sts_table
+from acceptscope.store import usable_cpus
 
 __all__ = ["ingest_paths", "ingest_file", "IngestBatch", "ArrowRows", "detect", "format_reject", "iter_files",
            "tune_allocator_for_bulk_ingest"]
@@ -256,9 +257,13 @@ def _bulk_writer(store: Any) -> Any:
     """The store's writer, flushing by size only: a bulk ingest has no reader waiting on latency, and
     every flush opens the file, probes the keys and checkpoints (at the default 1 s interval a 200k
     request-step dump took ~10 flushes and ~1.5 CPU-s more than one). The bounds keep memory flat:
-    at most ~2 x 160 MB of buffered Arrow rows whatever the dump's size."""
+    at most ~2 x 160 MB of buffered Arrow rows whatever the dump's size. With one usable CPU the flushes
+    run in the parsing thread (no flush thread: on one CPU it cannot overlap the parse and costs ~9% more
+    CPU, measured at 1M request-steps); with more, a flush thread writes while the next chunk is parsed
+    (~10% less wall time on 2 CPUs)."""
     try:
-        return store.writer(flush_interval_s=3600.0, max_buffer_rows=400_000, max_buffer_bytes=160 << 20)
+        return store.writer(flush_interval_s=3600.0, max_buffer_rows=400_000, max_buffer_bytes=160 << 20,
+                            background=usable_cpus() > 1)
     except TypeError:  # a store whose writer takes no settings
         return store.writer()
 
