@@ -4,8 +4,8 @@ Why: every append folds its batch into the per-run summaries in the writer's tra
 that defines them (``summaries._agg_sql``) has DuckDB convert the batch's Arrow columns once per
 statement and unnest the per-position lists. On a server dump's ingest that fold was ~12% of the CPU.
 Here the same rows come from bincounts over integer group codes: ``sum_cells`` (run x workload x
-window), ``sum_positions`` (run x workload x draft position) and ``sum_reliability`` (x position x
-variant x bin).
+window), ``sum_requests`` (run x request x workload), ``sum_positions`` (run x workload x draft
+position) and ``sum_reliability`` (x position x variant x bin).
 
 Each function returns the rows the SQL gives on the same batch (keys and counts exactly; float sums
 added in row order, so their last bits may differ, as DuckDB's own do with its thread count) or None
@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from acceptscope import schema
 from acceptscope.arrow_columns import one_array
 
-__all__ = ["Groups", "cells_rows", "positions_rows", "reliability_rows"]
+__all__ = ["Groups", "cells_rows", "positions_rows", "reliability_rows", "requests_rows"]
 
 _MAX_ROWS = 1 << 21  # rows per bincount: integer sums (|value| < 2**31) stay exact in float64 below 2**53
 _MAX_SPAN = 1 << 12  # window values a batch may spread over before the SQL takes it
@@ -34,9 +34,10 @@ _REL_MAX_CELLS = 1 << 22  # dense accumulator cells (groups x positions x varian
 class Groups:
     """Per row of a batch, the index of its (run_id, workload or '?') in :attr:`names`; ``code`` is None
     when every row is in the first group (one run, one workload: no dictionary encoding). Worked out once
-    per batch and shared by the three forms."""
+    per batch and shared by the forms, as are the batch's integer columns (:meth:`ints`)."""
 
     def __init__(self, tbl: pa.Table):
+        self._tbl, self._ints = tbl, {}
         run, wl = one_array(tbl.column("run_id")), pc.fill_null(one_array(tbl.column("workload")), "?")
         self.n_rows = len(run)
         if not len(run):
@@ -52,6 +53,16 @@ class Groups:
         used, self.code = np.unique(pair, return_inverse=True)
         self.names = [(rd[q // len(wd)], wd[q % len(wd)]) for q in used]
 
+    def ints(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """(values with NULL as 0, validity or None when every value is there) of the batch's integer column."""
+        if name not in self._ints:
+            col = one_array(self._tbl.column(name))
+            if col.null_count == 0:
+                self._ints[name] = np.asarray(col, dtype=np.int64), None
+            else:
+                self._ints[name] = np.asarray(pc.fill_null(col, 0), dtype=np.int64), np.asarray(pc.is_valid(col))
+        return self._ints[name]
+
     def codes(self) -> np.ndarray:
         """``code`` with zeros for one group."""
         return np.zeros(self.n_rows, dtype=np.int64) if self.code is None else self.code
@@ -62,33 +73,15 @@ class Groups:
                 pa.array([self.names[i][1] for i in g], pa.string()))
 
 
-def _ints(tbl: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(values with NULL as 0, validity or None when every value is there) of an integer column."""
-    col = one_array(tbl.column(name))
-    if col.null_count == 0:
-        return np.asarray(col, dtype=np.int64), None
-    return np.asarray(pc.fill_null(col, 0), dtype=np.int64), np.asarray(pc.is_valid(col))
-
-
 def _table(t: schema.Table, cols: list) -> pa.Table:
     return pa.Table.from_arrays([pa.array(c, f.type) if not isinstance(c, pa.Array) else c
                                  for c, f in zip(cols, t.arrow_schema)], schema=t.arrow_schema)
 
 
-def cells_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
-    """``sum_cells`` rows of a batch: per (run, workload, window or -1) the row count and the sums and
-    counts of acc_len, window, correct_drafts, ceiling + 1, acc_len where a ceiling is, cap_trim."""
-    n = tbl.num_rows
-    if n == 0 or n > _MAX_ROWS:
-        return None
-    win, win_ok = _ints(tbl, "window")
-    w = win if win_ok is None else np.where(win_ok, win, -1)
-    lo, hi = int(w.min()), int(w.max())
-    span = hi - lo + 1
-    if span > _MAX_SPAN:
-        return None
-    key = w - lo if groups.code is None else groups.code * span + (w - lo)
-    size = len(groups.names) * span
+def _count_sums(groups: Groups, key: np.ndarray, size: int) -> list[np.ndarray]:
+    """Per key (0..size-1) the columns ``summaries._COUNTS`` defines: the row count, then the sums and counts
+    of acc_len, window, correct_drafts, ceiling + 1, acc_len where a ceiling is, cap_trim (float64: exact
+    integers below 2**53, which ``_MAX_ROWS`` keeps)."""
     rows = np.bincount(key, minlength=size)
 
     def count(valid: np.ndarray | None) -> np.ndarray:
@@ -97,21 +90,88 @@ def cells_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
     def total(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
         return np.bincount(key, weights=values if valid is None else np.where(valid, values, 0), minlength=size)
 
-    acc, acc_ok = _ints(tbl, "acc_len")
-    cd, cd_ok = _ints(tbl, "correct_drafts")
-    ceil, ceil_ok = _ints(tbl, "ceiling")
-    trim, trim_ok = _ints(tbl, "cap_trim")
+    acc, acc_ok = groups.ints("acc_len")
+    win, win_ok = groups.ints("window")
+    cd, cd_ok = groups.ints("correct_drafts")
+    ceil, ceil_ok = groups.ints("ceiling")
+    trim, trim_ok = groups.ints("cap_trim")
     both = acc_ok if ceil_ok is None else ceil_ok if acc_ok is None else acc_ok & ceil_ok
     no_ceiling = ceil_ok is not None and not ceil_ok.any()  # (a compact batch)
     zero = np.zeros(size)
-    sums = [total(acc, acc_ok), count(acc_ok), total(win, win_ok), count(win_ok), total(cd, cd_ok), count(cd_ok),
+    return [rows, total(acc, acc_ok), count(acc_ok), total(win, win_ok), count(win_ok), total(cd, cd_ok), count(cd_ok),
             zero if no_ceiling else total(ceil + 1, ceil_ok), zero if no_ceiling else count(ceil_ok),
             zero if no_ceiling else total(acc, both), total(trim, trim_ok), count(trim_ok)]
-    nz = np.flatnonzero(rows)
+
+
+def cells_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
+    """``sum_cells`` rows of a batch: per (run, workload, window or -1) the row count and the sums and
+    counts of acc_len, window, correct_drafts, ceiling + 1, acc_len where a ceiling is, cap_trim."""
+    n = tbl.num_rows
+    if n == 0 or n > _MAX_ROWS:
+        return None
+    win, win_ok = groups.ints("window")
+    w = win if win_ok is None else np.where(win_ok, win, -1)
+    lo, hi = int(w.min()), int(w.max())
+    span = hi - lo + 1
+    if span > _MAX_SPAN:
+        return None
+    key = w - lo if groups.code is None else groups.code * span + (w - lo)
+    sums = _count_sums(groups, key, len(groups.names) * span)
+    nz = np.flatnonzero(sums[0])
     g, r = np.divmod(nz, span)
     run, wl = groups.run_and_workload(g)
-    return _table(schema.SUM_CELLS, [run, wl, (r + lo).astype(np.int32), rows[nz]]
+    return _table(schema.SUM_CELLS, [run, wl, (r + lo).astype(np.int32)]
                   + [np.rint(x[nz]).astype(np.int64) for x in sums])
+
+
+def _fixed_width(surv: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(the non-NULL lists as a float64 (rows, width) array, which rows have one or None for all) when every
+    list has one width and no NULL element (SGLang's: gamma each); None otherwise, and for width 0."""
+    has = None if surv.null_count == 0 else np.asarray(pc.is_valid(surv))
+    lens = np.asarray(pc.fill_null(pc.list_value_length(surv), 0), dtype=np.int64)
+    lens = lens if has is None else lens[has]
+    if not len(lens) or not lens[0] or (lens != lens[0]).any():
+        return None
+    vals = (surv if has is None else surv.filter(pa.array(has))).flatten()
+    if vals.null_count or len(vals) != len(lens) * int(lens[0]):
+        return None
+    return np.asarray(vals).astype(np.float64).reshape(len(lens), int(lens[0])), has
+
+
+def requests_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
+    """``sum_requests`` rows of a batch: per (run, rid, workload) the counts of :func:`cells_rows`, and
+    the sum and count of 1 + the row's survival sum (its expected accepted length), each row's list added
+    left to right and the rows in order. None where a rid is NULL or the survival lists are ragged or
+    hold a NULL element (the SQL then)."""
+    n = tbl.num_rows
+    rid = one_array(tbl.column("rid"))
+    if n == 0 or n > _MAX_ROWS or rid.null_count:
+        return None
+    surv = one_array(tbl.column("survival"))
+    fixed = None if surv.null_count == n else _fixed_width(surv)
+    if fixed is None and surv.null_count < n:
+        return None
+    enc = pc.dictionary_encode(rid)
+    nr = len(enc.dictionary)
+    key = np.asarray(enc.indices, dtype=np.int64)
+    if groups.code is not None:
+        key = groups.code * nr + key
+    used, key = np.unique(key, return_inverse=True)
+    size = len(used)
+    x_sum, x_n = np.zeros(size), np.zeros(size)
+    if fixed is not None:
+        s, has = fixed
+        x = s[:, 0].copy()
+        for k in range(1, s.shape[1]):
+            x += s[:, k]
+        x += 1.0
+        rows_with = key if has is None else key[has]
+        x_sum, x_n = np.bincount(rows_with, weights=x, minlength=size), np.bincount(rows_with, minlength=size)
+    sums = _count_sums(groups, key, size)
+    g, r = np.divmod(used, nr)
+    run, wl = groups.run_and_workload(g)
+    return _table(schema.SUM_REQUESTS, [run, enc.dictionary.take(pa.array(r)), wl]
+                  + [np.rint(c).astype(np.int64) for c in sums] + [x_sum, x_n.astype(np.int64)])
 
 
 def positions_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
@@ -123,18 +183,13 @@ def positions_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
     if n == 0 or n > _MAX_ROWS:
         return None
     surv = one_array(tbl.column("survival"))
-    has = None if surv.null_count == 0 else np.asarray(pc.is_valid(surv))
-    lens = np.asarray(pc.fill_null(pc.list_value_length(surv), 0), dtype=np.int64)
-    lens = lens if has is None else lens[has]
-    if not lens.any():  # no list, or only empty ones: no position reached
-        return _table(schema.SUM_POSITIONS, [[] for _ in schema.SUM_POSITIONS.columns])
-    width = int(lens[0])
-    if (lens != width).any():
+    if surv.null_count == n or not pc.max(pc.list_value_length(surv)).as_py():
+        return _table(schema.SUM_POSITIONS, [[] for _ in schema.SUM_POSITIONS.columns])  # no position reached
+    fixed = _fixed_width(surv)
+    if fixed is None:
         return None
-    vals = (surv if has is None else surv.filter(pa.array(has))).flatten()
-    if vals.null_count or len(vals) != len(lens) * width:
-        return None
-    s = np.asarray(vals).astype(np.float64).reshape(len(lens), width)
+    s, has = fixed
+    width = s.shape[1]
     ng = len(groups.names)
     code = groups.codes() if has is None else groups.codes()[has]
     rows = np.bincount(code, minlength=ng)
@@ -147,7 +202,7 @@ def positions_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
         sum_s[present] = np.add.reduceat(s[order], (np.cumsum(rows) - rows)[present], axis=0)
 
     def column(name: str) -> tuple[np.ndarray, np.ndarray]:
-        values, valid = _ints(tbl, name)
+        values, valid = groups.ints(name)
         valid = np.ones(n, dtype=bool) if valid is None else valid
         return (values, valid) if has is None else (values[has], valid[has])
 

@@ -236,8 +236,11 @@ def add(con: duckdb.DuckDBPyConnection, table: str, inserted: pa.Table) -> None:
         # blocks stored so far (whichever comes second in a transaction sees the first; nothing counts twice)
         if table == RS:
             rt = schema.SUM_REQUESTS
-            rel = con.sql(f"SELECT * FROM ({_agg_sql(rt, view)}) AS x({', '.join(_q(c) for c in rt.names)})")
-            con.register(req_view, (getattr(rel, "to_arrow_table", None) or rel.arrow)())
+            req_rows = batch_summaries.requests_rows(inserted, groups)
+            if req_rows is None:
+                rel = con.sql(f"SELECT * FROM ({_agg_sql(rt, view)}) AS x({', '.join(_q(c) for c in rt.names)})")
+                req_rows = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+            con.register(req_view, req_rows)
             con.execute(_upsert_sql(schema.SUM_RUN_RIDS, _new_rids_sql(req_view)))  # before sum_requests grows
             con.execute(_upsert_sql(rt, f"SELECT * FROM {req_view}"))
             # (an inner join with the requests rows: none stored for these runs, as in a server dump's ingest,

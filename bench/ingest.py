@@ -46,7 +46,12 @@ records at a time, so building a 10M request-step dump (3.3 GB) takes no more me
    memory: ``VmHWM`` of the child (``ru_maxrss`` would be wrong: on Linux it survives
    ``execve`` and reports the parent's peak), with the growth over the RSS after imports.
 
-``--workdir DIR`` keeps the generated dump/JSONL there and reuses them on the next run.
+   With ``--growth``, each size also prints the median (and range) over the repeats of the paired
+   ratio (a pipeline's CPU seconds / ours's in the same repeat, run back to back): the best-of figures
+   pair two runs that may have seen different neighbours, the paired ratios do not.
+
+``--workdir DIR`` keeps the generated dump/JSONL there and reuses them on the next run (``--keep``: and
+does not delete them after each size).
 
 ``--baseline TREE`` (with ``--growth``): also runs ``ours`` from another checkout (``TREE/bench/ingest.py``
 with only ``TREE`` on the path, e.g. an untouched main) as ``ours@baseline``, and every repeat runs each
@@ -288,8 +293,10 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
         steps = max(1, round(size / (a.bs * a.ranks)))
         dump, jsonl, n = build(inputs, steps=steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
         best: dict[str, dict] = {}
+        paired: dict[str, list[float]] = {k: [] for k in kinds}  # per repeat: the kind's CPU s / ours's
         failed: set[str] = set()
         for rep in range(a.repeats):  # each repeat runs every pipeline once: all see the same load
+            cpu: dict[str, float] = {}
             for kind in kinds:
                 if kind in failed:
                     continue
@@ -300,8 +307,12 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
                     print(f"{n:>13,} {dump.stat().st_size / 1e6:>8,.0f} {kind:<18} failed: {r['failed']}", flush=True)
                     failed.add(kind)
                     continue
+                cpu[kind] = r["cpu_seconds"]
                 if kind not in best or r["cpu_seconds"] < best[kind]["cpu_seconds"]:
                     best[kind] = r
+            for kind, c in cpu.items():
+                if "ours" in cpu and kind != "ours":
+                    paired[kind].append(c / cpu["ours"])
         for kind in kinds:
             if kind not in best:
                 continue
@@ -318,6 +329,10 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
             o = last["ours"]
             print(f"{'':>13} " + "; ".join(f"ours / {k}: x{r[1] / o[1]:.2f} wall, x{r[2] / o[2]:.2f} CPU"
                                            for k, r in last.items() if k != "ours"), flush=True)
+            # the steadier figure on a shared machine: each repeat's pair ran back to back
+            print(f"{'':>13} median of the {a.repeats} paired CPU ratios: " + "; ".join(
+                f"ours / {k}: x{np.median(v):.2f} (x{min(v):.2f}-x{max(v):.2f})"
+                for k, v in paired.items() if v), flush=True)
     if len(sizes) > 1:
         for kind in (k for k in kinds if len(rows[k]) > 1):
             x = np.log([t[0] for t in rows[kind]])

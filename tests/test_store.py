@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -175,12 +176,19 @@ def test_reader_threads_and_writer_thread_in_one_process(tmp_path: Path) -> None
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
+    def reads_at_least(n: int) -> None:  # (a busy single CPU may starve a reader for a while: wait, not race)
+        deadline = time.monotonic() + 60
+        while min(len(c) for c in seen) < n and not errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
     for r in readers:
         r.start()
+    reads_at_least(1)  # both readers are in their loops before the writer starts
     with s.writer(flush_interval_s=0.05) as w:
         for k in range(20):
             w.append("request_steps", H.request_steps(200, start_forward_ct=25 * k, seed=k))
+    reads_at_least(2)
     stop.set()
     for r in readers:
         r.join()

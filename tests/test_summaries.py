@@ -433,15 +433,16 @@ def _fixed_width_messy(n: int, run_id: str, seed: int) -> pa.Table:
     return t.set_column(t.schema.get_field_index("survival"), "survival", pa.array(surv, schema.F32_LIST))
 
 
-def test_cells_and_positions_from_the_batch_columns_equal_the_sql() -> None:
-    """The numpy forms of ``sum_cells`` and ``sum_positions`` (``batch_summaries``, used by ``summaries.add``)
-    give the rows of their SQL definitions on a two-run batch with NULL windows, ceilings, correct_drafts,
-    workloads and survival lists and NaN survivals: keys and counts exactly, survival sums to the last
-    bits. Ragged survival lists (what SGLang never writes) are left to the SQL."""
+def test_cells_requests_and_positions_from_the_batch_columns_equal_the_sql() -> None:
+    """The numpy forms of ``sum_cells``, ``sum_requests`` and ``sum_positions`` (``batch_summaries``, used by
+    ``summaries.add``) give the rows of their SQL definitions on a two-run batch with NULL windows, ceilings,
+    correct_drafts, workloads and survival lists and NaN survivals: keys and counts exactly, survival sums
+    to the last bits. Ragged survival lists (what SGLang never writes) are left to the SQL."""
     con = duckdb.connect(config={"threads": 1})
     batch = pa.concat_tables([_fixed_width_messy(1200, "run-a", 31), _fixed_width_messy(500, "run-b", 32)])
     con.register("v", batch)
     for t, fn, kw in ((schema.SUM_CELLS, batch_summaries.cells_rows, {}),
+                      (schema.SUM_REQUESTS, batch_summaries.requests_rows, {}),
                       (schema.SUM_POSITIONS, batch_summaries.positions_rows,
                        {"max_len": summaries._max_len(batch, "survival")})):
         got = fn(batch, batch_summaries.Groups(batch))
@@ -452,8 +453,17 @@ def test_cells_and_positions_from_the_batch_columns_equal_the_sql() -> None:
         pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-12, obj=t.name)
     positions = batch_summaries.positions_rows(batch, batch_summaries.Groups(batch)).to_pandas()
     assert positions["sum_s"].isna().any() and (positions["n_emp"] < positions["n"]).any()
+    requests = batch_summaries.requests_rows(batch, batch_summaries.Groups(batch)).to_pandas()
+    assert requests["sum_x"].isna().any() and (requests["n_x"] < requests["n"]).any()
     ragged = _messy(300, "run-a", 33)
-    assert batch_summaries.positions_rows(ragged, batch_summaries.Groups(ragged)) is None
+    for fn in (batch_summaries.positions_rows, batch_summaries.requests_rows):
+        assert fn(ragged, batch_summaries.Groups(ragged)) is None
+    one = _fixed_width_messy(400, "run-a", 34)  # one run: the rid codes are the keys, no group codes
+    one = one.set_column(one.schema.get_field_index("workload"), "workload", pa.array(["w"] * 400))
+    con.register("one", one)
+    got = batch_summaries.requests_rows(one, batch_summaries.Groups(one)).to_pandas()
+    pd.testing.assert_frame_equal(got.sort_values(["run_id", "rid", "workload"], ignore_index=True),
+                                  _sql_rows(con, schema.SUM_REQUESTS, "one"), check_dtype=False, rtol=1e-12)
 
 
 def test_a_new_file_starts_at_this_schema_version_and_is_not_migrated(tmp_path: Path) -> None:
