@@ -196,8 +196,10 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
     dt = time.perf_counter() - t0
     cpu = time.process_time() - c0
     peak_mb = _status_mb("VmHWM")
+    import acceptscope
+
     print(json.dumps({"kind": kind, "rows": n, "seconds": dt, "cpu_seconds": cpu, "peak_rss_mb": peak_mb,
-                      "start_rss_mb": rss0}))
+                      "start_rss_mb": rss0, "code": str(Path(acceptscope.__file__).resolve().parents[1])}))
 
 
 def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Path, Path, int]:
@@ -255,9 +257,12 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Pa
 
 def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: bool = False,
                tree: Path | None = None) -> dict:
-    """One pipeline in a fresh child; ``tree``: another checkout's bench and code (the baseline)."""
-    script, env = (__file__, None) if tree is None else (
-        str(tree / "bench" / "ingest.py"), dict(os.environ, PYTHONPATH=str(tree)))
+    """One pipeline in a fresh child; ``tree``: another checkout's bench and code (the baseline).
+
+    The child's ``PYTHONPATH`` is its tree's root, always: an editable install of acceptscope in the venv
+    would otherwise hand a bench run from another worktree the code of the checkout it was installed from."""
+    script = __file__ if tree is None else str(tree / "bench" / "ingest.py")
+    env = dict(os.environ, PYTHONPATH=str(tree or ROOT))
     out = subprocess.run([sys.executable, script, "--child", kind, str(dump), str(jsonl), str(db)],
                          capture_output=True, text=True, cwd=tree or ROOT, env=env)
     if out.returncode != 0:
