@@ -6,6 +6,8 @@ in the same flush.
 Rows are conformed to the record model in the producer's thread, buffered per
 table, and a background thread commits them to DuckDB as Arrow tables, all
 tables of one flush in ONE transaction (``Store.write_arrow``), never row by row.
+(``background=False``: no thread; the producer whose append finds a flush due
+commits it. What a bulk ingest on one CPU uses; see ``TelemetryWriter``.)
 
 Guarantees
 ----------
