@@ -276,3 +276,35 @@ def test_bulk_ingest_writes_inline_on_one_cpu(store: Store, monkeypatch: pytest.
     finally:
         w.close()
     assert store.counts()["steps"] == 3
+
+
+def test_a_dump_ingested_through_the_inline_writer_equals_the_flush_thread_one(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same dump, several flushes each way: every stored table and every summary is the same
+    whether the flushes ran in a flush thread or in the parsing thread."""
+    import json
+
+    import acceptscope.ingest as ingest
+    from acceptscope import schema
+    from acceptscope.ingest import stream
+    from acceptscope.ingest.synth import make_server_info
+
+    dump = tmp_path / "server_info.json"
+    dump.write_text(json.dumps(make_server_info(ranks=2, n_steps=150, bs=8, gamma=6, mode="cap-accept", seed=5)))
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 32 << 10)  # chunks of records small enough for several flushes
+    tables = {}
+    for background in (True, False):
+        writers: list[TelemetryWriter] = []
+        monkeypatch.setattr(ingest, "_bulk_writer", lambda s, b=background: writers.append(s.writer(
+            flush_interval_s=3600, max_buffer_rows=500, background=b)) or writers[-1])
+        store = Store(tmp_path / f"{background}.duckdb")
+        got = ingest.ingest_paths([dump], store, run_id="r", progress=False)
+        assert got["tables"]["request_steps"]["written"] == 2 * 150 * 8
+        assert writers[0].stats()["flushes"] >= 3
+        with store.snapshot() as con:
+            tables[background] = {
+                t.name: con.execute(f"SELECT * FROM {t.name} ORDER BY ALL").fetchall()
+                for t in (*schema.ALL_TABLES, *schema.SUMMARY_TABLES) if t.name != "runs"}
+    assert tables[True]["sum_cells"] and tables[True]["sum_requests"]
+    for name in tables[True]:
+        assert tables[True][name] == tables[False][name], name
