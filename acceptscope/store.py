@@ -569,7 +569,7 @@ class Store:
                     for t in derived:  # small tables updated in place (ON CONFLICT): always keyed
                         con.execute(create_table_sql(t, primary_key=True))
                     if fresh:
-                        summaries.record_version(con)
+                        summaries.record_version(con, new_file=True)
                     con.execute("COMMIT")
                 except BaseException:
                     con.execute("ROLLBACK")
