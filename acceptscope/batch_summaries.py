@@ -37,7 +37,7 @@ class Groups:
     per batch and shared by the forms, as are the batch's integer columns (:meth:`ints`)."""
 
     def __init__(self, tbl: pa.Table):
-        self._tbl, self._ints = tbl, {}
+        self._tbl, self._ints = tbl, {}  # (the integer columns, and the survival matrix)
         run, wl = one_array(tbl.column("run_id")), pc.fill_null(one_array(tbl.column("workload")), "?")
         self.n_rows = len(run)
         if not len(run):
@@ -62,6 +62,12 @@ class Groups:
             else:
                 self._ints[name] = np.asarray(pc.fill_null(col, 0), dtype=np.int64), np.asarray(pc.is_valid(col))
         return self._ints[name]
+
+    def survival(self) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """:func:`_fixed_width` of the batch's survival lists, worked out once for the forms that read them."""
+        if "survival" not in self._ints:
+            self._ints["survival"] = _fixed_width(one_array(self._tbl.column("survival")))
+        return self._ints["survival"]
 
     def codes(self) -> np.ndarray:
         """``code`` with zeros for one group."""
@@ -148,7 +154,7 @@ def requests_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
     if n == 0 or n > _MAX_ROWS or rid.null_count:
         return None
     surv = one_array(tbl.column("survival"))
-    fixed = None if surv.null_count == n else _fixed_width(surv)
+    fixed = None if surv.null_count == n else groups.survival()
     if fixed is None and surv.null_count < n:
         return None
     enc = pc.dictionary_encode(rid)
@@ -185,7 +191,7 @@ def positions_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
     surv = one_array(tbl.column("survival"))
     if surv.null_count == n or not pc.max(pc.list_value_length(surv)).as_py():
         return _table(schema.SUM_POSITIONS, [[] for _ in schema.SUM_POSITIONS.columns])  # no position reached
-    fixed = _fixed_width(surv)
+    fixed = groups.survival()
     if fixed is None:
         return None
     s, has = fixed

@@ -335,8 +335,8 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
             print(f"{'':>13} " + "; ".join(f"ours / {k}: x{r[1] / o[1]:.2f} wall, x{r[2] / o[2]:.2f} CPU"
                                            for k, r in last.items() if k != "ours"), flush=True)
             # the steadier figure on a shared machine: each repeat's pair ran back to back
-            print(f"{'':>13} median of the {a.repeats} paired CPU ratios: " + "; ".join(
-                f"ours / {k}: x{np.median(v):.2f} (x{min(v):.2f}-x{max(v):.2f})"
+            print(f"{'':>13} median of the paired CPU ratios: " + "; ".join(
+                f"ours / {k}: x{np.median(v):.2f} (x{min(v):.2f}-x{max(v):.2f}, {len(v)} pairs)"
                 for k, v in paired.items() if v), flush=True)
     if len(sizes) > 1:
         for kind in (k for k in kinds if len(rows[k]) > 1):
