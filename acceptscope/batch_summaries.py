@@ -34,11 +34,12 @@ _REL_MAX_CELLS = 1 << 22  # dense accumulator cells (groups x positions x varian
 class Groups:
     """Per row of a batch, the index of its (run_id, workload or '?') in :attr:`names`; ``code`` is None
     when every row is in the first group (one run, one workload: no dictionary encoding). Worked out once
-    per batch and shared by the forms, as are the batch's integer columns (:meth:`ints`)."""
+    per batch and shared by the forms, as are the batch's columns joined into one array (:meth:`array`: a
+    writer's batch comes in many chunks, and each join is a copy) and its integer columns (:meth:`ints`)."""
 
     def __init__(self, tbl: pa.Table):
-        self._tbl, self._ints = tbl, {}  # (the integer columns, and the survival matrix)
-        run, wl = one_array(tbl.column("run_id")), pc.fill_null(one_array(tbl.column("workload")), "?")
+        self._tbl, self._ints, self._arrays = tbl, {}, {}  # (integer columns and the survival matrix; arrays)
+        run, wl = self.array("run_id"), pc.fill_null(self.array("workload"), "?")
         self.n_rows = len(run)
         if not len(run):
             self.names, self.code = [], None
@@ -53,10 +54,16 @@ class Groups:
         used, self.code = np.unique(pair, return_inverse=True)
         self.names = [(rd[q // len(wd)], wd[q % len(wd)]) for q in used]
 
+    def array(self, name: str) -> pa.Array:
+        """The batch's column ``name`` as one Array, joined once."""
+        if name not in self._arrays:
+            self._arrays[name] = one_array(self._tbl.column(name))
+        return self._arrays[name]
+
     def ints(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
         """(values with NULL as 0, validity or None when every value is there) of the batch's integer column."""
         if name not in self._ints:
-            col = one_array(self._tbl.column(name))
+            col = self.array(name)
             if col.null_count == 0:
                 self._ints[name] = np.asarray(col, dtype=np.int64), None
             else:
@@ -66,7 +73,7 @@ class Groups:
     def survival(self) -> tuple[np.ndarray, np.ndarray | None] | None:
         """:func:`_fixed_width` of the batch's survival lists, worked out once for the forms that read them."""
         if "survival" not in self._ints:
-            self._ints["survival"] = _fixed_width(one_array(self._tbl.column("survival")))
+            self._ints["survival"] = _fixed_width(self.array("survival"))
         return self._ints["survival"]
 
     def codes(self) -> np.ndarray:
@@ -131,8 +138,10 @@ def cells_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
 
 
 def _fixed_width(surv: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """(the non-NULL lists as a float64 (rows, width) array, which rows have one or None for all) when every
-    list has one width and no NULL element (SGLang's: gamma each); None otherwise, and for width 0."""
+    """(the non-NULL lists as a (rows, width) array of their own float type, which rows have one or None for
+    all) when every list has one width and no NULL element (SGLang's: gamma each); None otherwise, and for
+    width 0. A view of the list values where no row is NULL: no float64 copy (~22 MB of fresh pages for a
+    400k-row flush of gamma 7); the forms add in float64 (``dtype=``), as SQL's sum of a FLOAT does."""
     has = None if surv.null_count == 0 else np.asarray(pc.is_valid(surv))
     lens = np.asarray(pc.fill_null(pc.list_value_length(surv), 0), dtype=np.int64)
     lens = lens if has is None else lens[has]
@@ -141,7 +150,7 @@ def _fixed_width(surv: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
     vals = (surv if has is None else surv.filter(pa.array(has))).flatten()
     if vals.null_count or len(vals) != len(lens) * int(lens[0]):
         return None
-    return np.asarray(vals).astype(np.float64).reshape(len(lens), int(lens[0])), has
+    return np.asarray(vals).reshape(len(lens), int(lens[0])), has
 
 
 def requests_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
@@ -150,24 +159,25 @@ def requests_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
     left to right and the rows in order. None where a rid is NULL or the survival lists are ragged or
     hold a NULL element (the SQL then)."""
     n = tbl.num_rows
-    rid = one_array(tbl.column("rid"))
+    rid = groups.array("rid")
     if n == 0 or n > _MAX_ROWS or rid.null_count:
         return None
-    surv = one_array(tbl.column("survival"))
+    surv = groups.array("survival")
     fixed = None if surv.null_count == n else groups.survival()
     if fixed is None and surv.null_count < n:
         return None
     enc = pc.dictionary_encode(rid)
     nr = len(enc.dictionary)
     key = np.asarray(enc.indices, dtype=np.int64)
-    if groups.code is not None:
-        key = groups.code * nr + key
-    used, key = np.unique(key, return_inverse=True)
+    if groups.code is None:  # one group: every dictionary entry occurs, so the codes are the keys already
+        used = np.arange(nr)
+    else:
+        used, key = np.unique(groups.code * nr + key, return_inverse=True)
     size = len(used)
     x_sum, x_n = np.zeros(size), np.zeros(size)
     if fixed is not None:
         s, has = fixed
-        x = s[:, 0].copy()
+        x = s[:, 0].astype(np.float64)
         for k in range(1, s.shape[1]):
             x += s[:, k]
         x += 1.0
@@ -188,7 +198,7 @@ def positions_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
     n = tbl.num_rows
     if n == 0 or n > _MAX_ROWS:
         return None
-    surv = one_array(tbl.column("survival"))
+    surv = groups.array("survival")
     if surv.null_count == n or not pc.max(pc.list_value_length(surv)).as_py():
         return _table(schema.SUM_POSITIONS, [[] for _ in schema.SUM_POSITIONS.columns])  # no position reached
     fixed = groups.survival()
@@ -200,12 +210,12 @@ def positions_rows(tbl: pa.Table, groups: Groups) -> pa.Table | None:
     code = groups.codes() if has is None else groups.codes()[has]
     rows = np.bincount(code, minlength=ng)
     if ng == 1:
-        sum_s = (np.ones(len(s)) @ s)[None, :]
+        sum_s = s.sum(axis=0, dtype=np.float64)[None, :]
     else:  # each group's rows in their order, summed row by row
         order = np.argsort(code, kind="stable")
         present = rows > 0
         sum_s = np.zeros((ng, width))
-        sum_s[present] = np.add.reduceat(s[order], (np.cumsum(rows) - rows)[present], axis=0)
+        sum_s[present] = np.add.reduceat(s[order], (np.cumsum(rows) - rows)[present], axis=0, dtype=np.float64)
 
     def column(name: str) -> tuple[np.ndarray, np.ndarray]:
         values, valid = groups.ints(name)
@@ -269,12 +279,11 @@ def reliability_rows(con: duckdb.DuckDBPyConnection, tbl: pa.Table, groups: Grou
         code = None if groups.code is None else groups.code[start - n:start]
         vals = conf.values.slice(offs[0], offs[-1] - offs[0]).to_numpy(zero_copy_only=False)
         width = int(lens[0])
-        if width and (lens == width).all():  # fixed-width lists (gamma): a 2-D view, no gather by offsets
-            row, k0 = np.nonzero(np.arange(width) < m[:, None])  # (row, position) order
-            p = vals.reshape(n, width)[row, k0]
+        row = np.repeat(np.arange(n), m)  # (row, position) order: a row's labelled positions are its first m
+        k0 = np.arange(len(row)) - np.repeat(np.cumsum(m) - m, m)  # 0-based position
+        if width and (lens == width).all():  # fixed-width lists (gamma): no gather of the offsets
+            p = vals[row * width + k0]
         else:
-            row = np.repeat(np.arange(n), m)
-            k0 = np.arange(len(row)) - np.repeat(np.cumsum(m) - m, m)  # 0-based position
             p = vals[offs[row] - offs[0] + k0]
         y = k0 < c_np[row]  # label: ceiling >= k
         base = k0 * (2 * n_bins) if code is None else code[row] * size + k0 * (2 * n_bins)

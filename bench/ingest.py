@@ -45,6 +45,10 @@ records at a time, so building a 10M request-step dump (3.3 GB) takes no more me
    neighbours; CPU seconds are the steadier basis for the ratios), and each child's peak
    memory: ``VmHWM`` of the child (``ru_maxrss`` would be wrong: on Linux it survives
    ``execve`` and reports the parent's peak), with the growth over the RSS after imports.
+   CPU time is split into user and kernel (``sys``) time: on this kind of box a page fault costs
+   microseconds of kernel time, the fault count depends on how each allocator reuses memory, and
+   kernel time is the part that swings most from run to run (DuckDB's ``read_json`` + insert at 1M
+   request-steps: 0.8-2.3 s of its ~4-5 CPU-s), so the user-time ratio is printed too.
 
    With ``--growth``, each size also prints the median (and range) over the repeats of the paired
    ratio (a pipeline's CPU seconds / ours's in the same repeat, run back to back): the best-of figures
@@ -119,6 +123,7 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
         con.execute(create_table_sql(schema.REQUEST_STEPS, primary_key=False))
         con.register("_parsed", floor_table)
     rss0 = _status_mb("VmRSS")
+    u0 = os.times()
     c0 = time.process_time()
     t0 = time.perf_counter()
     if kind == "duckdb-append-floor":
@@ -195,10 +200,12 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
         con.close()
     dt = time.perf_counter() - t0
     cpu = time.process_time() - c0
+    u1 = os.times()
     peak_mb = _status_mb("VmHWM")
     import acceptscope
 
     print(json.dumps({"kind": kind, "rows": n, "seconds": dt, "cpu_seconds": cpu, "peak_rss_mb": peak_mb,
+                      "user_seconds": u1.user - u0.user, "sys_seconds": u1.system - u0.system,
                       "start_rss_mb": rss0, "code": str(Path(acceptscope.__file__).resolve().parents[1])}))
 
 
@@ -292,16 +299,18 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
     if base is not None:
         kinds = [BASELINE] + kinds
     rows: dict[str, list[tuple[int, float, float, float]]] = {k: [] for k in kinds}
-    print(f"{'request-steps':>13} {'dump MB':>8} {'pipeline':<18} {'wall s':>8} {'CPU s':>8} {'peak RSS MB':>12} "
-          f"{'rs/s (CPU)':>11}")
+    print(f"{'request-steps':>13} {'dump MB':>8} {'pipeline':<18} {'wall s':>8} {'CPU s':>8} {'user s':>7} {'sys s':>6} "
+          f"{'peak RSS MB':>12} {'rs/s (CPU)':>11}")
     for size in sizes:
         steps = max(1, round(size / (a.bs * a.ranks)))
         dump, jsonl, n = build(inputs, steps=steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
         best: dict[str, dict] = {}
         paired: dict[str, list[float]] = {k: [] for k in kinds}  # per repeat: the kind's CPU s / ours's
+        paired_user: dict[str, list[float]] = {k: [] for k in kinds}  # the same for user time alone
         failed: set[str] = set()
         for rep in range(a.repeats):  # each repeat runs every pipeline once: all see the same load
             cpu: dict[str, float] = {}
+            user: dict[str, float] = {}
             for kind in kinds:
                 if kind in failed:
                     continue
@@ -313,18 +322,21 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
                     failed.add(kind)
                     continue
                 cpu[kind] = r["cpu_seconds"]
+                user[kind] = r.get("user_seconds", float("nan"))  # (a baseline tree's bench may not say)
                 if kind not in best or r["cpu_seconds"] < best[kind]["cpu_seconds"]:
                     best[kind] = r
             for kind, c in cpu.items():
                 if "ours" in cpu and kind != "ours":
                     paired[kind].append(c / cpu["ours"])
+                    paired_user[kind].append(user[kind] / user["ours"])
         for kind in kinds:
             if kind not in best:
                 continue
             b = best[kind]
             rows[kind].append((n, b["seconds"], b["cpu_seconds"], b["peak_rss_mb"]))
             print(f"{n:>13,} {dump.stat().st_size / 1e6:>8,.0f} {kind:<18} {b['seconds']:>8.2f} "
-                  f"{b['cpu_seconds']:>8.2f} {b['peak_rss_mb']:>12,.0f} {n / b['cpu_seconds']:>11,.0f}",
+                  f"{b['cpu_seconds']:>8.2f} {b.get('user_seconds', float('nan')):>7.2f} {b.get('sys_seconds', float('nan')):>6.2f} "
+                  f"{b['peak_rss_mb']:>12,.0f} {n / b['cpu_seconds']:>11,.0f}",
                   flush=True)
         if not a.keep:
             for p in (dump, jsonl):
@@ -338,6 +350,10 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
             print(f"{'':>13} median of the paired CPU ratios: " + "; ".join(
                 f"ours / {k}: x{np.median(v):.2f} (x{min(v):.2f}-x{max(v):.2f}, {len(v)} pairs)"
                 for k, v in paired.items() if v), flush=True)
+            # kernel time (page faults, mostly) is the noisiest part of CPU time on a shared box
+            print(f"{'':>13} median of the paired user-time ratios: " + "; ".join(
+                f"ours / {k}: x{np.median(v):.2f} (x{min(v):.2f}-x{max(v):.2f})"
+                for k, v in paired_user.items() if v and not np.isnan(v).any()), flush=True)
     if len(sizes) > 1:
         for kind in (k for k in kinds if len(rows[k]) > 1):
             x = np.log([t[0] for t in rows[kind]])

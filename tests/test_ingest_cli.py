@@ -166,3 +166,20 @@ def test_reingest_and_overlapping_poll_write_each_row_once(tmp_path):
     q = "SELECT * EXCLUDE (run_id) FROM {} ORDER BY ALL"
     for t in ("steps", "request_steps"):
         assert store.query_df(q.format(t)).equals(whole.query_df(q.format(t))), t
+
+
+def test_bulk_ingest_allocator_settings_move_arrow_onto_the_tuned_heap():
+    """The ``acceptscope ingest`` process's allocator set-up: on glibc, Arrow's buffers come from the same
+    (threshold-tuned) malloc heap as numpy's, not from Arrow's default pool; run in a child, since the
+    settings are process-wide and must not leak into the test process."""
+    import platform
+    import subprocess
+    import sys
+
+    code = ("import pyarrow as pa; from acceptscope.ingest import tune_allocator_for_bulk_ingest as tune; "
+            "before = pa.default_memory_pool().backend_name; ok = tune(); "
+            "print(ok, before, pa.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert out[0] == str(glibc)
+    assert out[2] == ("system" if glibc else out[1])

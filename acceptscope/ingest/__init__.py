@@ -63,19 +63,22 @@ _ORDER = {
 
 
 def tune_allocator_for_bulk_ingest() -> bool:
-    """Process-wide glibc malloc settings for a short-lived bulk-ingest process; True when applied.
+    """Process-wide allocator settings for a short-lived bulk-ingest process; True when applied.
 
     Call it only from a process that exists to ingest and then exit (the ``acceptscope
     ingest`` command does; nothing calls it on import). It fixes glibc's mmap threshold at
     32 MiB and its trim threshold at 512 MiB, so the parse's many 1-30 MB numpy/bytes
     temporaries reuse freed heap memory instead of each mapping fresh zeroed pages and
-    unmapping them again. The price: up to 512 MiB of freed memory stays with the process
-    until it exits, which is why a long-lived process (the live poller, a notebook) must not
-    call it. Measured (bench/ingest.py ``ours``, 204,800 request-steps, one pinned core):
-    ~101k -> ~87k minor page faults, ~0.1 s less kernel time on average (sys 0.53-0.73 s ->
-    0.40-0.70 s over five alternating runs), and 0.05-0.08 s less CPU in each of four pairs
-    run side by side on the same core (so both saw the same neighbours; one after the other
-    the ±0.2 s noise of the shared box hides it). A no-op (False) off glibc.
+    unmapping them again; and it moves Arrow's allocations onto that same tuned heap
+    (``pyarrow.system_memory_pool``): Arrow's default pool (mimalloc) hands freed pages back to the
+    kernel and faults them in again for the next batch, which cost ~0.7-0.9 s of kernel time at
+    1M request-steps. The price: up to 512 MiB of freed memory stays with the process until it
+    exits, which is why a long-lived process (the live poller, a notebook) must not call it.
+
+    Measured (one pinned core, CPU seconds): glibc thresholds, 204,800 request-steps: ~101k ->
+    ~87k minor page faults, 0.05-0.08 s less CPU in each of four side-by-side pairs; Arrow's pool,
+    1M request-steps, three alternating runs each: kernel time 1.57-1.77 s -> 0.87-0.95 s, CPU
+    5.20-5.59 s -> 4.51-4.67 s (user time unchanged). A no-op (False) off glibc.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -83,9 +86,14 @@ def tune_allocator_for_bulk_ingest() -> bool:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
         ok = libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024) == 1
-        return bool(libc.mallopt(m_trim_threshold, 512 * 1024 * 1024) == 1 and ok)
+        ok = libc.mallopt(m_trim_threshold, 512 * 1024 * 1024) == 1 and ok
     except (OSError, AttributeError):
         return False
+    if ok:  # (buffers already allocated stay with the pool that made them)
+        import pyarrow as pa
+
+        pa.set_memory_pool(pa.system_memory_pool())
+    return bool(ok)
 
 
 def iter_files(paths: Iterable[str | Path]) -> list[Path]:
