@@ -31,6 +31,11 @@ records at a time, so building a 10M request-step dump (3.3 GB) takes no more me
      (what the store's probe and uniqueness check cost on top of DuckDB);
    * ``read_json+insert``: DuckDB ``INSERT OR IGNORE INTO`` a table with the store's
      request_steps columns and primary key ``SELECT ... FROM read_json(jsonl)``;
+   * ``read_json+derive``: ``read_json+insert`` that also fills the columns ours derives from the records,
+     as ours defines them (``step_index``: a rid's steps in order; ``window`` = verify_len - 1; ``ceiling`` =
+     correct_drafts + cap_trim, the dump being cap-accept; ``committed_tokens`` = the accepted drafts + the
+     bonus token): its ``request_steps`` table is the one ours stores, column for column (checked on the
+     0.1M dump), where ``read_json+insert`` leaves those four columns NULL;
    * ``read_json-ctas``: ``CREATE TABLE AS SELECT * FROM read_json(jsonl)`` (no key, no checks);
    * ``read_json-dump``: what DuckDB alone does with the dump as SGLang writes it (no JSONL made for it
      before the clock): ``read_json`` of the one document (its ``maximum_object_size`` raised to the file's
@@ -187,10 +192,15 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
                      q AS (SELECT rank, rec.forward_ct AS forward_ct, unnest(rec.reqs) AS req FROM r)
                 SELECT 'bench', rank, 0, forward_ct, {', '.join(f'req.{c}' for c in req)} FROM q""")
             n = con.execute("SELECT count(*) FROM request_steps").fetchone()[0]
-        elif kind == "read_json+insert":
+        elif kind in ("read_json+insert", "read_json+derive"):
             con.execute(create_table_sql(schema.REQUEST_STEPS))
             sel = ["'bench'", "rank", "0", "forward_ct", "rid", "req_pool_index", "prefix_len", "verify_len",
                    "correct_drafts", "acc_len", "cap_trim", "bonus_token", "draft_tokens", "confidence", "survival"]
+            if kind == "read_json+derive":  # the columns ours derives too, as ours defines them (cap-accept)
+                cols = cols + ["step_index", "\"window\"", "ceiling", "committed_tokens"]
+                sel = sel + ["row_number() OVER (PARTITION BY rid ORDER BY rank, forward_ct) - 1", "verify_len - 1",
+                             "correct_drafts + cap_trim",
+                             "list_concat(draft_tokens[1:correct_drafts], [bonus_token])"]
             con.execute(f"INSERT OR IGNORE INTO request_steps ({', '.join(cols)}) SELECT {', '.join(sel)} "
                         f"FROM read_json('{jsonl}', format='newline_delimited')")
             n = con.execute("SELECT count(*) FROM request_steps").fetchone()[0]
