@@ -34,6 +34,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+import pyarrow as pa
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from acceptscope.console import console
@@ -90,8 +91,6 @@ def tune_allocator_for_bulk_ingest() -> bool:
     except (OSError, AttributeError):
         return False
     if ok:  # (buffers already allocated stay with the pool that made them)
-        import pyarrow as pa
-
         pa.set_memory_pool(pa.system_memory_pool())
     return bool(ok)
 
