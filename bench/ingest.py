@@ -34,8 +34,8 @@ records at a time, so building a 10M request-step dump (3.3 GB) takes no more me
    * ``read_json+derive``: ``read_json+insert`` that also fills the columns ours derives from the records,
      as ours defines them (``step_index``: a rid's steps in order; ``window`` = verify_len - 1; ``ceiling`` =
      correct_drafts + cap_trim, the dump being cap-accept; ``committed_tokens`` = the accepted drafts + the
-     bonus token): its ``request_steps`` table is the one ours stores, column for column (checked on the
-     0.1M dump), where ``read_json+insert`` leaves those four columns NULL;
+     bonus token): its ``request_steps`` table is the one ours stores, column for column (held equal by
+     ``tests/test_ingest_parsers_bench.py``), where ``read_json+insert`` leaves those four columns NULL;
    * ``read_json-ctas``: ``CREATE TABLE AS SELECT * FROM read_json(jsonl)`` (no key, no checks);
    * ``read_json-dump``: what DuckDB alone does with the dump as SGLang writes it (no JSONL made for it
      before the clock): ``read_json`` of the one document (its ``maximum_object_size`` raised to the file's

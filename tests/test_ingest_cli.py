@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import platform
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,10 +175,6 @@ def test_bulk_ingest_allocator_settings_move_arrow_onto_the_tuned_heap():
     """The ``acceptscope ingest`` process's allocator set-up: on glibc, Arrow's buffers come from the same
     (threshold-tuned) malloc heap as numpy's, not from Arrow's default pool; run in a child, since the
     settings are process-wide and must not leak into the test process."""
-    import platform
-    import subprocess
-    import sys
-
     code = ("import pyarrow as pa; from acceptscope.ingest import tune_allocator_for_bulk_ingest as tune; "
             "before = pa.default_memory_pool().backend_name; ok = tune(); "
             "print(ok, before, pa.default_memory_pool().backend_name)")

@@ -1,8 +1,13 @@
-"""``bench/ingest.py --parsers`` (the evidence against a C-reader fast path) compares like with like."""
+"""`bench/ingest.py` compares like with like: the `--parsers` readers (the evidence against a C-reader fast path)
+and the growth bench's `read_json+derive` baseline."""
 
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import duckdb
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,11 +34,6 @@ def test_read_json_derive_stores_the_table_ours_stores(tmp_path):
     # ``--kinds read_json+derive`` is the like-for-like baseline of the ingest growth bench: DuckDB filling
     # the request_steps table ours stores, derived columns included; the timings mean that only if the
     # two tables are the same, column for column
-    import importlib.util
-    import os
-
-    import duckdb
-
     spec = importlib.util.spec_from_file_location("bench_ingest", ROOT / "bench" / "ingest.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
