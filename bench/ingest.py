@@ -7,7 +7,8 @@
 read_json kinds (``--kinds`` to choose; DuckDB's ``memory_limit`` is 3GB, env BENCH_DUCKDB_MEMORY_LIMIT,
 and a pipeline that fails is reported as such) with wall time, CPU time and peak RSS, then the fitted growth
 (log-log slope of time and of peak RSS against rows). The dump and JSONL are written a batch of
-records at a time, so building a 10M request-step dump (3.3 GB) takes no more memory than a small one.
+records at a time, so building a 10M request-step dump (3.3 GB) takes no more memory than a small one; the
+JSONL only when a chosen pipeline reads it (``--kinds ours`` at 50M: a 16.5 GB dump and no JSONL).
 
 1. Builds a realistic SGLang /server_info dump (acceptscope.ingest.synth: gamma 7,
    bs 32, confidences/survival rounded as SGLang rounds them, omit_defaults) of
@@ -219,18 +220,21 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
                       "start_rss_mb": rss0, "code": str(Path(acceptscope.__file__).resolve().parents[1])}))
 
 
-def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Path, Path, int]:
-    """The dump (one /server_info document) and the same request-steps as JSONL, written a batch at a time."""
+def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int, jsonl: bool = True) -> tuple[Path, Path, int]:
+    """The dump (one /server_info document) and the same request-steps as JSONL, written a batch at a time.
+
+    ``jsonl=False``: the dump alone (the JSONL path is returned but not written), for runs whose pipelines
+    read only the dump: a 50M request-step dump is 16.5 GB, and its JSONL would double the disk it needs."""
     import msgspec
 
     from acceptscope.ingest.synth import make_payload, make_records, make_server_info
 
     tag = f"s{steps}-b{bs}-r{ranks}-g{gamma}"
     dump = tmp / f"bench-{tag}.server_info.json"
-    jsonl = tmp / f"bench-{tag}.request_steps.jsonl"
+    lines_path = tmp / f"bench-{tag}.request_steps.jsonl"
     count = tmp / f"bench-{tag}.count"
-    if dump.exists() and jsonl.exists() and count.exists():
-        return dump, jsonl, int(count.read_text())
+    if dump.exists() and (lines_path.exists() or not jsonl) and count.exists():
+        return dump, lines_path, int(count.read_text())
     enc = msgspec.json.Encoder()
     # the document around the records: a one-step server_info, its records arrays cut open
     shell = make_server_info(ranks=ranks, n_steps=1, bs=bs, gamma=gamma, mode="cap-accept", seed=1)
@@ -241,7 +245,7 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Pa
     per = 2000  # steps per batch; a 10M request-step dump repeats 2 generated batches per rank with fresh
     # forward_cts and rids (generating every record takes ~100x longer than ingesting it)
     fct_key = re.compile(rb'"forward_ct":(\d+)')
-    with open(dump, "wb") as d, open(jsonl, "wb") as f:
+    with open(dump, "wb") as d, open(lines_path if jsonl else os.devnull, "wb") as f:
         d.write(head + b'"internal_states":[')
         for rank, st in enumerate(shell["internal_states"]):
             pre, _, post = enc.encode(st).partition(b'"records":[]')
@@ -269,7 +273,7 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int) -> tuple[Pa
             d.write(b"]" + post)
         d.write(b"]," + enc.encode({"version": shell["version"]})[1:])
     count.write_text(str(n))
-    return dump, jsonl, n
+    return dump, lines_path, n
 
 
 def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: bool = False,
@@ -298,6 +302,7 @@ def _run_child(kind: str, dump: Path, jsonl: Path, db: Path, n: int, tolerate: b
 
 
 BASELINE = "ours@baseline"
+JSONL_KINDS = ("read_json+insert", "read_json+derive", "read_json-ctas")  # the pipelines that read the JSONL
 
 
 def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> None:
@@ -313,7 +318,8 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
           f"{'peak RSS MB':>12} {'rs/s (CPU)':>11}")
     for size in sizes:
         steps = max(1, round(size / (a.bs * a.ranks)))
-        dump, jsonl, n = build(inputs, steps=steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
+        dump, jsonl, n = build(inputs, steps=steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma,
+                               jsonl=any(k in JSONL_KINDS for k in kinds))
         best: dict[str, dict] = {}
         paired: dict[str, list[float]] = {k: [] for k in kinds}  # per repeat: the kind's CPU s / ours's
         paired_user: dict[str, list[float]] = {k: [] for k in kinds}  # the same for user time alone
@@ -350,9 +356,9 @@ def growth(sizes: list[int], a: argparse.Namespace, tmp: Path, inputs: Path) -> 
                   flush=True)
         if not a.keep:
             for p in (dump, jsonl):
-                p.unlink()
+                p.unlink(missing_ok=True)
         last = {k: v[-1] for k, v in rows.items() if v and v[-1][0] == n}
-        if "ours" in last:
+        if "ours" in last and len(last) > 1:  # (ours alone: nothing to compare)
             o = last["ours"]
             print(f"{'':>13} " + "; ".join(f"ours / {k}: x{r[1] / o[1]:.2f} wall, x{r[2] / o[2]:.2f} CPU"
                                            for k, r in last.items() if k != "ours"), flush=True)
@@ -425,7 +431,7 @@ def parsers(a: argparse.Namespace, tmp: Path, inputs: Path) -> None:
     from acceptscope.ingest.server_info_records import CHUNK_DECODER
 
     _pin()
-    dump, _, n = build(inputs, steps=a.steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma)
+    dump, _, n = build(inputs, steps=a.steps, bs=a.bs, ranks=a.ranks, gamma=a.gamma, jsonl=False)
     sc = stream.scan(stream.FileSource(dump), stream.CHUNK_BYTES)
     src = stream.FileSource(dump)
     chunks = [src.read(lo, hi) for arr in sc.arrays.values() for lo, hi, _ in arr]

@@ -16,7 +16,9 @@ Translation decisions (documented here because readers depend on them):
   ``ceiling = correct_drafts + cap_trim`` in cap-accept, ``correct_drafts`` in
   static, NULL in compact; ``committed_tokens = draft_tokens[:correct_drafts] + [bonus]``;
   ``step_index`` counts a rid's steps seen by this ingestor (a ``pool:`` rid
-  restarts at 0 when its ``prefix_len`` goes backwards: a new request took the slot).
+  restarts at 0 when its ``prefix_len`` goes backwards: a new request took the slot); the counts are
+  held for the recently seen named rids only (:mod:`~acceptscope.ingest.rid_steps`: memory bounded
+  whatever the stream's length; a rid unseen for 2**18 other rids restarts at 0) and for every pool slot.
 * The ingestor is stateful: per observed rank slot a ``forward_ct`` watermark
   (records at or below it are duplicates from the ring and are skipped), the
   fingerprint of the record at the watermark, and the rids of the last step.
@@ -72,6 +74,7 @@ from acceptscope.ingest.rejects import (
     make_reject,
     msgspec_error_path,
 )
+from acceptscope.ingest.rid_steps import CAPACITY as RID_CAPACITY, RidStepCounts
 from acceptscope.ingest.server_info_checks import check_req, check_step
 from acceptscope.ingest.server_info_columns import Columns
 from acceptscope.ingest.server_info_payload import KNOWN_COMPONENTS, PayloadReader, PayloadRejected, SlowPath
@@ -130,11 +133,12 @@ class ServerInfoIngestor(PayloadReader):
     (:mod:`acceptscope.ingest.server_info_columns`) or, when that declines, the exact per-record
     path, which names every problem by field. With :attr:`sink` set, each chunk's rows are handed
     to it as soon as they are made, so memory is bounded by a chunk, not by the document.
+    ``rid_capacity``: the rids whose step counts are held per generation (:mod:`~acceptscope.ingest.rid_steps`).
     """
 
     def __init__(self, run_id: str, source: str = "live", *, ring_capacity: int = RING_CAPACITY,
                  expected_gamma: Optional[int] = None, expected_arm: Optional[str] = None,
-                 server_args: Optional[dict] = None):
+                 server_args: Optional[dict] = None, rid_capacity: int = RID_CAPACITY):
         self.run_id = run_id
         self.source = source
         self.ring_capacity = ring_capacity
@@ -145,7 +149,9 @@ class ServerInfoIngestor(PayloadReader):
         self.ranks: list[Rank] = []
         self.startup_time: Any = None
         self.run_emitted = False
-        self._step_ct: dict[str, int] = {}
+        self._step_ct = RidStepCounts(rid_capacity)  # named rids: the recently seen ones
+        # 'pool:<idx>' rids (no rid in the dump): one entry per pool slot, bounded by the pool's size
+        self._pool_ct: dict[str, int] = {}
         self._pool_prefix: dict[str, int] = {}
         self.polls = 0
         self.use_fast = True  # the vectorised path per chunk; the exact per-record path is the fallback
@@ -193,11 +199,18 @@ class ServerInfoIngestor(PayloadReader):
                      None if budget is None else int(budget), nn(step["step_cpu_ms"]), rq)
             self.ranks.append(Rank(slot=int(row.rank), watermark=int(row.wm), last_fp=last_fp,
                                     last_rids=frozenset(r[0] for r in rq)))
+        # the counts this ingestor would hold had it read the run: every pool slot, and the most recently seen
+        # named rids, as many as one generation holds (DuckDB aggregates the run's rids; only these come back)
         counts = store.query_df(
-            "SELECT rid, max(step_index) + 1 AS n, max(prefix_len) AS p FROM request_steps WHERE run_id = ? "
-            "AND epoch = ? GROUP BY rid", [self.run_id, self.epoch])
-        self._step_ct = {r.rid: int(r.n) for r in counts.itertuples()}
-        self._pool_prefix = {r.rid: int(r.p) for r in counts.itertuples() if r.rid.startswith("pool:")}
+            "SELECT rid, max(step_index) + 1 AS n, max(prefix_len) AS p, starts_with(rid, 'pool:') AS pool "
+            "FROM request_steps WHERE run_id = ? AND epoch = ? GROUP BY rid "
+            "QUALIFY pool OR row_number() OVER (PARTITION BY pool ORDER BY max(forward_ct) DESC) < ?",
+            [self.run_id, self.epoch, self._step_ct.capacity])
+        named, pool = counts[~counts["pool"]], counts[counts["pool"]]
+        self._step_ct.clear()
+        self._step_ct.set_many(named["rid"].tolist(), named["n"].astype(int).tolist())
+        self._pool_ct = {r.rid: int(r.n) for r in pool.itertuples()}
+        self._pool_prefix = {r.rid: int(r.p) for r in pool.itertuples()}
         runs = store.query_df("SELECT arm, gamma, config_json FROM runs WHERE run_id = ?", [self.run_id])
         if not runs.empty:
             self.run_emitted = True
@@ -327,6 +340,7 @@ class ServerInfoIngestor(PayloadReader):
             self.epoch += 1
             self.ranks = []
             self._step_ct.clear()
+            self._pool_ct.clear()
             self._pool_prefix.clear()
             for k, s in enumerate(states):
                 r = Rank(slot=k)
@@ -583,7 +597,7 @@ class ServerInfoIngestor(PayloadReader):
         """Fill 'pool:<idx>' for missing rids and number each rid's steps (vectorised for named rids)."""
         n = len(rid_arr)
         step_index = np.zeros(n, dtype=np.int64)
-        ct = self._step_ct
+        ct, pool_ct = self._step_ct, self._pool_ct
         missing = np.flatnonzero(fast._np(pc_is_null(rid_arr))) if rid_arr.null_count else np.zeros(0, np.int64)
         if len(missing):
             pool = fast._np(one_array(reqs.column("req_pool_index")).take(pa.array(kept_idx[missing])))
@@ -593,10 +607,10 @@ class ServerInfoIngestor(PayloadReader):
                 rid = f"pool:{int(pidx)}"
                 last = self._pool_prefix.get(rid)
                 if last is not None and pl < last:
-                    ct[rid] = 0
+                    pool_ct[rid] = 0
                 self._pool_prefix[rid] = int(pl)
-                i = ct.get(rid, 0)
-                ct[rid] = i + 1
+                i = pool_ct.get(rid, 0)
+                pool_ct[rid] = i + 1
                 step_index[q] = i
                 filled[q] = rid
             rid_arr = pa.array(filled, pa.string())
@@ -607,7 +621,7 @@ class ServerInfoIngestor(PayloadReader):
             enc = sub.dictionary_encode()
             idx = fast._np(enc.indices).astype(np.int64)
             uniq = enc.dictionary.to_pylist()
-            base = np.fromiter((ct.get(u, 0) for u in uniq), dtype=np.int64, count=len(uniq))
+            base = ct.get_many(uniq)
             order = np.argsort(idx, kind="stable")
             sidx = idx[order]
             starts = np.flatnonzero(np.r_[True, sidx[1:] != sidx[:-1]])
@@ -618,14 +632,14 @@ class ServerInfoIngestor(PayloadReader):
             vals = base[idx] + cum
             step_index[np.flatnonzero(named)] = vals
             totals = np.bincount(idx, minlength=len(uniq))
-            ct.update(zip(uniq, (base + totals).tolist()))  # (python ints; no numpy scalar per rid)
+            ct.set_many(uniq, (base + totals).tolist())
         return rid_arr, step_index
 
     def _add_reqs(self, s, rank, rec_meta, req_all, req_pos, src, line, batch, cols) -> None:
         gamma = s.gamma
         pfx = f"{s.prefix}." if s.prefix else ""
         ct = self._step_ct
-        pool_prefix = self._pool_prefix
+        pool_ct, pool_prefix = self._pool_ct, self._pool_prefix
         keep: list[ReqDetail] = []
         rids: list[str] = []
         fcts: list[int] = []
@@ -644,11 +658,12 @@ class ServerInfoIngestor(PayloadReader):
                                              msgspec.to_builtins(r), self.run_id))
                     continue
                 rid = r.rid
-                if rid is None:
+                pooled = rid is None
+                if pooled:
                     rid = f"pool:{r.req_pool_index}"
                     last = pool_prefix.get(rid)
                     if last is not None and r.prefix_len < last:
-                        ct[rid] = 0
+                        pool_ct[rid] = 0
                     pool_prefix[rid] = r.prefix_len
                 if rid in seen:
                     k = req_pos[q][1]
@@ -656,8 +671,12 @@ class ServerInfoIngestor(PayloadReader):
                                              f"duplicate rid {rid!r} in one step", msgspec.to_builtins(r), self.run_id))
                     continue
                 seen.add(rid)
-                i = ct.get(rid, 0)
-                ct[rid] = i + 1
+                if pooled:
+                    i = pool_ct.get(rid, 0)
+                    pool_ct[rid] = i + 1
+                else:
+                    i = ct.get(rid)
+                    ct.set(rid, i + 1)
                 keep.append(r)
                 rids.append(rid)
                 fcts.append(h.forward_ct)
