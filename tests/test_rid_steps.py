@@ -56,7 +56,7 @@ def _step_index(batch) -> dict:
 @pytest.mark.parametrize("with_rids", [True, False])
 def test_a_small_memory_numbers_every_step_as_an_unbounded_one(fast, with_rids):
     """Requests decode in consecutive steps: a memory of 8 rids (the 2 ranks x bs 4 decoding at once)
-    numbers ~90 requests' steps exactly as the default one, and never holds more than two generations."""
+    numbers 50 requests' steps exactly as the default one, and never holds more than two generations."""
     p = make_server_info(ranks=2, n_steps=200, bs=4, gamma=4, seed=5, with_rids=with_rids)
     got = {}
     for cap in (rid_steps.CAPACITY, 8):
@@ -68,8 +68,8 @@ def test_a_small_memory_numbers_every_step_as_an_unbounded_one(fast, with_rids):
         got[cap] = _step_index(b)
         assert len(ing._step_ct) <= 2 * cap + 2 * 200 * 4  # (a chunk's rids go in before the rotation)
     assert got[8] == got[rid_steps.CAPACITY]
-    rids = {k[2] for k in got[8]}
-    assert len(rids) > 2 * 8 if with_rids else True
+    if with_rids:  # (pool slots have their own, unbounded memory: the pool's size bounds it)
+        assert len({k[2] for k in got[8]}) > 2 * 8  # the small memory rotated, several times
     assert max(got[8].values()) > 8  # requests longer than the memory's size were numbered through
 
 
