@@ -15,6 +15,8 @@ carry the parent's peak over ``execve``):
 * ``report``: ``acceptscope report --db S --run syn-c --run syn-cap`` (estimators on);
 * ``panel:<name>``: each dashboard query the panels make (``acceptscope.reader.Reader`` methods,
   ``acceptscope.figures.tables.reliability_bins``) for the run, best and worst of ``--panel-repeats``;
+* ``--page-tail``: then ``requests`` (first and middle page) again once new requests rows written through the
+  store leave ``syn-c`` with the longest unsorted drill-down tail a writer keeps before it sorts the run again;
 * ``ingest``: ``acceptscope ingest`` of a synthetic SGLang ``/server_info`` dump
   (:func:`acceptscope.ingest.synth.make_server_info`) of about the same number of request-steps,
   for sizes up to ``--ingest-max``.
@@ -41,6 +43,8 @@ Usage::
         [--out scale.jsonl] [--timeout 900] [--skip report,ingest]
     .venv/bin/python bench/scale.py --sizes 100000000 --workdir /tmp/scale --reuse --skip panels,ingest \
         --report-max 100000000 --timeout 9000     # 100M: ~11.5 GB of store, ~21 GB of sort spill in $TMPDIR
+    .venv/bin/python bench/scale.py --sizes 100000000 --workdir /tmp/scale --reuse --skip estimate,report,ingest \
+        --page-tail                                # the panels, then requests with a writer's longest unsorted tail
     .venv/bin/python bench/scale.py --many-runs 200 --workdir /tmp/scale
     .venv/bin/python bench/scale.py --phases /tmp/scale/scale.duckdb [--stream-kw '{"chunk_rows": 131072}']
 """
@@ -94,6 +98,7 @@ from acceptscope.reader import Reader
 from acceptscope import audit_sampling  # (imported before the clock: the worst call is a cold query, not an import)
 from acceptscope.figures import tables as figures
 r = Reader(db)
+middle = r.request_count(runs[0]) // 2 if name == "requests@middle" else 0
 def call():
     if name == "reliability_bins":
         return figures.reliability_bins(r, runs)
@@ -104,6 +109,8 @@ def call():
             return str(e)
     if name == "requests":
         return r.requests(runs[0])
+    if name == "requests@middle":  # the page halfway down the run's requests
+        return r.requests(runs[0], offset=middle)
     if name == "step_costs":  # as the Cost panel asks: app/panels/cost.py's MAX_POINTS per run
         return r.step_costs(runs, 20_000)
     return getattr(r, name)(runs)
@@ -314,6 +321,30 @@ def grow(db: Path, copies_now: int, copies_to: int) -> None:
     con.close()
 
 
+def write_page_tail(db: Path, run: str = "syn-c") -> int:
+    """Leave ``run`` with the longest unsorted drill-down tail a writer leaves: new requests rows written
+    through the store (``Store.write_arrow``, whose summaries update adds them unsorted), as many as stay
+    under the threshold past which the writer sorts the run again. Returns the run's unsorted rows."""
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+
+    from acceptscope import summaries
+    from acceptscope.store import Store, fetch_arrow
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        (n_base,), = con.execute("SELECT n_base FROM sum_page_runs WHERE run_id = ?", [run]).fetchall()
+        (tail,), = con.execute("SELECT count(*) FROM sum_request_page WHERE run_id = ? AND pos IS NULL AND has_req",
+                               [run]).fetchall()
+        base = fetch_arrow(con, "SELECT * FROM base_requests WHERE run_id = ?", [run])
+    k = summaries._page_limit(n_base) - tail
+    if k > 0:
+        rows = base.take(pa.array(np.arange(k) % base.num_rows))
+        rows = rows.set_column(rows.schema.get_field_index("rid"), "rid", pa.array([f"tail.{i}" for i in range(k)]))
+        Store(db).write_arrow({"requests": rows})
+    return tail + max(k, 0)
+
+
 def ingest_row(workdir: Path, rows: int, timeout: float) -> dict:
     import msgspec
 
@@ -374,6 +405,10 @@ def main() -> None:
     ap.add_argument("--panel-repeats", type=int, default=5)
     ap.add_argument("--reuse", action="store_true", help="measure the store in --workdir as built before (grown "
                                                             "if a size asks for more), instead of building anew")
+    ap.add_argument("--page-tail", action="store_true",
+                    help="after the panels: the requests panel (first and middle page) again once syn-c holds the "
+                         "longest unsorted tail a writer leaves (new requests rows written through the store; "
+                         "they stay in the store)")
     ap.add_argument("--ingest-max", type=int, default=1_000_000)
     ap.add_argument("--report-max", type=int, default=1_000_000)
     ap.add_argument("--many-runs", type=int, default=0, help="instead: estimate over a store of N small runs")
@@ -439,6 +474,14 @@ def main() -> None:
                 runs = ["syn-c", "syn-cap"]
                 emit({"what": f"panel:{p}", "rows": n,
                       **_child(_PANEL, [str(db), p, json.dumps(runs), str(a.panel_repeats)], a.timeout)})
+        if a.page_tail and "panels" not in skip:
+            runs = json.dumps(["syn-c", "syn-cap"])
+            emit({"what": "panel:requests@middle", "rows": n, **_child(_PANEL, [str(db), "requests@middle", runs,
+                                                                             str(a.panel_repeats)], a.timeout)})
+            tail = write_page_tail(db)
+            for p in ("requests", "requests@middle"):
+                emit({"what": f"panel:{p} (unsorted tail {tail})", "rows": n,
+                      **_child(_PANEL, [str(db), p, runs, str(a.panel_repeats)], a.timeout)})
         if "report" not in skip and size <= a.report_max:
             emit({"what": "report", "rows": n, **cli(["report", "--db", str(db), "--run", "syn-c", "--run", "syn-cap",
                                                       "-o", str(a.workdir / "r.html")], a.timeout)})
