@@ -259,7 +259,7 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int, jsonl: bool
                     recs = make_records(n_steps=k, gamma=gamma, bs=bs, mode="cap-accept",
                                         seed=100 + rank + 7919 * (t + 1), first_fct=1, rid_prefix=f"d{rank}-T{t}-")
                     lines = b"".join(enc.encode({"rank": rank, "forward_ct": rec["forward_ct"], **q}) + b"\n"
-                                     for rec in recs for q in rec.get("reqs") or [])
+                                     for rec in recs for q in rec.get("reqs") or []) if jsonl else b""
                     templates[t] = (enc.encode(recs)[1:-1], lines, recs[-1]["forward_ct"],
                                     sum(len(rec.get("reqs") or []) for rec in recs))
                 body, lines, span, m = templates[t]
@@ -267,7 +267,8 @@ def build(tmp: Path, *, steps: int, bs: int, ranks: int, gamma: int, jsonl: bool
                 fresh = (lambda x: x.replace(b'"rid":"d%d-T%d-' % (rank, t), b'"rid":"d%d-%d-' % (rank, i)))
                 renum = (lambda x: fct_key.sub(lambda g: b'"forward_ct":%d' % (int(g.group(1)) + shift), x))
                 d.write((b"," if i else b"") + fresh(renum(body)))
-                f.write(fresh(renum(lines)))
+                if jsonl:
+                    f.write(fresh(renum(lines)))
                 n += m
                 fct += span
             d.write(b"]" + post)

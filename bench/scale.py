@@ -333,9 +333,7 @@ def write_page_tail(db: Path, run: str = "syn-c") -> int:
     from acceptscope.store import Store, fetch_arrow
 
     with duckdb.connect(str(db), read_only=True) as con:
-        (n_base,), = con.execute("SELECT n_base FROM sum_page_runs WHERE run_id = ?", [run]).fetchall()
-        (tail,), = con.execute("SELECT count(*) FROM sum_request_page WHERE run_id = ? AND pos IS NULL AND has_req",
-                               [run]).fetchall()
+        n_base, tail = summaries._page_tails(con, [run])[run]
         base = fetch_arrow(con, "SELECT * FROM base_requests WHERE run_id = ?", [run])
     k = summaries._page_limit(n_base) - tail
     if k > 0:
@@ -469,19 +467,17 @@ def main() -> None:
             print(f"note: {db} holds {n} request-steps; measuring it as is for size {size}", flush=True)
         if "estimate" not in skip:
             emit({"what": "estimate", "rows": n, **cli(["estimate", "--db", str(db), "--run", "syn-c", "--json"], a.timeout)})
+        def panel(p: str, label: str = "") -> None:
+            emit({"what": f"panel:{p}{label}", "rows": n,
+                  **_child(_PANEL, [str(db), p, json.dumps(["syn-c", "syn-cap"]), str(a.panel_repeats)], a.timeout)})
         if "panels" not in skip:
             for p in PANELS:
-                runs = ["syn-c", "syn-cap"]
-                emit({"what": f"panel:{p}", "rows": n,
-                      **_child(_PANEL, [str(db), p, json.dumps(runs), str(a.panel_repeats)], a.timeout)})
+                panel(p)
         if a.page_tail and "panels" not in skip:
-            runs = json.dumps(["syn-c", "syn-cap"])
-            emit({"what": "panel:requests@middle", "rows": n, **_child(_PANEL, [str(db), "requests@middle", runs,
-                                                                             str(a.panel_repeats)], a.timeout)})
+            panel("requests@middle")
             tail = write_page_tail(db)
             for p in ("requests", "requests@middle"):
-                emit({"what": f"panel:{p} (unsorted tail {tail})", "rows": n,
-                      **_child(_PANEL, [str(db), p, runs, str(a.panel_repeats)], a.timeout)})
+                panel(p, f" (unsorted tail {tail})")
         if "report" not in skip and size <= a.report_max:
             emit({"what": "report", "rows": n, **cli(["report", "--db", str(db), "--run", "syn-c", "--run", "syn-cap",
                                                       "-o", str(a.workdir / "r.html")], a.timeout)})
