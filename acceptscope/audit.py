@@ -33,7 +33,7 @@ from acceptscope.parity import check_parity
 from acceptscope.reader import Reader
 from acceptscope.report import Thresholds, write_report
 from acceptscope.store import Store
-from estimators.calibration import StsCalibrator, calibration_data
+from acceptscope.estimators.calibration import StsCalibrator, calibration_data
 
 PRODUCTION_ARM = "compact"
 AUDIT_ARM = "cap-accept"

@@ -21,15 +21,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-import estimators
+from acceptscope import estimators
 from acceptscope import schema
 from acceptscope.figures import figure_of
 from acceptscope.figures.estimates import one_based_positions
 from acceptscope.reader import Reader
 from acceptscope.store import Store
-from estimators.calibration import CalibrationResult
-from estimators.stream import read_sample
-from estimators.validation import validate
+from acceptscope.estimators.calibration import CalibrationResult
+from acceptscope.estimators.stream import read_sample
+from acceptscope.estimators.validation import validate
 
 MAX_TABLE_ROWS = 40
 VALIDATION_ROWS = 1 << 17  # the validation harness runs on at most this many request-steps of a run: its in-memory

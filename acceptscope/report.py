@@ -35,7 +35,7 @@ from acceptscope.figures.estimates import tail_truth_figure
 from acceptscope.parity import PAIR_KEY, ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
-from estimators.bootstrap import cluster_weights, request_keys
+from acceptscope.estimators.bootstrap import cluster_weights, request_keys
 
 # section ids, in page order (tests check that each is present)
 SECTIONS = ("summary", "runs", "regime", "curve", "parity", "calibration", "survival", "windows", "utilization",

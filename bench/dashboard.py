@@ -90,7 +90,7 @@ print(json.dumps({"panels": {k: [float(np.percentile(v, 50)), float(np.percentil
 def base_tables() -> dict[str, dict[str, pa.Table]]:
     """The two runs' template tables (one audit pair), as Arrow in the record model's types."""
     from acceptscope import schema
-    from estimators.synthetic import compact_view, simulate
+    from acceptscope.estimators.synthetic import compact_view, simulate
 
     t = simulate(n_requests=400, seed=1).tables
     cap = {k: t[k] for k in ("runs", *TABLES)}

@@ -118,8 +118,8 @@ def _timed(f, repeats: int):
 
 def bench_tail(rows: int, sglang_steps: int, seed: int = 0, repeats: int = 3, vocab: int = 32,
                base_requests: int = 400, sglang: bool = True) -> dict:
-    from estimators.synthetic import compact_view, simulate
-    from estimators.tail import TailEstimator
+    from acceptscope.estimators.synthetic import compact_view, simulate
+    from acceptscope.estimators.tail import TailEstimator
 
     base = simulate(n_requests=base_requests, seed=seed, keep_step_tensors=True, vocab=vocab)
     train = simulate(n_requests=base_requests, seed=seed + 1, vocab=vocab)
@@ -182,7 +182,7 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0, repeats: int = 3, vo
                 # cross-check: our recomputation of SGLang's bracket from its own JSONL
                 import pandas as pd
 
-                from estimators.bracket import bracket_from_jsonl
+                from acceptscope.estimators.bracket import bracket_from_jsonl
 
                 recs = [json.loads(x) for x in lines]
                 rows_ = pd.DataFrame([dict(run_id="r", rid=x["rid"], fct=x["fct"], w=x["w"], cl=x["cl"], ct=x["ct"],
@@ -201,9 +201,9 @@ def bench_tail(rows: int, sglang_steps: int, seed: int = 0, repeats: int = 3, vo
 
 
 def bench_sts(seed: int = 0) -> dict:
-    from estimators.calibration import StsCalibrator, calibration_data, survival
-    from estimators.calibration_metrics import ece
-    from estimators.synthetic import simulate
+    from acceptscope.estimators.calibration import StsCalibrator, calibration_data, survival
+    from acceptscope.estimators.calibration_metrics import ece
+    from acceptscope.estimators.synthetic import simulate
 
     d = calibration_data(simulate(n_requests=2000, seed=seed + 7).tables["request_steps"])
     tr, te = d.split(seed=seed)

@@ -126,7 +126,7 @@ _MANY = r"""
 import json, sys, time, os
 db, mode, n_boot = sys.argv[1], sys.argv[2], int(sys.argv[3])
 from acceptscope.store import Store
-import estimators
+from acceptscope import estimators
 st = Store(db, read_only=True)
 ids = sorted(st.runs().run_id)
 t0, c0 = time.perf_counter(), time.process_time()
@@ -149,8 +149,8 @@ print(json.dumps({"seconds": sec, "cpu_seconds": cpu, "runs": len(ids), "s_per_r
 
 _PHASES = r"""
 import json, os, sys, threading, time
-import estimators
-import estimators.stream as S
+from acceptscope import estimators
+import acceptscope.estimators.stream as S
 from acceptscope.store import Store
 phase, peaks = ["start"], {}
 def rss():
@@ -210,7 +210,7 @@ def cli(args: list[str], timeout: float) -> dict:
 def build_base(db: Path) -> int:
     """The template store: truth run ``syn-cap`` and compact run ``syn-c``; returns syn-c's rows."""
     from acceptscope.store import Store
-    from estimators.synthetic import compact_view, simulate
+    from acceptscope.estimators.synthetic import compact_view, simulate
 
     st = Store(db)
     st.append(simulate(n_requests=400, seed=1).tables)
@@ -233,7 +233,7 @@ def build_many(db: Path, copies: int, n_requests: int) -> int:
     import duckdb
 
     from acceptscope.store import Store
-    from estimators.synthetic import compact_view, simulate
+    from acceptscope.estimators.synthetic import compact_view, simulate
 
     st = Store(db)
     a = dict(simulate(n_requests=n_requests, seed=1).tables)

@@ -41,5 +41,5 @@ print(json.dumps({"arm": r["run"]["arm"], "ceiling": s["ceiling"], "n_censored":
   COLUMNS=120 $A report --db "$DB" --run "$run" -o "$OUT/$s.report.html" 2>&1 | grep -v '^\s*$' || true
   echo
 done
-echo "\$ python -m estimators.scenario_validation $OUT"
-.venv/bin/python -W ignore -m estimators.scenario_validation "$OUT"
+echo "\$ python -m acceptscope.estimators.scenario_validation $OUT"
+.venv/bin/python -W ignore -m acceptscope.estimators.scenario_validation "$OUT"

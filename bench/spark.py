@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def make_lake(root: Path, n_requests: int, seed: int = 0) -> tuple[Path, Path, int]:
     from acceptscope.export import export_parquet
     from acceptscope.store import Store
-    from estimators.synthetic import compact_view, simulate
+    from acceptscope.estimators.synthetic import compact_view, simulate
 
     sim = simulate(n_requests=n_requests, seed=seed)
     t = dict(sim.tables)
@@ -81,8 +81,8 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
 
     from acceptscope.store import Store
-    from estimators import run_all, to_jsonable
-    from estimators.spark import LakeStore, SparkTail, run_lake, spark_session, sts_fit_lake
+    from acceptscope.estimators import run_all, to_jsonable
+    from acceptscope.estimators.spark import LakeStore, SparkTail, run_lake, spark_session, sts_fit_lake
 
     root = Path(tempfile.mkdtemp(prefix="acceptscope-spark-bench-", dir=a.dir))
     t0 = time.perf_counter()
@@ -92,8 +92,8 @@ def main(argv=None) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     local = to_jsonable(run_all(Store(db), a.run))
     local_s, local_cpu = time.perf_counter() - t0, time.process_time() - c0
-    from estimators import load_run
-    from estimators.calibration import StsCalibrator, calibration_data
+    from acceptscope.estimators import load_run
+    from acceptscope.estimators.calibration import StsCalibrator, calibration_data
 
     d = calibration_data(load_run(Store(db), "syn-cap")["request_steps"], "realized")
     sts_local = StsCalibrator("smooth-nll").fit(d.z, d.y).temperatures_

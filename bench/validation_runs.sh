@@ -22,4 +22,4 @@ run val-T0-b8 0 11 8
 for s in $(seq 11 24); do run "val-T1-s$s" 1 "$s" 32; done
 for s in 31 32 33 34; do run "val-T0.7-s$s" 0.7 "$s" 16; done
 
-.venv/bin/python -m estimators.validation "$DIR"/*.duckdb --json "$DIR/validation.json" | tee "$DIR/validation.txt"
+.venv/bin/python -m acceptscope.estimators.validation "$DIR"/*.duckdb --json "$DIR/validation.json" | tee "$DIR/validation.txt"

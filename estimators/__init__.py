@@ -9,8 +9,8 @@ Example::
 
     >>> import tempfile, os
     >>> from acceptscope.store import Store
-    >>> from estimators.synthetic import simulate
-    >>> from estimators import run_all
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators import run_all
     >>> sim = simulate(n_requests=40, seed=1)
     >>> st = Store(os.path.join(tempfile.mkdtemp(), "t.duckdb"))
     >>> _ = st.append({k: v for k, v in sim.tables.items()})
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 # the facade lives in estimators.run and the steps it shares with the streamed and Spark paths in
 # estimators.run_data (their own modules so that estimators.stream imports them at module top, without
-# a cycle through this file). Importing them here costs `import estimators.tail` +1.2 s (the live
+# a cycle through this file). Importing them here costs `import acceptscope.estimators.tail` +1.2 s (the live
 # exporter: +1.3 s) and nothing after `import acceptscope.report` or `acceptscope.figures`.
-from estimators.run import STREAM_ROWS, LocalTail, run_all, run_all_runs
-from estimators.run_data import (RUN_KEYS, fit_calibration, fit_cost, hazard_compatibility, hazard_runs, load_run,
+from acceptscope.estimators.run import STREAM_ROWS, LocalTail, run_all, run_all_runs
+from acceptscope.estimators.run_data import (RUN_KEYS, fit_calibration, fit_cost, hazard_compatibility, hazard_runs, load_run,
                                  read_training, sglang_bracket, sts_in_force, to_jsonable)
-from estimators.run_data import _Table as _Table  # (acceptscope.figures.estimates draws it)
+from acceptscope.estimators.run_data import _Table as _Table  # (acceptscope.figures.estimates draws it)
 
 __all__ = ["run_all", "run_all_runs", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility", "hazard_runs",
            "read_training", "RUN_KEYS", "STREAM_ROWS", "LocalTail", "sglang_bracket", "fit_calibration", "fit_cost"]

@@ -19,7 +19,7 @@ Two functions make the aggregate interface (issue 14 reuses them on Spark):
 Example::
 
     >>> import pandas as pd
-    >>> from estimators.bootstrap import request_stats, aggregate_stats
+    >>> from acceptscope.estimators.bootstrap import request_stats, aggregate_stats
     >>> b = pd.DataFrame({"run_id": "r", "rid": ["a", "a", "b", "c"], "workload": ["x", "x", None, "x"],
     ...                   "mean": [1.0, 2.0, 3.0, 2.5], "var": [0.0, 0.5, 0.0, 0.2],
     ...                   "censored": [False, True, False, True]})

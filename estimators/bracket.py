@@ -17,8 +17,8 @@ own estimates so the two can be compared on the same blocks.
 
 Example::
 
-    >>> from estimators.synthetic import simulate
-    >>> from estimators.bracket import bracket_from_jsonl
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators.bracket import bracket_from_jsonl
     >>> sim = simulate(n_requests=40, seed=4)
     >>> br = bracket_from_jsonl(sim.tables["estimator_rows"], sim.tables["estimator_gather"])
     >>> bool((br.hi >= br.lo - 1e-9).all()) and set(br.category) <= {
@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from estimators.frame import BlockFrame, padded
+from acceptscope.estimators.frame import BlockFrame, padded
 
 
 def _walk_bracket(w, G, plp, qlp, present, diverged, eos):

@@ -22,8 +22,8 @@ and AUROC with request-clustered bootstrap CIs, before and after, for each metho
 
 Example::
 
-    >>> from estimators.synthetic import simulate
-    >>> from estimators.calibration import calibration_data, StsCalibrator
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators.calibration import calibration_data, StsCalibrator
     >>> d = calibration_data(simulate(n_requests=60, seed=6).tables["request_steps"])
     >>> cal = StsCalibrator("smooth-nll").fit(d.z, d.y)
     >>> len(cal.temperatures_) == d.z.shape[1] and all(t > 0 for t in cal.temperatures_)
@@ -47,9 +47,9 @@ import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
 from acceptscope.engine.sts import sts_problem
-from estimators.bootstrap import row_request_keys
-from estimators.calibration_metrics import ece, ece_rows, position_metrics, reliability_table
-from estimators.frame import BlockFrame, padded
+from acceptscope.estimators.bootstrap import row_request_keys
+from acceptscope.estimators.calibration_metrics import ece, ece_rows, position_metrics, reliability_table
+from acceptscope.estimators.frame import BlockFrame, padded
 
 METHODS = ("sequential-ece", "smooth-nll", "smooth-brier")
 STEP_BLOCK_ROWS = 32  # rows of an STS shard held out together when it has no request ids

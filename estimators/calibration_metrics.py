@@ -20,7 +20,7 @@ resampling (the same reason Kumar et al.'s library uses a debiased bootstrap).
 Example::
 
     >>> import numpy as np
-    >>> from estimators.calibration_metrics import ece
+    >>> from acceptscope.estimators.calibration_metrics import ece
     >>> p = np.array([0.05, 0.15, 0.95, 0.95]); y = np.array([0, 1, 1, 1])
     >>> round(ece(p, y, 15), 4)   # bins {0}:|.05-0|, {2}:|.15-1|, {14}:|.95-1| weighted 1,1,2
     0.25
@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from estimators.bootstrap import cluster_weights
+from acceptscope.estimators.bootstrap import cluster_weights
 
 EPS = 1e-8
 METRICS = ("ece", "ece_mass", "ece_debiased", "brier", "nll", "auroc")

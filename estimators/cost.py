@@ -12,8 +12,8 @@ and counted. Accuracy is reported in-sample and on a held-out split of steps.
 
 Example::
 
-    >>> from estimators.synthetic import simulate
-    >>> from estimators.cost import CostModel
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators.cost import CostModel
     >>> sim = simulate(n_requests=80, seed=7)
     >>> fit = CostModel().fit(sim.tables["steps"])
     >>> fit.result_.n_dropped_null > 0 and fit.table_.bias_seconds > 0

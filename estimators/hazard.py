@@ -54,9 +54,9 @@ drafts on the reference engine.
 
 Example::
 
-    >>> from estimators.synthetic import simulate
-    >>> from estimators.frame import BlockFrame
-    >>> from estimators.hazard import HazardModel
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators.frame import BlockFrame
+    >>> from acceptscope.estimators.hazard import HazardModel
     >>> bf = BlockFrame.from_request_steps(simulate(n_requests=60, seed=2).tables["request_steps"])
     >>> hm = HazardModel().fit(bf)
     >>> h = hm.predict(bf)
@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from estimators.frame import BlockFrame
+from acceptscope.estimators.frame import BlockFrame
 
 _CLIP = 1e-4
 KEYS = ("temperature", "workload")  # what the logistic hazard is keyed by, beyond cell, walk state, greedy

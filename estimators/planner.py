@@ -16,7 +16,7 @@ each extra token costs 10% of the base step)::
 
     >>> import numpy as np
     >>> from acceptscope.engine.sps import SpsTableAdditive
-    >>> from estimators.planner import budget_rule
+    >>> from acceptscope.estimators.planner import budget_rule
     >>> t = SpsTableAdditive(1.0, [1, 2], [0.0, 0.0], [1, 3], [0.0, 0.2])
     >>> budget_rule(np.array([[0.9, 0.5]]), t)["budget"]   # theta: 1/1, 1.9/1.1, 2.4/1.2
     2
@@ -31,8 +31,8 @@ import pandas as pd
 
 from acceptscope.engine.scheduler import compute_budget
 from acceptscope.engine.sps import SpsTable
-from estimators.bootstrap import group_codes
-from estimators.frame import BlockFrame
+from acceptscope.estimators.bootstrap import group_codes
+from acceptscope.estimators.frame import BlockFrame
 
 def budget_rule(S_lag: np.ndarray, table: SpsTable) -> dict:
     """SGLang's ``compute_verify_token_budget`` on an ``(N, G)`` lagged-survival matrix (the engine's rule)."""

@@ -7,16 +7,16 @@ from typing import Any
 
 import pandas as pd
 
-from estimators.bracket import trim_counters
-from estimators.calibration import calibration_data
-from estimators.frame import BlockFrame
-from estimators.planner import audit
-from estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, read_training,
+from acceptscope.estimators.bracket import trim_counters
+from acceptscope.estimators.calibration import calibration_data
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.planner import audit
+from acceptscope.estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, read_training,
                                  sglang_bracket, sts_in_force)
-from estimators.stream import run_all_stream
-from estimators.tail import TailEstimator
-from estimators.utilization import utilization
-from estimators.validation import batch_band
+from acceptscope.estimators.stream import run_all_stream
+from acceptscope.estimators.tail import TailEstimator
+from acceptscope.estimators.utilization import utilization
+from acceptscope.estimators.validation import batch_band
 
 # run_all streams runs bigger than this (estimators.stream). Why 256k: estimated in memory a run costs
 # ~3.7 GB per million request-steps (1M: 3.7 GB, 64 CPU-s) where the streamed pass holds ~1.5 GB at

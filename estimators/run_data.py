@@ -20,10 +20,10 @@ from acceptscope import schema
 from acceptscope.store import Store, fetch_arrow
 from acceptscope.engine.sps import parse_sps
 from acceptscope.ingest.links import named_tables
-from estimators.bracket import bracket_from_jsonl
-from estimators.calibration import compare
-from estimators.cost import CostModel, table_from_long
-from estimators.hazard import temperature_key
+from acceptscope.estimators.bracket import bracket_from_jsonl
+from acceptscope.estimators.calibration import compare
+from acceptscope.estimators.cost import CostModel, table_from_long
+from acceptscope.estimators.hazard import temperature_key
 
 RUN_KEYS = ("arm", "engine", "gamma", "temperature", "sts_hash", "sps_hash")  # the run row in run_all's results
 

@@ -18,7 +18,7 @@ estimators the way ``acceptscope estimate`` / ``calibrate`` do, and scores them:
 Run::
 
     .venv-sglang/bin/python fixtures/sglang/scenarios.py /tmp/scen
-    python -m estimators.scenario_validation /tmp/scen
+    python -m acceptscope.estimators.scenario_validation /tmp/scen
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import pandas as pd
 
 from acceptscope.ingest import ingest_paths
 from acceptscope.store import Store
-from estimators import load_run, run_all, sts_in_force
-from estimators.calibration import calibration_data, compare
-from estimators.validation import validate
+from acceptscope.estimators import load_run, run_all, sts_in_force
+from acceptscope.estimators.calibration import calibration_data, compare
+from acceptscope.estimators.validation import validate
 
 LEVELS = (0.8, 0.9, 0.95)
 

@@ -56,15 +56,15 @@ from scipy.optimize import minimize_scalar
 
 from acceptscope import schema
 from acceptscope.store import incomplete_runs
-from estimators.bootstrap import aggregate_from_sums, replicate_sums, row_request_keys
-from estimators.calibration import LOG_T_BOUNDS, calibration_data
-from estimators.frame import BlockFrame
-from estimators.planner import audit
-from estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
+from acceptscope.estimators.bootstrap import aggregate_from_sums, replicate_sums, row_request_keys
+from acceptscope.estimators.calibration import LOG_T_BOUNDS, calibration_data
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.planner import audit
+from acceptscope.estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
                                  sts_in_force, to_jsonable)
-from estimators.stream import (PLANNER_ROWS, TAIL_COLUMNS, StreamTail, _planner_window, _RunAcc, sample_from_counts,
+from acceptscope.estimators.stream import (PLANNER_ROWS, TAIL_COLUMNS, StreamTail, _planner_window, _RunAcc, sample_from_counts,
                                aggregate_specs, whole_requests)
-from estimators.tail import TailEstimator
+from acceptscope.estimators.tail import TailEstimator
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")

@@ -35,8 +35,8 @@ Example::
 
     >>> import tempfile, os
     >>> from acceptscope.store import Store
-    >>> from estimators.synthetic import simulate
-    >>> from estimators.stream import run_all_stream
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators.stream import run_all_stream
     >>> st = Store(os.path.join(tempfile.mkdtemp(), "t.duckdb"))
     >>> _ = st.append(simulate(n_requests=40, seed=1).tables)
     >>> a = run_all_stream(st, n_boot=20, chunk_rows=200)["syn-cap"]
@@ -60,16 +60,16 @@ import pyarrow.compute as pc
 
 from acceptscope import schema
 from acceptscope.store import fetch_arrow, fetch_arrow_reader
-from estimators.bootstrap import (add_sums, aggregate_from_sums, aggregate_stats, group_codes, replicate_sums,
+from acceptscope.estimators.bootstrap import (add_sums, aggregate_from_sums, aggregate_stats, group_codes, replicate_sums,
                                   request_keys, request_stats, row_request_keys, shift_sums, uniforms)
-from estimators.calibration import CalData, calibration_data
-from estimators.frame import BlockFrame
-from estimators.planner import audit
-from estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
+from acceptscope.estimators.calibration import CalData, calibration_data
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.planner import audit
+from acceptscope.estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
                                  sts_in_force, temperature_filled_select)
-from estimators.tail import TailEstimator, observation_statement
-from estimators.utilization import UtilizationResult
-from estimators.validation import batch_band
+from acceptscope.estimators.tail import TailEstimator, observation_statement
+from acceptscope.estimators.utilization import UtilizationResult
+from acceptscope.estimators.validation import batch_band
 
 GROUPINGS = ((), ("workload",), ("band",))
 TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window", "correct_drafts",

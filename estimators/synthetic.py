@@ -22,7 +22,7 @@ faithful world:
 ``simulate(...)`` returns the tables of a **cap-accept** run (truth in ``ceiling``);
 ``compact_view`` hides what a compact run would not have. Example::
 
-    >>> from estimators.synthetic import simulate, compact_view
+    >>> from acceptscope.estimators.synthetic import simulate, compact_view
     >>> sim = simulate(n_requests=40, seed=1)
     >>> rs = sim.tables["request_steps"]
     >>> bool((rs.ceiling >= rs.correct_drafts).all())
@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from estimators.frame import BlockFrame
+from acceptscope.estimators.frame import BlockFrame
 
 WORKLOADS = {
     # name: (target sharpness lambda, drafter noise sigma, mean completion length)

@@ -32,13 +32,13 @@ its conditional acceptance probability ``h_k`` (given ``d_<k`` accepted):
 
 Example::
 
-    >>> from estimators.synthetic import simulate, compact_view
-    >>> from estimators.tail import TailEstimator
+    >>> from acceptscope.estimators.synthetic import simulate, compact_view
+    >>> from acceptscope.estimators.tail import TailEstimator
     >>> sim = simulate(n_requests=80, seed=3)
     >>> rs = sim.tables["request_steps"]
     >>> est = TailEstimator().fit(rs)            # hazards from cap-accept truth
     >>> res = est.estimate(compact_view(rs))     # estimate as if compact (ceiling hidden)
-    >>> from estimators.frame import BlockFrame
+    >>> from acceptscope.estimators.frame import BlockFrame
     >>> truth = BlockFrame.from_request_steps(rs).ceiling   # same row order
     >>> g = res.blocks.assign(truth=truth)
     >>> g = g[g["mode"] == "greedy"]
@@ -54,9 +54,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from estimators.bootstrap import aggregate_stats, cluster_weights, request_stats, row_request_keys, shift_sums
-from estimators.frame import BlockFrame
-from estimators.hazard import HazardModel
+from acceptscope.estimators.bootstrap import aggregate_stats, cluster_weights, request_stats, row_request_keys, shift_sums
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.hazard import HazardModel
 
 LEVELS = (0.8, 0.9, 0.95)
 _MODES = ("exact-in-window", "greedy", "logprob", "confidence")  # blocks.mode, by code

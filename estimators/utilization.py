@@ -13,8 +13,8 @@ contrast: under trimming it understates the drafter.
 
 Example::
 
-    >>> from estimators.synthetic import simulate
-    >>> from estimators.utilization import utilization
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators.utilization import utilization
     >>> u = utilization(simulate(n_requests=60, seed=9).tables["request_steps"])
     >>> r = u.by_group[u.by_group.by == "run"].iloc[0]
     >>> bool(0 < r.utilization <= 1 and r.exact and r.in_window_accept_rate >= r.spec_accept_rate)
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from estimators.frame import BlockFrame
-from estimators.tail import TailResult
-from estimators.validation import batch_band
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.tail import TailResult
+from acceptscope.estimators.validation import batch_band
 
 
 @dataclass

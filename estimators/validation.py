@@ -22,8 +22,8 @@ Folds are by prompt (``rid``): runs of one workload mix share prompts across see
 
 Example::
 
-    >>> from estimators.synthetic import simulate
-    >>> from estimators.validation import validate
+    >>> from acceptscope.estimators.synthetic import simulate
+    >>> from acceptscope.estimators.validation import validate
     >>> sim = simulate(n_requests=120, seed=5)
     >>> v = validate(sim.tables["request_steps"], steps=sim.tables["steps"], folds=2, n_boot=50, hazard_boot=3)
     >>> g = v.per_mode.set_index("mode").loc["greedy"]
@@ -43,11 +43,11 @@ import pandas as pd
 
 from acceptscope.ingest import ingest_paths
 from acceptscope.store import Store
-from estimators.bracket import bracket_from_frame, bracket_from_jsonl
-from estimators.frame import BlockFrame, padded
-from estimators.hazard import KEYS, HazardModel
-from estimators.synthetic import simulate
-from estimators.tail import TailEstimator, TailResult, _quantile_intervals
+from acceptscope.estimators.bracket import bracket_from_frame, bracket_from_jsonl
+from acceptscope.estimators.frame import BlockFrame, padded
+from acceptscope.estimators.hazard import KEYS, HazardModel
+from acceptscope.estimators.synthetic import simulate
+from acceptscope.estimators.tail import TailEstimator, TailResult, _quantile_intervals
 
 BANDS = (0, 8, 16, 32, 64, 128, 1 << 30)
 
@@ -424,7 +424,7 @@ def load_truth_runs(dbs, runs=None, verbose: bool = True):
 
 
 def main(argv=None) -> None:
-    """``python -m estimators.validation DB [DB ...] [--run RUN ...] [--sglang DIR] [--synthetic N] [--json out.json]``:
+    """``python -m acceptscope.estimators.validation DB [DB ...] [--run RUN ...] [--sglang DIR] [--synthetic N] [--json out.json]``:
     validate on every truth-bearing run of the given databases (pooled, cross-fitted by prompt), or
     on SGLang artifacts (``--sglang fixtures/sglang``: ingested into a temporary database first)."""
     ap = argparse.ArgumentParser(description="Hide the ceiling of truth-bearing runs and validate the tail estimator.")

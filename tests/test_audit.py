@@ -134,7 +134,7 @@ def test_sampled_inference_coverage():
     most replicates and is far narrower than the audited sample alone. (Measured on a real
     240-request reference-engine audit: 90% at 10%, 95% at 25%; see the surfaces report.)"""
     import pandas as pd
-    from estimators.synthetic import simulate
+    from acceptscope.estimators.synthetic import simulate
 
     rs = simulate(n_requests=240, seed=2).tables["request_steps"]
     g = rs.assign(x=1 + rs["survival"].map(lambda v: float(np.sum(v))), y=rs["ceiling"] + 1).groupby("rid")

@@ -256,7 +256,8 @@ def test_runs_record_the_sps_and_sts_table_rows_under_their_hash(db, pair, monke
     assert sorted(zip(sts_rows.position, sts_rows.temperature)) == [(r["position"], r["temperature"]) for r in want_sts]
     assert st.query_df("SELECT count(*) AS n FROM rejects").n[0] == 0
     # the estimators read the run's tables from these rows, not from the file
-    import estimators.run_data
+    import acceptscope.estimators.run_data
+    from acceptscope import estimators
 
     monkeypatch.setattr(estimators.run_data, "_sps_from_config", lambda *a: pytest.fail("fell back to the SPS file"))
     data = estimators.load_run(st, "t-compact")

@@ -12,7 +12,7 @@ import torch
 from acceptscope.engine import sps as sps_mod
 from acceptscope.engine import sts as sts_mod
 from acceptscope.engine.scheduler import LaggedSurvival, allocate, compute_budget, schedule_step
-from estimators.calibration import survival
+from acceptscope.estimators.calibration import survival
 
 ADD = sps_mod.SpsTableAdditive(0.010, [1, 8, 32], [0.0, 0.002, 0.006], [1, 16, 64, 256], [0.0, 0.001, 0.008, 0.05])
 ONE_D = sps_mod.SpsTable1D([1, 8, 16, 64, 128], [100.0, 90.0, 70.0, 40.0, 20.0], 256)

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from acceptscope.figures import figure_of
-from estimators.calibration import (StsCalibrator, calibration_data, check_sglang_sts, compare, fit_grid, fit_smooth,
+from acceptscope.estimators.calibration import (StsCalibrator, calibration_data, check_sglang_sts, compare, fit_grid, fit_smooth,
                                     sglang_grid, survival)
-from estimators.calibration_metrics import _Prepared, ece, ece_binned, ece_rows
-from estimators.synthetic import simulate
+from acceptscope.estimators.calibration_metrics import _Prepared, ece, ece_binned, ece_rows
+from acceptscope.estimators.synthetic import simulate
 
 SGLANG_PY = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
 

@@ -11,10 +11,10 @@ import pytest
 
 from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive, parse_sps
 from acceptscope.figures import figure_of
-from estimators.cost import CostModel, step_seconds_at_tokens
-from estimators.frame import BlockFrame
-from estimators.planner import audit, budget_rule, lagged_survival
-from estimators.synthetic import simulate
+from acceptscope.estimators.cost import CostModel, step_seconds_at_tokens
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.planner import audit, budget_rule, lagged_survival
+from acceptscope.estimators.synthetic import simulate
 
 
 def _steps(n=1500, seed=0, null_frac=0.3):

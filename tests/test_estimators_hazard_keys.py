@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from acceptscope.store import Store
-from estimators.frame import BlockFrame
-from estimators.hazard import HazardModel
-from estimators.run_data import hazard_compatibility, hazard_runs
-from estimators.synthetic import compact_view, simulate
-from estimators.tail import TailEstimator
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.hazard import HazardModel
+from acceptscope.estimators.run_data import hazard_compatibility, hazard_runs
+from acceptscope.estimators.synthetic import compact_view, simulate
+from acceptscope.estimators.tail import TailEstimator
 
 G = 4
 # true logit offsets per level: at a given confidence, T = 0.7 accepts less than T = 1, and "chat"
@@ -144,7 +144,7 @@ def test_hazard_compatibility_matches_temperatures_not_greedy_share(tmp_path):
 
 
 def test_validation_cli_refuses_an_unknown_hazard_key(capsys):
-    from estimators.validation import main
+    from acceptscope.estimators.validation import main
 
     with pytest.raises(SystemExit) as e:
         main(["--hazard-keys", "temperature,prompt", "missing.duckdb"])

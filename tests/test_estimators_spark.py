@@ -29,7 +29,7 @@ RTOL = 1e-6
 
 @pytest.fixture(scope="module")
 def spark():
-    from estimators.spark import spark_session
+    from acceptscope.estimators.spark import spark_session
 
     s = spark_session("local[2]", shuffle_partitions=2)
     yield s
@@ -120,8 +120,8 @@ def test_lake_read_as_exported_and_partitioning_does_not_matter(ref, spark):
     from the executors is sums (a few payloads, one per partition), not request-steps."""
     from pyspark.sql.types import IntegerType, StringType
 
-    from estimators import to_jsonable
-    from estimators.spark import LakeStore, SparkTail, run_lake
+    from acceptscope.estimators import to_jsonable
+    from acceptscope.estimators.spark import LakeStore, SparkTail, run_lake
 
     db, lake = ref
     store = LakeStore(spark, lake)
@@ -140,7 +140,7 @@ def test_lake_read_as_exported_and_partitioning_does_not_matter(ref, spark):
     worst, m = _compare(results[0], results[1])
     assert m > 200 and worst <= RTOL
     # and with the single-machine path's seeds they are its results
-    from estimators import run_all
+    from acceptscope.estimators import run_all
 
     local = to_jsonable(run_all(Store(db), "0100", n_boot=50, hazard_boot=5, seed=3))
     worst, m = _compare(local, results[1])
@@ -151,9 +151,9 @@ def test_sts_fit_over_the_lake_equals_calibrate(sgl, spark):
     """``acceptscope calibrate``'s final fit (smooth-nll, every sample) from per-position binned sums
     aggregated on the executors. The local fit is itself determined only to the optimizer's
     tolerance (``xatol=1e-5`` in log T): summation order alone moves it by a few 1e-6."""
-    from estimators import load_run, sts_in_force
-    from estimators.calibration import StsCalibrator, calibration_data
-    from estimators.spark import LakeStore, sts_fit_lake
+    from acceptscope.estimators import load_run, sts_in_force
+    from acceptscope.estimators.calibration import StsCalibrator, calibration_data
+    from acceptscope.estimators.spark import LakeStore, sts_fit_lake
 
     db, lake = sgl
     run = next(r for r in Store(db).runs().run_id if "cap-accept" in r)
@@ -175,7 +175,7 @@ def test_replicate_partial_sums_add_up_to_the_aggregate():
     requests: the keyed Poisson bootstrap does not depend on the partitioning."""
     import pandas as pd
 
-    from estimators.bootstrap import aggregate_from_sums, aggregate_stats, replicate_sums, request_stats, shift_sums
+    from acceptscope.estimators.bootstrap import aggregate_from_sums, aggregate_stats, replicate_sums, request_stats, shift_sums
 
     rng = np.random.default_rng(1)
     n = 3000

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from acceptscope.store import Store
-from estimators.frame import NO_WORKLOAD
-from estimators import run_all, to_jsonable
-from estimators.bootstrap import aggregate_stats, poisson_weights, request_keys, request_stats
-from estimators.stream import run_all_stream
-from estimators.synthetic import compact_view, simulate
+from acceptscope.estimators.frame import NO_WORKLOAD
+from acceptscope.estimators import run_all, to_jsonable
+from acceptscope.estimators.bootstrap import aggregate_stats, poisson_weights, request_keys, request_stats
+from acceptscope.estimators.stream import run_all_stream
+from acceptscope.estimators.synthetic import compact_view, simulate
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_bootstrap_draws_are_keyed_by_request_not_position():
 
 
 def test_cluster_weights_are_shared_per_cluster_and_keyed_by_it():
-    from estimators.bootstrap import cluster_weights
+    from acceptscope.estimators.bootstrap import cluster_weights
 
     g = np.array(["a", "b", "a", "c", "b", "a"], dtype=object)
     W = cluster_weights(g, 50, seed=3)
@@ -87,8 +87,8 @@ def test_cluster_weights_are_shared_per_cluster_and_keyed_by_it():
 def test_logistic_hazard_fit_on_distinct_rows_equals_the_row_by_row_fit():
     """The fit on distinct design rows (summed weights) optimises the same objective as one row per
     training position: the penalised objective at its solution equals the row-by-row fit's (to 1e-6)."""
-    from estimators.frame import BlockFrame
-    from estimators.tail import TailEstimator
+    from acceptscope.estimators.frame import BlockFrame
+    from acceptscope.estimators.tail import TailEstimator
 
     rs = compact_view(simulate(n_requests=60, seed=4).tables["request_steps"])
     est = TailEstimator().fit(BlockFrame.from_request_steps(rs))  # observed source: many repeated rows
@@ -122,7 +122,7 @@ def test_big_run_keeps_replicate_sums_not_per_request_statistics(store, monkeypa
     """Past ``sample_rows`` a run keeps only the keyed bootstrap's per-replicate partial sums, added
     chunk by chunk (memory flat in rows): the same aggregates as the per-request statistics."""
     kept = run_all_stream(store, n_boot=40, chunk_rows=250)
-    monkeypatch.setattr("estimators.stream.FOLD_CHUNKS", 2)  # per-chunk group sums folded as they come
+    monkeypatch.setattr("acceptscope.estimators.stream.FOLD_CHUNKS", 2)  # per-chunk group sums folded as they come
     flat = run_all_stream(store, n_boot=40, chunk_rows=250, sample_rows=100)  # every run "big" here
     for rid in ("syn-cap", "syn-c"):
         t, k = flat[rid]["tail"], kept[rid]["tail"]
@@ -158,8 +158,8 @@ def test_many_runs_in_one_ordered_pass_equal_run_all_one_run_at_a_time(store, mo
     """``run_all_runs``: one scan of ``request_steps`` for every (small) run, each run one chunk: the
     same JSON as ``run_all`` per run (calibration fit time aside; utilization sums to 1e-12: summation
     order); an unknown run maps to its error."""
-    import estimators.stream as stream
-    from estimators import run_all_runs
+    import acceptscope.estimators.stream as stream
+    from acceptscope.estimators import run_all_runs
 
     scans = []
     real = stream.request_chunks
@@ -178,7 +178,7 @@ def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path
 
     from acceptscope.cli import app
     from acceptscope.engine import REPO_ROOT
-    from estimators import run_all_runs
+    from acceptscope.estimators import run_all_runs
 
     db = tmp_path / "sgl.duckdb"
     res = CliRunner().invoke(app, ["ingest", str(REPO_ROOT / "fixtures" / "sglang"), "--db", str(db), "--json"])
@@ -197,7 +197,7 @@ def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path
 def test_step_sizes_lookup_equals_the_multiindex_reindex():
     """``StepSizes``: the compact per-step batch sizes give what a MultiIndex reindex gave, missing
     steps (and keys outside the table's range) NaN, the first row of a repeated key winning."""
-    from estimators.stream import StepSizes
+    from acceptscope.estimators.stream import StepSizes
 
     rng = np.random.default_rng(3)
     d = pd.DataFrame({"rank": rng.integers(0, 3, 500), "epoch": rng.integers(0, 2, 500),
@@ -215,7 +215,7 @@ def test_big_run_steps_are_read_at_the_end_not_held(store, monkeypatch):
     only (compactly), the cost fit on a stable hash-sample of steps read at the end, the planner
     window found and read in DuckDB. Tail and utilization are unchanged; the window's steps equal
     what the whole-table computation selects."""
-    import estimators.stream as stream
+    import acceptscope.estimators.stream as stream
 
     held = run_all_stream(store, n_boot=40, chunk_rows=250)
     n_steps = stream._count_steps(store, "syn-c")
@@ -242,7 +242,7 @@ def test_read_request_steps_fills_temperature_request_first_then_run_in_stored_o
     """The one read-time temperature rule (``run_data.temperature_filled_select``): a request-step's
     own temperature, else its request's, else its run's; rows come back in stored order with the
     record model's types, as ``Store.read_table`` returns them."""
-    from estimators.run_data import read_request_steps
+    from acceptscope.estimators.run_data import read_request_steps
 
     st = Store(tmp_path / "t.duckdb")
     t = dict(simulate(n_requests=12, seed=4, run_id="t-run").tables)
@@ -265,7 +265,7 @@ def test_read_request_steps_fills_temperature_request_first_then_run_in_stored_o
 def test_sort_memory_has_a_floor_and_grows_with_the_square_root_of_the_rows():
     """DuckDB's share for the sort by request: 256 MB up to ~6M request-steps (what every size up to
     10M sorted in), then with the square root of the rows (100M ran out of memory at 256 MB)."""
-    from estimators.stream import DUCKDB_MEMORY, sort_memory
+    from acceptscope.estimators.stream import DUCKDB_MEMORY, sort_memory
 
     assert sort_memory(0) == sort_memory(1_000_000) == DUCKDB_MEMORY == "256MB"
     mb = [int(sort_memory(n)[:-2]) for n in (10_000_000, 40_000_000, 100_000_000, 400_000_000)]
@@ -275,8 +275,8 @@ def test_sort_memory_has_a_floor_and_grows_with_the_square_root_of_the_rows():
 def test_streamed_request_sample_equals_the_whole_table_selection(store):
     """The hazard sample's requests, chosen from per-request counts streamed in small batches
     (bounded memory), are exactly the lowest-uniform prefix chosen over all requests at once."""
-    from estimators.bootstrap import uniforms
-    from estimators.stream import _sample_requests
+    from acceptscope.estimators.bootstrap import uniforms
+    from acceptscope.estimators.stream import _sample_requests
 
     runs = ["syn-c", "syn-cap"]
     d = store.query_df("SELECT run_id, rid, count(*) AS n FROM request_steps WHERE run_id IN ('syn-c', 'syn-cap') "

@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from estimators.bracket import bracket_from_jsonl, trim_counters
-from estimators.frame import BlockFrame
-from estimators.hazard import HazardModel
-from estimators.synthetic import compact_view, simulate, strip_logprobs
-from estimators.tail import TailEstimator
-from estimators.validation import hide
+from acceptscope.estimators.bracket import bracket_from_jsonl, trim_counters
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.hazard import HazardModel
+from acceptscope.estimators.synthetic import compact_view, simulate, strip_logprobs
+from acceptscope.estimators.tail import TailEstimator
+from acceptscope.estimators.validation import hide
 
 G = 4
 

@@ -19,10 +19,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from estimators.frame import BlockFrame, padded
-from estimators.hazard import HazardModel
-from estimators.synthetic import compact_view, simulate
-from estimators.tail import TailEstimator, _block_uniforms, _quantile_intervals, walk
+from acceptscope.estimators.frame import BlockFrame, padded
+from acceptscope.estimators.hazard import HazardModel
+from acceptscope.estimators.synthetic import compact_view, simulate
+from acceptscope.estimators.tail import TailEstimator, _block_uniforms, _quantile_intervals, walk
 
 # digests of the pre-speed-up implementation's outputs on `_stream()` (see `_digest`)
 PINNED = {

@@ -13,23 +13,23 @@ from typer.testing import CliRunner
 from acceptscope.cli import app
 from acceptscope.figures import figure_of
 from acceptscope.store import Store
-from estimators.synthetic import simulate
-from estimators.utilization import utilization
-from estimators.validation import batch_band, binom_reading, expected_cover, load_truth_runs, validate
+from acceptscope.estimators.synthetic import simulate
+from acceptscope.estimators.utilization import utilization
+from acceptscope.estimators.validation import batch_band, binom_reading, expected_cover, load_truth_runs, validate
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-MODULES = ["estimators", "estimators.frame", "estimators.synthetic", "estimators.hazard", "estimators.tail",
-           "estimators.bracket", "estimators.validation", "estimators.calibration", "estimators.calibration_metrics",
-           "estimators.utilization", "estimators.cost", "estimators.planner"]
+MODULES = ["acceptscope.estimators", "acceptscope.estimators.frame", "acceptscope.estimators.synthetic", "acceptscope.estimators.hazard", "acceptscope.estimators.tail",
+           "acceptscope.estimators.bracket", "acceptscope.estimators.validation", "acceptscope.estimators.calibration", "acceptscope.estimators.calibration_metrics",
+           "acceptscope.estimators.utilization", "acceptscope.estimators.cost", "acceptscope.estimators.planner"]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_module_docstring_examples_run(name):
     mod = importlib.import_module(name)
     r = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
-    assert r.attempted > 0 or name in ("estimators.frame",), f"{name} has no runnable example"
+    assert r.attempted > 0 or name in ("acceptscope.estimators.frame",), f"{name} has no runnable example"
     assert r.failed == 0
 
 
@@ -56,7 +56,7 @@ def test_validation_targets_on_synthetic():
 
 
 def test_expected_cover_is_the_mean_over_the_interval_randomization():
-    from estimators.tail import _quantile_intervals
+    from acceptscope.estimators.tail import _quantile_intervals
 
     rng = np.random.default_rng(0)
     pmf = rng.dirichlet(np.full(5, 0.6), size=400)
@@ -146,7 +146,7 @@ def db(tmp_path_factory):
     st = Store(p)
     sim = simulate(n_requests=100, seed=63)
     st.append(sim.tables)
-    from estimators.synthetic import compact_view
+    from acceptscope.estimators.synthetic import compact_view
 
     comp = compact_view(sim.tables["request_steps"], run_id="syn-compact")
     runs = sim.tables["runs"].assign(run_id="syn-compact", arm="compact")
@@ -187,7 +187,7 @@ def test_cli_calibrate_writes_sglang_json(db, tmp_path):
     r = CliRunner().invoke(app, ["calibrate", "--db", str(db), "--run", "syn-cap", "--out", str(out),
                                  "--method", "sequential-ece", "--n-boot", "20", "--json"])
     assert r.exit_code == 0, r.output
-    from estimators.calibration import check_sglang_sts
+    from acceptscope.estimators.calibration import check_sglang_sts
 
     T = check_sglang_sts(out.read_text(), gamma=7)
     assert len(T) == 7 and json.loads(out.read_text())["acceptscope"]["method"] == "sequential-ece"

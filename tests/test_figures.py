@@ -14,8 +14,8 @@ from acceptscope.figures import figure_of
 from acceptscope.figures.estimates import coverage_figure, interval_figure
 from acceptscope.figures.regime import blog_comparison, fig_regime
 from acceptscope.figures.tables import ece_table, fig_reliability, wilson
-from estimators.calibration import CalibrationResult
-from estimators.calibration_metrics import ece, reliability_table
+from acceptscope.estimators.calibration import CalibrationResult
+from acceptscope.estimators.calibration_metrics import ece, reliability_table
 
 GAMMA = 7
 

@@ -17,7 +17,7 @@ import pytest
 
 from acceptscope import schema
 from acceptscope.report import write_report
-from app.panels._ctx import plain
+from acceptscope.app.panels._ctx import plain
 from tests.test_audit import build_audit_db
 
 RUN_XSS = "<script>alert(1)</script>"

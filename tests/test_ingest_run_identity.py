@@ -17,9 +17,9 @@ from acceptscope.ingest.identity import assign_runs, identity_from_bytes
 from acceptscope.ingest.meta_info import parse_responses
 from acceptscope.ingest.synth import make_server_info
 from acceptscope.store import Store
-from estimators.frame import NO_WORKLOAD
-from estimators.synthetic import simulate
-from estimators.tail import TailEstimator
+from acceptscope.estimators.frame import NO_WORKLOAD
+from acceptscope.estimators.synthetic import simulate
+from acceptscope.estimators.tail import TailEstimator
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
 

@@ -17,6 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("acceptscope", "estimators", "app")
+# the repository keeps estimators/ and app/ at its top (the product layout); the wheel installs them as
+# acceptscope.estimators and acceptscope.app (symlinks in a checkout), and code imports them by those names only
+INSTALLED_AS = {"estimators": "acceptscope.estimators", "app": "acceptscope.app"}
 
 # bottom to top; a module belongs to the layer of its longest matching prefix
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -24,12 +27,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "acceptscope.console")),
     ("store", ("acceptscope.store", "acceptscope.writer", "acceptscope.reader", "acceptscope.summaries")),
     ("ingest+engine", ("acceptscope.ingest", "acceptscope.engine", "acceptscope.live", "acceptscope.export")),
-    ("estimators", ("estimators", "acceptscope.audit_sampling", "acceptscope.parity")),
+    ("estimators", ("acceptscope.estimators", "acceptscope.audit_sampling", "acceptscope.parity")),
     ("figures", ("acceptscope.figures",)),
     # the Prometheus exporter is an output surface like the report: it serves estimates (estimators.tail)
     ("report+audit", ("acceptscope.report", "acceptscope.audit", "acceptscope.estimate_views",
                       "acceptscope.live.exporter")),
-    ("cli+app", ("acceptscope.cli", "app")),
+    ("cli+app", ("acceptscope.cli", "acceptscope.app")),
 )
 LEVEL = {name: i for i, (name, _) in enumerate(LAYERS)}
 
@@ -57,7 +60,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
                                                  "target, eval_acceptance); even the torch-free package and "
                                                  "workloads add +26-46 ms to `acceptscope --help`"),
     ("acceptscope.cli.*", "torch"): "the [engine] extra; +7.2 s",
-    ("acceptscope.cli.*", "estimators"): "start-up: +1.2 s (estimators.calibration +3.5 s)",
+    ("acceptscope.cli.*", "acceptscope.estimators"): "start-up: +1.2 s (estimators.calibration +3.5 s)",
     # acceptscope.audit imports this package on every audit; its sglang entry point needs the [live] extra
     ("acceptscope.live", "acceptscope.live.launcher"): "the [live] extra (requests)",
     ("acceptscope.live", "acceptscope.live.driver"): "the [live] extra (requests)",
@@ -87,11 +90,11 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("acceptscope.engine.gpu_profile", "torch._dynamo"): "+12.7 s over torch; only --compile uses it",
     # run_all imports estimators.validation (batch_band); only the binomial reading needs scipy.stats
     # (scipy.special.bdtr is not bit-equal to binom.cdf)
-    ("estimators.validation", "scipy.stats"): "+3.0 s on `import estimators.validation`",
-    # the default hazard fit is logistic, but the report and the figures import estimators.tail for its
+    ("acceptscope.estimators.validation", "scipy.stats"): "+3.0 s on `import acceptscope.estimators.validation`",
+    # the default hazard fit is logistic, but the report and the figures import acceptscope.estimators.tail for its
     # result types and never fit (scipy.special is hoisted: every path that imports it has it loaded already)
-    ("estimators.hazard", "sklearn"): ("+2.3 s on `import acceptscope.report`, +2.0 s on `import acceptscope.figures`, "
-                                       "+3.2 s on `import estimators.tail`"),
+    ("acceptscope.estimators.hazard", "sklearn"): ("+2.3 s on `import acceptscope.report`, +2.0 s on `import acceptscope.figures`, "
+                                       "+3.2 s on `import acceptscope.estimators.tail`"),
 }
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ def module_name(root: Path, path: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in INSTALLED_AS:
+        parts = INSTALLED_AS[parts[0]].split(".") + parts[1:]
     return ".".join(parts)
 
 
@@ -171,7 +176,10 @@ def upward_imports(root: Path = ROOT) -> list[Edge]:
         assert src_layer is not None, f"{rel}: module {src} is in no layer; add it to LAYERS in tests/test_layers.py"
         for line, dst, at_top in imports(root, path):
             head = dst.split(".")[0]
-            if head in PACKAGES:
+            if head in INSTALLED_AS:
+                edges.add(Edge(rel, line, src, dst, f"imports {head} by its checkout name; the wheel installs it as "
+                                                    f"{INSTALLED_AS[head]}"))
+            elif head in PACKAGES:
                 dst_layer = layer_of(dst)
                 if dst_layer is not None and LEVEL[dst_layer] > LEVEL[src_layer]:
                     edges.add(Edge(rel, line, src, dst, f"{src_layer} imports {dst_layer}"))
@@ -191,6 +199,8 @@ def _empty_packages(root: Path) -> Path:
     for pkg in PACKAGES:
         (root / pkg).mkdir()
         (root / pkg / "__init__.py").write_text("")
+    for pkg, name in INSTALLED_AS.items():  # as in a checkout
+        (root / name.replace(".", "/")).symlink_to(Path("..") / pkg)
     return root
 
 
@@ -198,11 +208,22 @@ def test_layer_map_is_complete_and_detects_an_upward_import(tmp_path):
     """The checker itself: a planted report -> app import and a plotly import in estimators are found."""
     _empty_packages(tmp_path)
     (tmp_path / "app" / "panel.py").write_text("X = 1\n")
-    (tmp_path / "acceptscope" / "report.py").write_text("import json\n\ndef f():\n    from app import panel\n")
+    (tmp_path / "acceptscope" / "report.py").write_text("import json\n\ndef f():\n    from acceptscope.app import panel\n")
     (tmp_path / "estimators" / "fig.py").write_text("import plotly.graph_objects as go\n")
     (tmp_path / "app" / "ok.py").write_text("from acceptscope import report\nimport streamlit\n")
     got = [(e.path, e.dst) for e in upward_imports(tmp_path)]
-    assert got == [("acceptscope/report.py", "app.panel"), ("estimators/fig.py", "plotly.graph_objects")]
+    assert got == [("acceptscope/report.py", "acceptscope.app.panel"), ("estimators/fig.py", "plotly.graph_objects")]
+
+
+def test_checkout_names_are_refused(tmp_path):
+    """Code imports the estimators and the dashboard by their installed names: ``import estimators`` breaks
+    in the wheel, which installs no top-level ``estimators``."""
+    _empty_packages(tmp_path)
+    (tmp_path / "acceptscope" / "report.py").write_text("from acceptscope.estimators import fig\n")
+    (tmp_path / "estimators" / "fig.py").write_text("X = 1\n")
+    (tmp_path / "acceptscope" / "audit.py").write_text("from estimators import fig\n")
+    got = [(e.path, e.dst) for e in upward_imports(tmp_path)]
+    assert got == [("acceptscope/audit.py", "estimators.fig")]
 
 
 def _under(module: str, prefix: str) -> bool:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("torch", "transformers", "safetensors", "tokenizers", "plotly", "streamlit", "jinja2", "requests",
             "prometheus_client", "pyspark")
 # the figure library draws with plotly, the [app] extra
-NOT_CORE = {"estimators.figures", "estimators.spark"}
+NOT_CORE = {"acceptscope.estimators.figures", "acceptscope.estimators.spark"}
 
 
 def _py(code: str, *args: str) -> subprocess.CompletedProcess:
@@ -32,10 +32,11 @@ def _py(code: str, *args: str) -> subprocess.CompletedProcess:
 def test_core_modules_import_no_optional_extra():
     code = f"""
 import importlib, json, pkgutil, sys
-import estimators, acceptscope.ingest
+import acceptscope.ingest
+from acceptscope import estimators
 mods = ["acceptscope", "acceptscope.cli", "acceptscope.store", "acceptscope.writer", "acceptscope.schema",
         "acceptscope.export", "acceptscope.engine.sps", "acceptscope.engine.scheduler", "acceptscope.engine.workloads"]
-mods += ["estimators." + m.name for m in pkgutil.iter_modules(estimators.__path__)]
+mods += ["acceptscope.estimators." + m.name for m in pkgutil.iter_modules(estimators.__path__)]
 mods += ["acceptscope.ingest." + m.name for m in pkgutil.iter_modules(acceptscope.ingest.__path__)]
 mods = [m for m in mods if m not in {sorted(NOT_CORE)!r}]
 for m in mods:

@@ -14,7 +14,7 @@ from acceptscope.parity import check_parity
 from acceptscope.reader import Reader
 from acceptscope.report import _parity_all_identical, _TailSums, _tail_by_workload
 from acceptscope.store import Store
-from estimators.synthetic import simulate
+from acceptscope.estimators.synthetic import simulate
 
 
 def _steps(n: int, run_id: str) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from acceptscope.cli import app
 from acceptscope.store import Store
-from estimators import scenario_validation as sv
+from acceptscope.estimators import scenario_validation as sv
 
 ROOT = Path(__file__).resolve().parent.parent
 SGLANG_PY = ROOT / ".venv-sglang" / "bin" / "python"

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the split and bootstrap."),
         json_out: bool = JsonOption,
     ) -> None:
-        from estimators.calibration import METHODS
+        from acceptscope.estimators.calibration import METHODS
 
         if method not in METHODS:
             console.print(f"[red]--method must be one of {', '.join(METHODS)}, got {method!r}[/red]")
@@ -69,8 +69,8 @@ def register(app: typer.Typer) -> None:
         if not db.exists():
             console.print(f"[red]{db}: no such database file[/red]")
             raise typer.Exit(EXIT_USAGE)
-        from estimators import load_run, sts_in_force
-        from estimators.calibration import StsCalibrator, calibration_data, check_sglang_sts, compare
+        from acceptscope.estimators import load_run, sts_in_force
+        from acceptscope.estimators.calibration import StsCalibrator, calibration_data, check_sglang_sts, compare
 
         store = open_store_read_only(db)
         try:

@@ -24,7 +24,7 @@ Examples:
   acceptscope dashboard --db runs.duckdb --host 0.0.0.0
 """
 
-APP = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
+APP = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"  # acceptscope/app (the checkout: a symlink to app/)
 
 
 def streamlit_argv(db: Path, port: int, host: str, headless: bool = True) -> list[str]:

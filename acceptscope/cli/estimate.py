@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_USAGE)
         import duckdb
 
-        from estimators import run_all, run_all_runs, to_jsonable
+        from acceptscope.estimators import run_all, run_all_runs, to_jsonable
 
         if hazards_from is not None and run is None:
             console.print("[red]--hazards-from needs --run (the run whose tail it stands in for)[/red]")
@@ -145,7 +145,7 @@ def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, see
         console.print(f"[red]{lake}: no such lake directory[/red]")
         raise typer.Exit(EXIT_USAGE)
     require_extra("estimate --lake", "spark")
-    from estimators.spark import estimate_lake  # here, not at the top: pyspark is the optional [spark] extra
+    from acceptscope.estimators.spark import estimate_lake  # here, not at the top: pyspark is the optional [spark] extra
     try:
         out = estimate_lake(lake, [run] if run else None, master=master, n_boot=n_boot, seed=seed)
     except (FileNotFoundError, KeyError) as e:

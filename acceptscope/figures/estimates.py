@@ -14,14 +14,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from estimators import _Table as BracketTable
-from estimators.calibration import CalibrationResult
-from estimators.cost import CostResult
-from estimators.planner import PlannerAudit
-from estimators.stream import StreamTail
-from estimators.tail import TailResult
-from estimators.utilization import UtilizationResult
-from estimators.validation import ValidationResult
+from acceptscope.estimators import _Table as BracketTable
+from acceptscope.estimators.calibration import CalibrationResult
+from acceptscope.estimators.cost import CostResult
+from acceptscope.estimators.planner import PlannerAudit
+from acceptscope.estimators.stream import StreamTail
+from acceptscope.estimators.tail import TailResult
+from acceptscope.estimators.utilization import UtilizationResult
+from acceptscope.estimators.validation import ValidationResult
 
 MIN_COVERAGE_N = 2  # blocks a coverage group needs before its line is drawn
 PLOT_POINTS = 5_000  # points per trace at most: a per-step series of a long run is thinned evenly (HTML size)

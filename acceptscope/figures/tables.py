@@ -26,7 +26,7 @@ from plotly.subplots import make_subplots
 from acceptscope import summaries
 from acceptscope.figures.estimates import thin, thinned_note
 from acceptscope.reader import RUNS, Reader
-from estimators.calibration_metrics import ece
+from acceptscope.estimators.calibration_metrics import ece
 
 ARM_COLORS = {"compact": "#1f77b4", "cap-accept": "#d62728", "static": "#2ca02c"}
 WILSON_Z = 1.96

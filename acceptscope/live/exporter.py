@@ -53,8 +53,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from acceptscope.store import Store
-from estimators.calibration_metrics import ece
-from estimators.tail import TailEstimator
+from acceptscope.estimators.calibration_metrics import ece
+from acceptscope.estimators.tail import TailEstimator
 
 ECE_BINS = 15
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.panels._ctx import plain
+from acceptscope.app.panels._ctx import plain
 
 TITLE = "Estimators"
 _ORDER = {"compact": 0, "cap-accept": 1, "static": 2}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.panels._ctx import plain
+from acceptscope.app.panels._ctx import plain
 
 TITLE = "Arm comparison"
 

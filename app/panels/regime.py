@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from acceptscope.figures import regime as R
-from app.panels._ctx import plain
+from acceptscope.app.panels._ctx import plain
 
 TITLE = "Regime vs blog"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from acceptscope.figures import tables as F
-from app.panels._ctx import plain
+from acceptscope.app.panels._ctx import plain
 
 TITLE = "Utilization"
 
