@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 import pyarrow as pa
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from acceptscope.console import console
-from acceptscope.ingest import stream
+from acceptscope.ingest import epochs, stream
 from acceptscope.ingest import sts_shards as sts  # noqa: F401  (``from acceptscope.ingest import sts``)
 from acceptscope.ingest.batch import ArrowRows, IngestBatch
 from acceptscope.ingest.detect import detect
@@ -179,6 +180,7 @@ class _Context:
         self.gamma: dict[str, int] = {}
         self.arm: dict[str, str] = {}
         self.stored: set[str] = set()  # runs the store already holds: only these are resumed
+        self.epoch_of: dict[str, dict[float, int]] = {}  # run -> its incarnations' epochs (epochs.place)
         if store is not None:
             # a writable store answers on a read-write connection (the read-only query nests in it): a
             # read-only open would start this process's attach host, a second DuckDB instance (~0.03 CPU-s)
@@ -200,9 +202,29 @@ class _Context:
         if ing is None:
             ing = self.ingestors[run_id] = ServerInfoIngestor(
                 run_id, source="file", expected_gamma=self.gamma.get(run_id), expected_arm=self.arm.get(run_id))
+            ing.epoch_of = dict(self.epoch_of.get(run_id, {}))
             if self.store is not None and run_id in self.stored:
                 ing.resume(self.store)  # later polls of a run ingested before: keep its rank slots/epoch
         return ing
+
+    def place_epochs(self, plan: Any) -> None:
+        """Under the runs' ingest locks: each run's incarnations in startup order (:mod:`~acceptscope.ingest.epochs`)."""
+        starts: dict[str, list[float]] = {}
+        for f, t in plan.startup.items():
+            starts.setdefault(plan.run_of[f], []).append(t)
+        if not starts or not _writable(self.store):
+            return
+        with self.store.connect() as con:
+            for rid, ts in starts.items():
+                self.epoch_of[rid] = epochs.place(con, rid, ts)
+
+    def record_epochs(self) -> None:
+        if not _writable(self.store):
+            return
+        with self.store.connect() as con:
+            for rid, ing in self.ingestors.items():
+                if ing.epoch_of:
+                    epochs.record(con, rid, ing.epoch_of)
 
     def learn(self, run_id: str) -> None:
         ing = self.ingestors.get(run_id)
@@ -210,6 +232,16 @@ class _Context:
             self.gamma[run_id] = ing.gamma
             if ing.arm:
                 self.arm[run_id] = ing.arm
+
+
+def _writable(store: Any) -> bool:
+    return store is not None and hasattr(store, "connect") and not getattr(store, "read_only", True)
+
+
+def _lock_path(store: Any) -> Optional[Path]:
+    """The database file whose ingest lock a writing ingest takes (None: nothing to lock)."""
+    path = getattr(store, "path", None)
+    return Path(path) if _writable(store) and path is not None else None
 
 
 def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = None) -> IngestBatch:
@@ -253,6 +285,11 @@ def reason_family(reason: str) -> str:
     return _NUM.sub("N", r)
 
 
+def _plain(text: str) -> str:
+    """A file name shown in the progress bar: rich markup escaped, control characters dropped."""
+    return escape("".join(c if c.isprintable() else "?" for c in text))
+
+
 def _detect_safe(f: Path) -> str:
     try:
         return detect(f)
@@ -275,6 +312,37 @@ def _bulk_writer(store: Any) -> Any:
         return store.writer()
 
 
+def _plan(paths: Iterable[str | Path], run_id: Optional[str]) -> dict:
+    """The files of an ingest, their kinds and runs, in the order they are read: server dumps in start
+    order per run (epochs in order), then the rest by kind."""
+    files = iter_files(paths)
+    refused = {f: why for f in files if (why := not_regular(f)) is not None}
+    kinds = [(f, "refused" if f in refused else _detect_safe(f)) for f in files]
+    plan = assign_runs([(f, k) for f, k in kinds if k not in ("skip", "empty")], run_id)
+    todo = sorted(((f, k) for f, k in kinds if k not in ("skip", "empty")),
+                  key=lambda fk: (_ORDER.get(fk[1], 9), plan.run_of[fk[0]] if fk[1] == "server_info" else "",
+                                  plan.startup.get(fk[0], 0.0), str(fk[0])))
+    return {"todo": todo, "plan": plan, "refused": refused,
+            "skipped": [str(f) for f, k in kinds if k == "skip"], "empty": [str(f) for f, k in kinds if k == "empty"],
+            "runs": sorted({plan.run_of[f] for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS}),
+            "server_runs": sorted({plan.run_of[f] for f, k in todo if k == "server_info"})}
+
+
+def _read_one(f: Path, kind: str, rid: str, ctx: _Context, refused: dict) -> IngestBatch:
+    """One file's batch; a file that cannot be read or parsed costs itself, never the later ones."""
+    batch = IngestBatch()
+    if kind == "refused":
+        batch.reject(make_reject(str(f), 0, "$", refused[f], None, rid))
+        return batch
+    try:
+        return ingest_file(f, kind, rid, ctx)
+    except (OSError, MemoryError) as e:  # unreadable file: report it, go on with the others
+        batch.reject(make_reject(str(f), 0, "$", f"could not read: {type(e).__name__}: {e}", None, rid))
+    except Exception as e:  # noqa: BLE001 - a parser bug must cost this file, never the later ones
+        batch.reject(make_reject(str(f), 0, "$", f"parser failed: {type(e).__name__}: {e}", None, rid))
+    return batch
+
+
 def ingest_paths(
     paths: Iterable[str | Path],
     store: Any,
@@ -292,19 +360,20 @@ def ingest_paths(
     After the files, the STS / SPS tables the servers name are linked to their runs
     (:mod:`acceptscope.ingest.links`). Writes through ``store.writer()`` when the store
     has one, else ``store.append``. ``progress``: a rich progress bar on stderr.
+    The runs whose server dumps it reads are locked for the whole call (:mod:`~acceptscope.ingest.epochs`):
+    a concurrent ingest of another incarnation waits, and every incarnation gets its epoch in startup order.
     """
-    files = iter_files(paths)
-    refused = {f: why for f in files if (why := not_regular(f)) is not None}
-    kinds = [(f, "refused" if f in refused else _detect_safe(f)) for f in files]
-    skipped = [str(f) for f, k in kinds if k == "skip"]
-    empty = [str(f) for f, k in kinds if k == "empty"]
-    kinds = [(f, k) for f, k in kinds if k not in ("skip", "empty")]
-    plan = assign_runs(kinds, run_id)
-    # server dumps in start order per run (epochs in order), then the rest by kind
-    todo = sorted(kinds,
-                  key=lambda fk: (_ORDER.get(fk[1], 9), plan.run_of[fk[0]] if fk[1] == "server_info" else "",
-                                  plan.startup.get(fk[0], 0.0), str(fk[0])))
+    p = _plan(paths, run_id)
+    note = lambda rid: console.print(epochs.wait_message(rid), markup=False, highlight=False)  # noqa: E731
+    with epochs.run_locks(_lock_path(store), p["server_runs"], wait_note=note):
+        return _ingest_planned(p, store, progress, temperature, on_file)
+
+
+def _ingest_planned(p: dict, store: Any, progress: bool, temperature: Optional[float],
+                    on_file: Optional[Callable[[Path, str, IngestBatch], None]]) -> dict:
+    todo, plan, refused = p["todo"], p["plan"], p["refused"]
     ctx = _Context(store, sink=lambda part: account(part, final=False))
+    ctx.place_epochs(plan)
     for rid, g in plan.gamma.items():
         ctx.gamma.setdefault(rid, g)  # what the server's documents establish, before any one of them is read
     # written rows: the writer counts what its flushes inserted; a store without one is counted around
@@ -349,15 +418,16 @@ def ingest_paths(
             else:
                 store.append(tables_out)
         if bar is not None and not final:  # a big dump: its request-steps so far, a chunk at a time
-            bar.update(task, description=f"{f.name}: {cur['rows'].get('request_steps', 0):,} request-steps")
+            bar.update(task, description=f"{_plain(f.name)}: {cur['rows'].get('request_steps', 0):,} request-steps")
 
     notes = list(plan.notes)
-    runs_here = sorted({plan.run_of[f] for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS})
+    runs_here = p["runs"]
     inserted: dict[str, int] = {}
 
     def closing_writes() -> None:
-        """Run marks and table links, then the rows written (each open of the file costs ~0.05 CPU-s: the
-        nested connects reuse the caller's connection)."""
+        """Epoch maps, run marks and table links, then the rows written (each open of the file costs
+        ~0.05 CPU-s: the nested connects reuse the caller's connection)."""
+        ctx.record_epochs()
         if store is not None and hasattr(store, "mark_complete"):
             store.mark_complete([f["run_id"] for f in per_file])  # (reached only when no file aborted the call)
         if store is not None and not getattr(store, "read_only", False) and hasattr(store, "update_run"):
@@ -378,19 +448,8 @@ def ingest_paths(
             rid = plan.run_of[f]
             cur.update(path=f, run_id=rid, rows={})
             if bar is not None:
-                bar.update(task, description=f.name)
-            if kind == "refused":
-                batch = IngestBatch()
-                batch.reject(make_reject(str(f), 0, "$", refused[f], None, rid))
-            else:
-                try:
-                    batch = ingest_file(f, kind, rid, ctx)
-                except (OSError, MemoryError) as e:  # unreadable file: report it, go on with the others
-                    batch = IngestBatch()
-                    batch.reject(make_reject(str(f), 0, "$", f"could not read: {type(e).__name__}: {e}", None, rid))
-                except Exception as e:  # noqa: BLE001 - a parser bug must cost this file, never the later ones
-                    batch = IngestBatch()
-                    batch.reject(make_reject(str(f), 0, "$", f"parser failed: {type(e).__name__}: {e}", None, rid))
+                bar.update(task, description=_plain(f.name))
+            batch = _read_one(f, kind, rid, ctx, refused)
             account(batch, final=True)
             counts = {k: v for k, v in cur["rows"].items() if v}
             per_file.append({"path": str(f), "kind": kind, "run_id": rid, "rows": counts,
@@ -423,8 +482,8 @@ def ingest_paths(
         "files": per_file,
         "runs": runs_here,
         "notes": notes,
-        "skipped": skipped,
-        "empty": empty,
+        "skipped": p["skipped"],
+        "empty": p["empty"],
         "tables": tables,
         "rejects": {"count": rejects_found, "not_stored": rejects_not_stored, "top_reasons": reasons.most_common(5), "messages": reject_lines},
         "seconds": round(time.perf_counter() - t0, 3),

@@ -148,6 +148,10 @@ class ServerInfoIngestor(PayloadReader):
         self.epoch = 0
         self.ranks: list[Rank] = []
         self.startup_time: Any = None
+        # incarnation (startup_time) -> epoch, placed in startup order by the ingest (:mod:`~acceptscope.ingest.epochs`);
+        # a startup time it does not hold takes the next free epoch
+        self.epoch_of: dict[float, int] = {}
+        self._store: Any = None  # the store resumed from: a placed incarnation it holds is resumed at its epoch
         self.run_emitted = False
         self._step_ct = RidStepCounts(rid_capacity)  # named rids: the recently seen ones
         # 'pool:<idx>' rids (no rid in the dump): one entry per pool slot, bounded by the pool's size
@@ -161,24 +165,26 @@ class ServerInfoIngestor(PayloadReader):
         self.chunk_bytes = stream.CHUNK_BYTES  # records per chunk, in bytes of JSON (tests make it tiny)
 
     # -- resuming from a store ---------------------------------------------
-    def resume(self, store: Any) -> bool:
-        """Continue a run already in ``store``: epoch, per-rank watermarks and fingerprints, rid step counts.
+    def resume(self, store: Any, epoch: Optional[int] = None) -> bool:
+        """Continue a run already in ``store``: epoch (default: the last), per-rank watermarks and
+        fingerprints, rid step counts.
 
         Without this a second ``acceptscope ingest`` of later polls would start rank slots in
         arrival order again and could file a DP rank's records under another rank's slot.
-        Returns False when the store has no steps of this run.
+        Returns False when the store has no steps of this run (of that epoch).
         """
+        self._store = store
         snapshot = getattr(store, "snapshot", None)
         if snapshot is None:
-            return self._resume(store)
+            return self._resume(store, epoch)
         with snapshot():  # one read-only connection for all the queries below (nested connects reuse it)
-            return self._resume(store)
+            return self._resume(store, epoch)
 
-    def _resume(self, store: Any) -> bool:
+    def _resume(self, store: Any, epoch: Optional[int] = None) -> bool:
+        which = "(SELECT max(epoch) FROM steps WHERE run_id = ?)" if epoch is None else "?"
         got = store.query_df(
-            "SELECT epoch, rank, max(forward_ct) AS wm FROM steps WHERE run_id = ? AND epoch = "
-            "(SELECT max(epoch) FROM steps WHERE run_id = ?) GROUP BY epoch, rank ORDER BY rank",
-            [self.run_id, self.run_id])
+            f"SELECT epoch, rank, max(forward_ct) AS wm FROM steps WHERE run_id = ? AND epoch = {which} "
+            "GROUP BY epoch, rank ORDER BY rank", [self.run_id, self.run_id if epoch is None else int(epoch)])
         if got.empty:
             return False
         self.epoch = int(got["epoch"].iloc[0])
@@ -217,10 +223,32 @@ class ServerInfoIngestor(PayloadReader):
             self.arm = self.arm or runs["arm"].iloc[0]
             self.gamma = self.gamma or int(runs["gamma"].iloc[0])
             try:
-                self.startup_time = json.loads(runs["config_json"].iloc[0]).get("startup_time")
+                cfg = json.loads(runs["config_json"].iloc[0])
             except (TypeError, ValueError):
-                pass
+                cfg = {}
+            at = {int(e): s for s, e in (cfg.get("epochs") or []) if isinstance(e, (int, float))}
+            self.startup_time = at.get(self.epoch, cfg.get("startup_time") if not at else None)
         return True
+
+    def _next_epoch(self) -> int:
+        return max([self.epoch, *self.epoch_of.values()]) + 1
+
+    def _enter_epoch(self, startup: Any) -> bool:
+        """Move to the epoch placed for ``startup`` (resuming it when the store holds it); True when resumed."""
+        key = float(startup) if isinstance(startup, (int, float)) and not isinstance(startup, bool) else None
+        if key is not None and key in self.epoch_of:
+            self.epoch = self.epoch_of[key]
+        else:
+            self.epoch = self._next_epoch()
+            if key is not None:
+                self.epoch_of[key] = self.epoch
+        return self._store is not None and self._resume_at(self.epoch)
+
+    def _resume_at(self, epoch: int) -> bool:
+        try:
+            return self.resume(self._store, epoch)
+        except Exception:  # noqa: BLE001 - nothing stored to continue: the epoch starts fresh
+            return False
 
     # -- entry points -------------------------------------------------------
     def feed(self, payload: dict, *, source: Optional[str] = None, line: int = 0) -> IngestBatch:
@@ -335,14 +363,30 @@ class ServerInfoIngestor(PayloadReader):
         assignment: dict[int, Rank] = {}
         if not restart and self.ranks:
             assignment, restart = match_states(self.ranks, states, same_server)
+        elif not self.ranks and startup is not None and not isinstance(startup, bool) \
+                and isinstance(startup, (int, float)) and self.epoch_of.get(float(startup), self.epoch) != self.epoch:
+            self.epoch = self.epoch_of[float(startup)]  # the first document: the epoch placed for it
         if restart:
             old = self.ranks
-            self.epoch += 1
             self.ranks = []
             self._step_ct.clear()
             self._pool_ct.clear()
             self._pool_prefix.clear()
-            for k, s in enumerate(states):
+            prev_epoch = self.epoch
+            resumed = self._enter_epoch(startup)
+            if startup is not None:
+                self.startup_time = startup
+            if resumed:  # an incarnation the store holds already: continue it
+                assignment, _ = match_states(self.ranks, states, True) if self.ranks else ({}, False)
+                for s in states:
+                    if id(s) not in assignment:
+                        r = Rank(slot=len(self.ranks))
+                        self.ranks.append(r)
+                        assignment[id(s)] = r
+                states_restart: list = []
+            else:
+                states_restart = list(states)
+            for k, s in enumerate(states_restart):
                 r = Rank(slot=k)
                 self.ranks.append(r)
                 assignment[id(s)] = r
@@ -352,7 +396,7 @@ class ServerInfoIngestor(PayloadReader):
                     "run_id": self.run_id, "rank": k, "epoch": self.epoch,
                     "from_forward_ct": max(prev, 0), "to_forward_ct": first if first is not None else 0,
                     "kind": "restart",
-                    "detail": f"server restarted (epoch {self.epoch - 1} -> {self.epoch}); "
+                    "detail": f"server restarted (epoch {prev_epoch} -> {self.epoch}); "
                               f"previous watermark forward_ct={prev}",
                 })
         else:
