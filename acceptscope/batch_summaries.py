@@ -1,7 +1,7 @@
 """Summary rows of one appended batch computed in numpy from its Arrow columns, for ``summaries.add``.
 
 Why: every append folds its batch into the per-run summaries in the writer's transaction, and the SQL
-that defines them (``summaries._agg_sql``) has DuckDB convert the batch's Arrow columns once per
+that defines them (``summaries.agg_sql``) has DuckDB convert the batch's Arrow columns once per
 statement and unnest the per-position lists. On a server dump's ingest that fold was ~12% of the CPU.
 Here the same rows come from bincounts over integer group codes: ``sum_cells`` (run x workload x
 window), ``sum_requests`` (run x request x workload), ``sum_positions`` (run x workload x draft

@@ -719,7 +719,7 @@ def _tail_table(reader: Reader, compact_run: str, truth_run: str, n_boot: int = 
     (in its order, so a run of one chunk gets the same table): memory bounded by a chunk, not the run."""
     def read(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         sums = _TailSums(n_boot, seed)
-        cur = con.execute(summaries._per_request_sql(con, compact_run, truth_run)
+        cur = con.execute(summaries.per_request_sql(con, compact_run, truth_run)
                           + " ORDER BY workload, prompt_index, seed", {"c": compact_run, "a": truth_run})
         while len(chunk := cur.fetch_df_chunk(TAIL_CHUNK_VECTORS)):
             sums.add(chunk)

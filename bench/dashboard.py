@@ -46,7 +46,7 @@ import numpy as np
 db, reps, raw = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "raw"
 from acceptscope import audit_sampling, summaries
 if raw:  # every run counts as stale: the panels aggregate the raw tables (a store from before v2)
-    summaries.stale_runs = lambda con, run_ids=None: set(run_ids or [])
+    summaries.freshness.stale_runs = lambda con, run_ids=None: set(run_ids or [])
 from acceptscope.figures import tables as figures
 from acceptscope.reader import Reader
 ids = ["big-c", "big-cap"]

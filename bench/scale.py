@@ -333,9 +333,9 @@ def write_page_tail(db: Path, run: str = "syn-c") -> int:
     from acceptscope.store import Store, fetch_arrow
 
     with duckdb.connect(str(db), read_only=True) as con:
-        n_base, tail = summaries._page_tails(con, [run])[run]
+        n_base, tail = summaries.page_tails(con, [run])[run]
         base = fetch_arrow(con, "SELECT * FROM base_requests WHERE run_id = ?", [run])
-    k = summaries._page_limit(n_base) - tail
+    k = summaries.page_limit(n_base) - tail
     if k > 0:
         rows = base.take(pa.array(np.arange(k) % base.num_rows))
         rows = rows.set_column(rows.schema.get_field_index("rid"), "rid", pa.array([f"tail.{i}" for i in range(k)]))

@@ -26,7 +26,7 @@ def test_page_tail_is_the_longest_a_writer_leaves_and_pages_keep_their_order(tmp
     with duckdb.connect(str(db), read_only=True) as con:
         (n_base,), = con.execute("SELECT n_base FROM sum_page_runs WHERE run_id = 'syn-c'").fetchall()
     tail = bench.write_page_tail(db)
-    limit = summaries._page_limit(n_base)
+    limit = summaries.page_limit(n_base)
     assert tail == limit > 0
     with duckdb.connect(str(db), read_only=True) as con:
         (unsorted,), = con.execute("SELECT count(*) FROM sum_request_page WHERE run_id = 'syn-c' AND pos IS NULL "

@@ -185,7 +185,7 @@ def test_a_rebuild_cut_short_leaves_its_runs_stale_until_the_next_open_finishes_
     def dies(*a, **k):
         raise RuntimeError("killed mid-rebuild")
     with monkeypatch.context() as m:
-        m.setattr(summaries, "rebuild_pages", dies)
+        m.setattr(summaries.pages, "rebuild_pages", dies)
         with pytest.raises(RuntimeError, match="mid-rebuild"):
             Store(filled.path)
     with filled.snapshot() as c:
@@ -397,7 +397,7 @@ def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
     a, b = _messy(1500, "run-a", 21), _messy(700, "run-b", 22)
     batch = pa.concat_tables([a.slice(0, 900), b, a.slice(900)])  # several chunks, two runs
     con.register("v", batch)
-    want = con.sql(f"SELECT * FROM ({summaries._agg_sql(schema.SUM_RELIABILITY, 'v')}) ORDER BY ALL").to_arrow_table()
+    want = con.sql(f"SELECT * FROM ({summaries.agg_sql(schema.SUM_RELIABILITY, 'v')}) ORDER BY ALL").to_arrow_table()
     got = batch_summaries.reliability_rows(con, batch, batch_summaries.Groups(batch), summaries.RELIABILITY_BINS)
     assert got is not None and got.num_rows == want.num_rows > 0
     assert {"after", "before"} <= set(got.column("variant").to_pylist())
@@ -418,7 +418,7 @@ def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
 
 
 def _sql_rows(con, t: schema.Table, view: str, **kw) -> pd.DataFrame:
-    got = con.sql(f"SELECT * FROM ({summaries._agg_sql(t, view, **kw)})").df()
+    got = con.sql(f"SELECT * FROM ({summaries.agg_sql(t, view, **kw)})").df()
     got.columns = t.names
     return got.sort_values(list(t.key), ignore_index=True)
 
@@ -444,7 +444,7 @@ def test_cells_requests_and_positions_from_the_batch_columns_equal_the_sql() -> 
     for t, fn, kw in ((schema.SUM_CELLS, batch_summaries.cells_rows, {}),
                       (schema.SUM_REQUESTS, batch_summaries.requests_rows, {}),
                       (schema.SUM_POSITIONS, batch_summaries.positions_rows,
-                       {"max_len": summaries._max_len(batch, "survival")})):
+                       {"max_len": summaries.max_list_len(batch, "survival")})):
         got = fn(batch, batch_summaries.Groups(batch))
         assert got is not None and got.num_rows > 0, t.name
         want = _sql_rows(con, t, "v", **kw)

@@ -335,9 +335,9 @@ def _page_paths(r: Reader, run: str, limit: int, offset: int, monkeypatch) -> tu
     assert r.summary(summaries.page_of_requests, run, limit, offset) is not None  # the page table answers
     new = r.requests(run, limit, offset)
     with monkeypatch.context() as m:
-        m.setattr(summaries, "page_of_requests", lambda *_: None)
+        m.setattr(summaries.pages, "page_of_requests", lambda *_: None)
         old = r.requests(run, limit, offset)
-        m.setattr(summaries, "stale_runs", lambda con, ids=None: set(ids or []))
+        m.setattr(summaries.freshness, "stale_runs", lambda con, ids=None: set(ids or []))
         raw = r.requests(run, limit, offset)
     return new, old, raw
 
@@ -354,15 +354,15 @@ def _assert_pages_equal(path: Path, run: str, monkeypatch, step: int = 7) -> int
 
 def _page_state(path: Path, run: str) -> tuple[int, int]:
     with Store(path, read_only=True).snapshot() as con:
-        return summaries._page_tails(con, [run])[run]
+        return summaries.page_tails(con, [run])[run]
 
 
 def test_request_page_table_equals_the_top_n_on_messy_rows_with_ties(tmp_path: Path, monkeypatch) -> None:
     """Requests with NULL workloads and prompt indices and many ties in (workload, prompt_index), requests
     without blocks, blocks without a requests row, rows arriving in either order over many appends, and
     sorts after some of them (small thresholds): every page equals the top-N path's and the raw rows'."""
-    monkeypatch.setattr(summaries, "PAGE_TAIL_MIN", 9)
-    monkeypatch.setattr(summaries, "PAGE_TAIL_SHARE", 3)
+    monkeypatch.setattr(summaries.pages, "PAGE_TAIL_MIN", 9)
+    monkeypatch.setattr(summaries.pages, "PAGE_TAIL_SHARE", 3)
     rng = np.random.default_rng(11)
     n = 260
     rids = [f"q{int(x)}" for x in rng.permutation(10 * n)[:n]]  # ids out of any order
@@ -399,14 +399,14 @@ def test_request_page_table_on_the_fixture_store_and_a_version_5_file(filled: St
     and its first read-write open builds the page rows."""
     want = {run: Reader(filled.path).requests(run, 10_000) for run in RUNS}
     with duckdb.connect(str(filled.path)) as con:
-        summaries._sort_pages(con, ["run-a"], force=True)
+        summaries.sort_pages(con, ["run-a"], force=True)
     assert _page_state(filled.path, "run-a")[1] == 0 and _page_state(filled.path, "run-b")[0] == 0
     for run in RUNS:
         _assert_pages_equal(filled.path, run, monkeypatch, step=5)
     v5 = tmp_path / "v5.duckdb"
     shutil.copy(filled.path, v5)
     with duckdb.connect(str(v5)) as con:
-        for t in summaries._NEW_IN_6:
+        for t in summaries.PAGE_TABLES:
             con.execute(f"DROP TABLE {t.name}")
         con.execute("UPDATE store_meta SET value = '5' WHERE key = 'schema_version'")
     with Store(v5, read_only=True).snapshot() as con:
