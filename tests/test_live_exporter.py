@@ -1,109 +1,159 @@
-"""The derived-metrics exporter, scraped over real loopback HTTP, against values recomputed from the store."""
+"""The Prometheus exporter on the main job's kind of database (a real `acceptscope audit` of the reference
+engine), scraped over loopback HTTP: every family is served, every figure equals `estimate --json`, and
+the counters equal the request-steps counted in SQL."""
 
 from __future__ import annotations
 
-import math
+import json
+import shutil
+import time
 
-import numpy as np
 import pytest
 import requests
+from typer.testing import CliRunner
 
-from acceptscope.live.driver import DriveConfig, load_prompts
-from acceptscope.live.exporter import MetricsExporter, run_metrics
+from acceptscope.cli import app
+from acceptscope.estimators.synthetic import simulate
+from acceptscope.live.exporter import MetricsExporter
 from acceptscope.live.prometheus_scrape import parse_metrics
-from acceptscope.live.session import run_sglang_audit
 from acceptscope.store import Store
-from tests.fake_sglang_server import FakeConfig, FakeSGLangServer
+from tests.test_audit import build_audit_db
+
+FAMILIES = {  # every family the exporter serves (docs/prometheus.md)
+    "acceptscope_spec_decode_num_drafts_total", "acceptscope_spec_decode_num_draft_tokens_total",
+    "acceptscope_spec_decode_num_accepted_tokens_total", "acceptscope_spec_decode_num_accepted_tokens_per_pos_total",
+    "acceptscope_spec_decode_num_verified_per_pos_total", "acceptscope_spec_decode_num_trimmed_tokens_total",
+    "acceptscope_spec_decode_num_drafts_by_window_total", "acceptscope_spec_decode_num_trimmed_drafts_total",
+    "acceptscope_run_info", "acceptscope_realized_accept_length", "acceptscope_ceiling_accept_length",
+    "acceptscope_utilization", "acceptscope_in_window_accept_rate", "acceptscope_spec_accept_rate",
+    "acceptscope_calibration_ece", "acceptscope_cost_model_error_ms", "acceptscope_cost_model_rel_error",
+    "acceptscope_trim_regret_rate", "acceptscope_trim_ratio", "acceptscope_planner_accepted_drafts_lost",
+    "acceptscope_estimate_error", "acceptscope_exporter_errors_total", "acceptscope_exporter_up_to_date",
+    "acceptscope_exporter_compute_seconds",
+}
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    path = tmp_path_factory.mktemp("exp") / "e.duckdb"
-    with FakeSGLangServer(FakeConfig(mode="compact", gamma=4, seed=5)) as c, \
-         FakeSGLangServer(FakeConfig(mode="cap-accept", gamma=4, seed=6, components=("core", "reqs", "step_cpu_time", "step_gpu_time"))) as a:
-        run_sglang_audit(path, load_prompts("gsm8k", 10), urls={"compact": c.url, "cap-accept": a.url},
-                         drive=DriveConfig(base_url="http://127.0.0.1", run_id="", concurrency=(5,), max_new_tokens=40,
-                                           temperature=0.7, loopback_only=True),
-                         audit_group="x", capture_defaults={"poll_interval_s": 0.1, "scrape_metrics": False})
-    return str(path)
+def audit(tmp_path_factory):
+    db, _ = build_audit_db(tmp_path_factory)
+    r = CliRunner().invoke(app, ["estimate", "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    return db, json.loads(r.stdout[r.stdout.index("{"):])
 
 
-def _scrape(url):
+def scrape(url: str) -> dict:
     r = requests.get(url, timeout=10)
     r.raise_for_status()
-    out = {}
-    for s in parse_metrics(r.text, prefix="acceptscope_"):
-        out[(s.name, s.labels)] = s.value
-    return out
+    return {(s.name, s.labels): s.value for s in parse_metrics(r.text, prefix="acceptscope_")}
 
 
-def _get(m, name, **labels):
-    hits = [v for (n, lab), v in m.items() if n == name and all(dict(lab).get(k) == v2 for k, v2 in labels.items())]
+def one(m: dict, name: str, **labels) -> float:
+    hits = [v for (n, lab), v in m.items() if n == name and all(dict(lab).get(k) == x for k, x in labels.items())]
     assert len(hits) == 1, (name, labels, hits)
     return hits[0]
 
 
-def test_exporter_serves_derived_metrics(db):
-    store = Store(db, read_only=True)
-    with MetricsExporter(db, 0, refresh_s=0.0) as ex:
-        assert ex.url.startswith("http://127.0.0.1:")
-        m = _scrape(ex.url)
-    cap, comp = "x-cap-accept", "x-compact"
-    # realized accept length = mean acc_len, recomputed independently with SQL
-    real = store.query_df("SELECT run_id, avg(acc_len) a, sum(correct_drafts)/sum(\"window\") r FROM request_steps GROUP BY run_id").set_index("run_id")
-    for run in (cap, comp):
-        assert _get(m, "acceptscope_realized_accept_length", run_id=run) == pytest.approx(real.loc[run, "a"])
-        assert _get(m, "acceptscope_in_window_accept_rate", run_id=run) == pytest.approx(real.loc[run, "r"])
-    # cap-accept: the ceiling is exact per row; the point is its mean (+1 bonus)
-    exact = store.query_df(f"SELECT avg(ceiling) + 1 c FROM request_steps WHERE run_id = '{cap}'")["c"][0]
-    assert _get(m, "acceptscope_ceiling_accept_length", run_id=cap, method="exact", bound="point") == pytest.approx(exact)
-    lo, hi = (_get(m, "acceptscope_ceiling_accept_length", run_id=cap, method="exact", bound=b) for b in ("lo", "hi"))
-    assert lo < exact < hi
-    # compact: identification bounds bracket the imputed point; realized never exceeds the ceiling bound
-    clo, cpt, chi = (_get(m, "acceptscope_ceiling_accept_length", run_id=comp, method="bounds", bound=b) for b in ("lo", "point", "hi"))
-    assert clo <= cpt <= chi and real.loc[comp, "a"] == pytest.approx(clo)
-    # and the estimators package's hazard model, fit on the cap-accept run of the same audit group
-    hlo, hpt, hhi = (_get(m, "acceptscope_ceiling_accept_length", run_id=comp, method="hazard", bound=b) for b in ("lo", "point", "hi"))
-    assert hlo <= hpt <= hhi and clo <= hpt <= chi
-    assert 0 < _get(m, "acceptscope_utilization", run_id=comp, method="hazard", bound="point") <= 1
-    u = _get(m, "acceptscope_utilization", run_id=cap, method="exact", bound="point")
-    assert 0 < u <= 1 and u == pytest.approx(real.loc[cap, "a"] / exact)
-    # calibration only where labels are uncensored (cap-accept), per position and overall
-    assert {dict(l)["position"] for (n, l) in m if n == "acceptscope_calibration_ece" and dict(l)["run_id"] == cap} == {"0", "1", "2", "3", "all"}
-    assert not [1 for (n, l) in m if n == "acceptscope_calibration_ece" and dict(l)["run_id"] == comp]
-    # cost model: vs CPU inter-step time, and vs GPU time when that component was recorded
-    assert _get(m, "acceptscope_cost_model_error_ms", run_id=cap, vs="step_cpu_ms") > 0
-    assert _get(m, "acceptscope_cost_model_error_ms", run_id=cap, vs="step_gpu_ms") > 0
-    n_steps = store.query_df(f"SELECT count(*) n FROM steps WHERE run_id = '{cap}'")["n"][0]
-    assert _get(m, "acceptscope_rows", run_id=cap, table="steps") == n_steps
-    assert _get(m, "acceptscope_exporter_errors_total") == 0
+@pytest.fixture(scope="module")
+def served(audit):
+    db, _ = audit
+    with MetricsExporter(str(db), 0, refresh_s=0.2) as ex:
+        assert ex.source.wait_ready(300), ex.source.last_error
+        yield scrape(ex.url)
+
+
+def test_every_family_is_served_on_an_audit_database(served):
+    names = {n for n, _ in served}
+    assert FAMILIES <= names, sorted(FAMILIES - names)
+    assert one(served, "acceptscope_exporter_errors_total") == 0
+    assert one(served, "acceptscope_exporter_up_to_date") == 1
+
+
+def test_figures_equal_estimate_json(audit, served):
+    db, est = audit
+    checked = 0
+    for rid, e in est.items():
+        failed = "error" in e
+        assert one(served, "acceptscope_estimate_error", run_id=rid) == (1.0 if failed else 0.0)
+        if failed:
+            continue
+        for g in e["utilization"]["by_group"]:
+            for b, key in (("point", "utilization"), ("lo", "util_lo"), ("hi", "util_hi")):
+                if g.get(key) is not None:
+                    v = one(served, "acceptscope_utilization", run_id=rid, group_by=g["by"], group=str(g["group"]), bound=b)
+                    assert v == pytest.approx(g[key], abs=1e-9)
+                    checked += 1
+        agg = [a for a in e["tail"]["aggregate"] if a["group"] == "all"][0]
+        for b, key in (("point", "mean_ceiling"), ("lo", "lo"), ("hi", "hi")):
+            assert one(served, "acceptscope_ceiling_accept_length", run_id=rid, bound=b) == pytest.approx(agg[key] + 1, abs=1e-9)
+        assert one(served, "acceptscope_realized_accept_length", run_id=rid) == pytest.approx(
+            e["tail"]["summary"]["mean_accept_length"], abs=1e-9)
+        for m in (e.get("calibration") or {}).get("metrics", []):
+            v = one(served, "acceptscope_calibration_ece", run_id=rid, method=m["method"], stage=m["stage"],
+                    position=str(m["position"]), bound="point")
+            assert v == pytest.approx(m["ece"], abs=1e-9)
+            checked += 1
+        assert one(served, "acceptscope_cost_model_error_ms", run_id=rid, split="held_out", stat="mae") == pytest.approx(
+            e["cost"]["held_out"]["mae_ms"], abs=1e-9)
+        assert one(served, "acceptscope_trim_regret_rate", run_id=rid) == pytest.approx(
+            e["bracket"]["trim"]["trim_regret_rate"], abs=1e-9)
+        run = [g for g in e["utilization"]["by_group"] if g["by"] == "run"][0]
+        assert one(served, "acceptscope_trim_ratio", run_id=rid, bound="lo") == pytest.approx(1 - run["util_hi"], abs=1e-9)
+        for p in e["utilization"]["by_position"]:
+            assert one(served, "acceptscope_spec_decode_num_accepted_tokens_per_pos_total", run_id=rid,
+                       position=str(p["position"])) == p["accepted"]
+            assert one(served, "acceptscope_spec_decode_num_verified_per_pos_total", run_id=rid,
+                       position=str(p["position"])) == p["verified"]
+    assert checked > 20
+    assert any("calibration" in e for e in est.values())  # an audit has a run with held-out calibration
+
+
+def test_counters_equal_the_request_steps(audit, served):
+    """The vLLM-shaped counters, recounted from the rows: trimmed positions are unobserved, not rejected."""
+    db, est = audit
+    q = Store(db, read_only=True).query_df(
+        """SELECT q.run_id, count(*) n, sum("window") w, sum(correct_drafts) c, sum(r.gamma - "window") t
+           FROM request_steps q JOIN runs r USING (run_id) GROUP BY q.run_id""").set_index("run_id")
+    wins = Store(db, read_only=True).query_df(
+        'SELECT run_id, "window", count(*) n FROM request_steps GROUP BY ALL')
+    ok = [rid for rid, e in est.items() if "error" not in e]
+    assert ok
+    for rid in ok:
+        assert one(served, "acceptscope_spec_decode_num_drafts_total", run_id=rid) == q.loc[rid, "n"]
+        assert one(served, "acceptscope_spec_decode_num_draft_tokens_total", run_id=rid) == q.loc[rid, "w"]
+        assert one(served, "acceptscope_spec_decode_num_accepted_tokens_total", run_id=rid) == q.loc[rid, "c"]
+        assert one(served, "acceptscope_spec_decode_num_trimmed_tokens_total", run_id=rid) == q.loc[rid, "t"]
+    for rid, w, n in wins.itertuples(index=False):
+        assert one(served, "acceptscope_spec_decode_num_drafts_by_window_total", run_id=rid, window=str(w)) == n
+    info = one(served, "acceptscope_run_info", run_id=ok[0])
+    labels = [dict(lab) for (n, lab) in served if n == "acceptscope_run_info" and dict(lab)["run_id"] == ok[0]][0]
+    assert info == 1 and labels["gen_ai_provider_name"] == labels["engine"] and labels["gen_ai_request_model"]
+
+
+def test_new_data_makes_a_new_snapshot(audit, tmp_path):
+    """A flush that adds rows changes the data version; the next snapshot serves the new run."""
+    db = tmp_path / "grow.duckdb"
+    shutil.copy(audit[0], db)
+    with MetricsExporter(str(db), 0, refresh_s=0.1, n_boot=20) as ex:
+        assert ex.source.wait_ready(300), ex.source.last_error
+        first = ex.source.get()
+        assert "syn-new" not in first.estimates
+        Store(db).append(simulate(n_requests=12, seed=3, run_id="syn-new").tables)
+        deadline = time.monotonic() + 300
+        while ex.source.get() is first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ex.source.wait_ready(300)
+        m = scrape(ex.url)
+    assert one(m, "acceptscope_spec_decode_num_drafts_total", run_id="syn-new") > 0
+    assert one(m, "acceptscope_exporter_errors_total") == 0
 
 
 def test_exporter_is_loopback_only_and_survives_a_missing_db(tmp_path):
     with pytest.raises(ValueError, match="loopback"):
         MetricsExporter("x.duckdb", 0, host="0.0.0.0")
-    with MetricsExporter(str(tmp_path / "absent.duckdb"), 0, refresh_s=0.0) as ex:
-        m = _scrape(ex.url)
-    assert _get(m, "acceptscope_exporter_errors_total") >= 1  # served, with the failure counted
-
-
-def test_run_metrics_compact_bounds_by_hand():
-    import pandas as pd
-
-    g = 4
-    rs = pd.DataFrame({
-        "acc_len": [3, 2, 5], "correct_drafts": [2, 1, 4], "window": [2, 3, 4], "cap_trim": [0, 0, 0],
-        "ceiling": [None, None, None],
-        "confidence": [[0.9, 0.9, 0.5, 0.5], [0.9, 0.5, 0.5, 0.5], [0.9, 0.9, 0.9, 0.9]],
-        "survival": [None] * 3,
-    })
-    m = run_metrics(rs, "compact", g)
-    # row 0: window fully accepted with 2 trimmed drafts -> [3, 5], tail 0.5 + 0.25
-    # row 1: rejection inside the window -> exact 2; row 2: w == gamma -> exact 5
-    c = m["ceiling"]["bounds"]
-    assert c["lo"] == pytest.approx((3 + 2 + 5) / 3)
-    assert c["hi"] == pytest.approx((5 + 2 + 5) / 3)
-    assert c["point"] == pytest.approx((3.75 + 2 + 5) / 3)
-    assert m["realized"] == pytest.approx(10 / 3) and math.isclose(m["in_window_accept_rate"], 7 / 9)
-    assert m["utilization"]["bounds"]["point"] == pytest.approx((10 / 3) / c["point"])
-    assert np.isfinite(m["utilization"]["bounds"]["lo"])
+    with MetricsExporter(str(tmp_path / "absent.duckdb"), 0, refresh_s=0.05) as ex:
+        deadline = time.monotonic() + 10
+        while ex.source.errors == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        m = scrape(ex.url)
+    assert one(m, "acceptscope_exporter_errors_total") >= 1  # served, with the failure counted
+    assert one(m, "acceptscope_exporter_up_to_date") == 0

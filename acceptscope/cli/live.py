@@ -272,8 +272,8 @@ def export_metrics(
     db: Path = DbOption,
     port: int = typer.Option(9464, "--port"),
     run_id: Optional[List[str]] = typer.Option(None, "--run-id", help="Restrict to these runs (repeatable)."),
-    window_rows: int = typer.Option(20_000, "--window-rows", help="Recent request-steps per run."),
-    refresh: float = typer.Option(2.0, "--refresh", help="Seconds between store reads."),
+    n_boot: int = typer.Option(200, "--n-boot", min=10, help="Bootstrap replicates (as `estimate --n-boot`)."),
+    refresh: float = typer.Option(2.0, "--refresh", help="Seconds between data-version probes (re-estimated when it changed)."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Stop after this many seconds."),
     json_out: bool = JsonOption,
 ) -> None:
@@ -282,7 +282,7 @@ def export_metrics(
     if not db.exists():
         console.print(f"[red]{db}: no such DuckDB telemetry file[/red]")
         raise typer.Exit(EXIT_USAGE)
-    ex = MetricsExporter(str(db), port, run_ids=run_id, window_rows=window_rows, refresh_s=refresh).start()
+    ex = MetricsExporter(str(db), port, run_ids=run_id, n_boot=n_boot, refresh_s=refresh).start()
     console.print(f"serving {ex.url}")
     if json_out:
         emit_json({"url": ex.url})

@@ -1,290 +1,285 @@
-"""Prometheus exporter of acceptscope's derived live metrics (loopback only).
+"""Prometheus exporter of acceptscope's figures (loopback only): the estimators' own results, as served.
 
-Why: SGLang exports only interval means (``sglang:spec_accept_length`` ...);
-it has no ceiling, utilization, calibration or cost-model error (reference
-§6.3). This exporter computes those from the telemetry store over a recent
-window and serves them on ``127.0.0.1:<port>/metrics`` so a Grafana board can
-plot them beside SGLang's gauges.
+Why: serving engines export acceptance counters (vLLM) or gauges (SGLang) but no ceiling, utilization,
+calibration or cost-model error (reference §6.3). This exporter serves the figures ``acceptscope
+estimate --json`` prints, from the same call (:func:`acceptscope.estimators.run_all_runs` with the same
+``n_boot``/``seed``, then ``to_jsonable``), so a Grafana panel and ``estimate --json`` agree to the last
+digit. It has no estimator of its own.
 
-Quantities (per run; window = the last ``window_rows`` request-steps), all in
-accept-length units (accepted drafts + 1 bonus):
+Scrape cost: the estimate runs in a background thread once per *data version* (the row counts of
+the tables a run grows, :meth:`acceptscope.reader.Reader.data_version`); ``/metrics`` formats the last
+finished snapshot and never touches the store, so its latency does not grow with the database
+(``bench/exporter.py`` measures it over a 10M request-step store).
 
-* ``acceptscope_realized_accept_length``: mean ``acc_len``.
-* ``acceptscope_ceiling_accept_length{bound="point|lo|hi"}``: the uncapped
-  accept length. cap-accept/static: exact per row (``ceiling + 1``); point is
-  the mean and lo/hi a 95% normal interval of the mean. compact: per row the
-  identification bound ``[cl+1, gamma+1]`` when the whole window was accepted
-  and drafts were trimmed (else exact ``cl+1``); point imputes the trimmed tail
-  from the row's own recorded confidence (expected extra accepts
-  ``sum_j prod_{i=w..j} c_i``); lo/hi are the means of the bounds.
-* compact runs also get ``method="hazard"``: the estimators package's
-  ``TailEstimator`` fit on a truth-bearing run of the same gamma (cap-accept of
-  the same audit group first) and applied to the compact window, with its
-  bootstrap 95% interval. ``method`` is ``exact`` (cap-accept/static),
-  ``bounds`` (compact identification bounds) or ``hazard``.
-* ``acceptscope_utilization{bound=..., method=...}``: realized / ceiling (lo uses
-  the hi ceiling and vice versa).
-* ``acceptscope_in_window_accept_rate``: sum(correct_drafts) / sum(window),
-  the rate SGLang's fixed-gamma ``spec_accept_rate`` understates.
-* ``acceptscope_calibration_ece{position}``: ECE (15 equal-width bins) of the
-  recorded survival against the uncensored label ``k < ceiling`` (cap-accept
-  only; compact labels are censored at the window).
-* ``acceptscope_cost_model_error_ms{vs}``: mean |predicted_step_ms - actual|
-  for actual = ``step_cpu_ms`` (what the SPS table is fit on) and
-  ``step_gpu_ms`` (what SGLang's online check uses); ``..._rel`` the median
-  relative error.
-* counts: steps, request-steps, requests, gaps by kind, rejects.
+Names (``docs/prometheus.md`` lists them with their definitions). The counters follow vLLM's
+``vllm:spec_decode_*`` family (``vllm/v1/spec_decode/metrics.py``) in our namespace, ``position``
+0-based as vLLM's; a draft position trimmed by the planner was never verified, so it is counted as
+*unobserved* (``num_verified_per_pos``), never as rejected:
 
-When the store cannot be read (e.g. a writer holds the lock past the retry
-budget) the last good values are served and ``acceptscope_exporter_errors_total``
-counts the failure.
+* ``acceptscope_spec_decode_num_drafts_total``: request-steps (blocks) verified;
+* ``acceptscope_spec_decode_num_draft_tokens_total``: draft tokens verified (Σ window);
+* ``acceptscope_spec_decode_num_accepted_tokens_total``: accepted draft tokens (bonus excluded);
+* ``acceptscope_spec_decode_num_accepted_tokens_per_pos_total{position}`` and
+  ``acceptscope_spec_decode_num_verified_per_pos_total{position}``;
+* ``acceptscope_spec_decode_num_trimmed_tokens_total``: drafted but not verified (gamma − window);
+* ``acceptscope_spec_decode_num_drafts_by_window_total{window}``: the window distribution.
+
+Gauges with interval bounds (``bound`` = point | lo | hi; 95% bootstrap intervals of the estimators):
+utilization against the estimated ceiling, the ceiling accept length (bonus included), per-position
+ECE before/after STS, cost-model error, trim ratio (1 − utilization; TensorRT-LLM's name) and trim
+regret rate. ``acceptscope_run_info`` carries the OpenTelemetry GenAI resource attributes
+(``gen_ai.request.model``, ``gen_ai.provider.name``, dots as underscores) for a ``group_left`` join.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-import pandas as pd
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from acceptscope.estimators import run_all_runs, to_jsonable
+from acceptscope.reader import Reader
 from acceptscope.store import Store
-from acceptscope.estimators.calibration_metrics import ece
-from acceptscope.estimators.tail import TailEstimator
 
-ECE_BINS = 15
+BOUNDS = (("point", ""), ("lo", "_lo"), ("hi", "_hi"))
 
 
-def _mean_ci(x: np.ndarray) -> tuple[float, float, float]:
-    n = len(x)
-    if n == 0:
-        return (math.nan, math.nan, math.nan)
-    m = float(x.mean())
-    if n < 2:
-        return (m, m, m)
-    h = 1.96 * float(x.std(ddof=1)) / math.sqrt(n)
-    return (m, m - h, m + h)
+@dataclass
+class Snapshot:
+    """One data version's estimates (``estimate --json``'s dict per run) and window counts."""
+
+    version: tuple = ()
+    runs: list = field(default_factory=list)  # dicts: run_id, arm, engine, gamma, target_model
+    estimates: dict = field(default_factory=dict)  # run_id -> to_jsonable(results) or {"error": str}
+    windows: list = field(default_factory=list)  # (run_id, window, blocks)
+    compute_s: float = 0.0
+    at: float = 0.0
 
 
-def _imputed_tail(conf: Any, w: int, gamma: int) -> float:
-    """Expected extra accepted drafts past the window from the row's own confidences."""
-    if conf is None or w >= gamma:
-        return 0.0
-    c = np.asarray(conf, dtype=float)[w:gamma]
-    if c.size == 0 or not np.isfinite(c).all():
-        return 0.0
-    return float(np.cumprod(c).sum())
-
-
-def _util(r: float, point: float, lo: float, hi: float) -> dict[str, float]:
-    return {
-        "point": r / point if point else math.nan,
-        "lo": r / hi if hi else math.nan,
-        "hi": min(1.0, r / lo) if lo else math.nan,
-    }
-
-
-def hazard_ceiling(truth_rows: pd.DataFrame, rows: pd.DataFrame, gamma: int) -> dict[str, float]:
-    """Mean ceiling (accept-length units) of ``rows`` by the estimators package's TailEstimator."""
-    res = TailEstimator().fit(truth_rows, gamma=gamma).estimate(rows, gamma=gamma)
-    agg = res.aggregate(level=0.95, n_boot=200).iloc[0]
-    return {"point": float(agg["mean_ceiling"]) + 1.0, "lo": float(agg["lo"]) + 1.0, "hi": float(agg["hi"]) + 1.0}
-
-
-def run_metrics(rs: pd.DataFrame, arm: str, gamma: int) -> dict[str, Any]:
-    """Derived metrics of one run's recent request-steps (see module doc)."""
-    out: dict[str, Any] = {"request_steps_window": len(rs)}
-    if rs.empty:
-        return out
-    acc = rs["acc_len"].to_numpy(dtype=float)
-    cl = rs["correct_drafts"].to_numpy(dtype=float)
-    w = rs["window"].to_numpy(dtype=float)
-    out["realized"] = float(acc.mean())
-    out["in_window_accept_rate"] = float(cl.sum() / w.sum()) if w.sum() > 0 else math.nan
-    if arm in ("cap-accept", "static") and rs["ceiling"].notna().any():
-        ceil = rs["ceiling"].dropna().to_numpy(dtype=float) + 1.0
-        point, lo, hi = _mean_ci(ceil)
-    else:
-        opened = (cl == w) & (w < gamma)
-        lo_rows = cl + 1.0
-        hi_rows = np.where(opened, gamma + 1.0, cl + 1.0)
-        tail = np.array([_imputed_tail(c, int(wi), gamma) if o else 0.0
-                         for c, wi, o in zip(rs["confidence"], w, opened)])
-        point, lo, hi = float((lo_rows + tail).mean()), float(lo_rows.mean()), float(hi_rows.mean())
-    method = "exact" if arm in ("cap-accept", "static") and rs["ceiling"].notna().any() else "bounds"
-    out["ceiling"] = {method: {"point": point, "lo": lo, "hi": hi}}
-    out["utilization"] = {method: _util(out["realized"], point, lo, hi)}
-    if arm == "cap-accept" and rs["survival"].notna().any():
-        sub = rs[rs["survival"].notna() & rs["ceiling"].notna()]
-        surv = np.stack([np.asarray(s, dtype=float)[:gamma] for s in sub["survival"]])
-        ceil = sub["ceiling"].to_numpy(dtype=int)
-        lab = (np.arange(gamma)[None, :] < ceil[:, None]).astype(float)
-        out["ece"] = {k: ece(surv[:, k], lab[:, k], ECE_BINS) for k in range(gamma)}
-        out["ece_all"] = ece(surv.ravel(), lab.ravel(), ECE_BINS)
-    return out
-
-
-def cost_metrics(steps: pd.DataFrame) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for col in ("step_cpu_ms", "step_gpu_ms"):
-        if col not in steps:
-            continue
-        m = steps["predicted_step_ms"].notna() & steps[col].notna() & (steps[col] > 0)
-        if m.any():
-            pred, act = steps.loc[m, "predicted_step_ms"].to_numpy(float), steps.loc[m, col].to_numpy(float)
-            out[col] = {"mae_ms": float(np.abs(pred - act).mean()),
-                        "median_rel": float(np.median(np.abs(pred - act) / act)), "n": int(m.sum())}
-    return out
+def compute(db: str, run_ids: Sequence[str] | None = None, *, n_boot: int = 200, seed: int = 0) -> Snapshot:
+    """Everything the exporter serves for one data version of ``db`` (what ``estimate --json`` computes)."""
+    t0 = time.perf_counter()
+    reader = Reader(db)
+    version = reader.data_version()
+    runs = reader.df("SELECT run_id, arm, engine, gamma, target_model FROM runs ORDER BY run_id")
+    if run_ids:
+        runs = runs[runs["run_id"].isin(list(run_ids))]
+    ids = runs["run_id"].tolist()
+    snap = Snapshot(version=version, runs=runs.to_dict("records"))
+    if ids:
+        res = run_all_runs(Store(db, read_only=True), ids, n_boot=n_boot, seed=seed)
+        for rid, r in res.items():  # as the estimate command does (acceptscope/cli/estimate.py)
+            snap.estimates[rid] = {"error": f"{type(r).__name__}: {r}"} if isinstance(r, Exception) else to_jsonable(r)
+        wd = reader.window_distribution(ids)
+        if len(wd):
+            wd = wd.groupby(["run_id", "window"], as_index=False)["blocks"].sum()
+            snap.windows = [(str(a), int(b), int(c)) for a, b, c in wd[["run_id", "window", "blocks"]].itertuples(index=False)]
+    snap.compute_s = time.perf_counter() - t0
+    snap.at = time.time()
+    return snap
 
 
 class DerivedMetrics:
-    """Reads the store and computes per-run derived metrics (cached for ``refresh_s``)."""
+    """Keeps the latest :class:`Snapshot`: a background thread recomputes it when the data version changes."""
 
-    def __init__(self, db: str, run_ids: Sequence[str] | None = None, *, window_rows: int = 20_000, refresh_s: float = 2.0):
-        self.db = db
-        self.run_ids = list(run_ids) if run_ids else None
-        self.window_rows = window_rows
-        self.refresh_s = refresh_s
+    def __init__(self, db: str, run_ids: Sequence[str] | None = None, *, refresh_s: float = 2.0,
+                 n_boot: int = 200, seed: int = 0):
+        self.db, self.run_ids, self.refresh_s, self.n_boot, self.seed = db, list(run_ids or []), refresh_s, n_boot, seed
         self.errors = 0
         self.last_error: str | None = None
-        self._cache: dict[str, Any] = {}
-        self._truth: dict[str, tuple[float, pd.DataFrame]] = {}
-        self.refit_s = 30.0
-        self._at = 0.0
+        self.seen_version: tuple | None = None  # the version last probed
+        self.snapshot = Snapshot()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def _compute(self) -> dict[str, Any]:
-        store = Store(self.db, read_only=True, lock_timeout_s=5.0)  # a reader never creates tables
-        runs = store.query_df("SELECT run_id, arm, gamma, audit_group FROM runs")
-        all_runs = runs
-        if self.run_ids:
-            runs = runs[runs["run_id"].isin(self.run_ids)]
-        ids = runs["run_id"].tolist()
-        res: dict[str, Any] = {"runs": {}}
-        if not ids:
-            return res
-        rs = store.query_df(
-            """SELECT * EXCLUDE (rn) FROM (
-                 SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY epoch DESC, forward_ct DESC) AS rn
-                 FROM request_steps WHERE run_id IN (SELECT UNNEST(?))) WHERE rn <= ?""",
-            [ids, self.window_rows],
-        )
-        steps = store.query_df(
-            """SELECT run_id, predicted_step_ms, step_cpu_ms, step_gpu_ms FROM (
-                 SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY epoch DESC, forward_ct DESC) AS rn
-                 FROM steps WHERE run_id IN (SELECT UNNEST(?))) WHERE rn <= ?""",
-            [ids, self.window_rows],
-        )
-        counts = store.query_df(
-            """SELECT r.run_id,
-                 (SELECT count(*) FROM steps s WHERE s.run_id = r.run_id) AS steps,
-                 (SELECT count(*) FROM request_steps q WHERE q.run_id = r.run_id) AS request_steps,
-                 (SELECT count(*) FROM requests q WHERE q.run_id = r.run_id) AS requests,
-                 (SELECT count(*) FROM rejects q WHERE q.run_id = r.run_id) AS rejects
-               FROM runs r WHERE r.run_id IN (SELECT UNNEST(?))""",
-            [ids],
-        ).set_index("run_id")
-        gaps = store.query_df("SELECT run_id, kind, count(*) AS n FROM gaps WHERE run_id IN (SELECT UNNEST(?)) GROUP BY ALL", [ids])
-        for run_id, arm, gamma, group in runs.itertuples(index=False):
-            mine = rs[rs["run_id"] == run_id]
-            m = run_metrics(mine, arm, int(gamma))
-            if arm == "compact" and len(mine):
-                self._add_hazard(store, m, mine, all_runs, run_id, int(gamma), group)
-            m["arm"] = arm
-            m["cost"] = cost_metrics(steps[steps["run_id"] == run_id])
-            m["counts"] = counts.loc[run_id].to_dict() if run_id in counts.index else {}
-            m["gaps"] = {k: int(n) for k, n in gaps[gaps["run_id"] == run_id][["kind", "n"]].itertuples(index=False)}
-            res["runs"][run_id] = m
-        return res
-
-    def _add_hazard(self, store, m, rows, runs, run_id, gamma, group) -> None:
-        truth = runs[(runs["gamma"] == gamma) & runs["arm"].isin(["cap-accept", "static"]) & (runs["run_id"] != run_id)]
-        if truth.empty:
-            return
-        same = truth[truth["audit_group"] == group] if group is not None else truth.iloc[0:0]
-        src = (same if len(same) else truth).sort_values("arm").iloc[0]["run_id"]
+    def refresh(self) -> bool:
+        """Probe the data version; recompute when it changed. True when a new snapshot was made."""
         try:
-            cached = self._truth.get(src)
-            if cached is None or time.monotonic() - cached[0] > self.refit_s:
-                t = store.query_df(
-                    """SELECT * EXCLUDE (rn) FROM (SELECT *, row_number() OVER (ORDER BY epoch DESC, forward_ct DESC) AS rn
-                       FROM request_steps WHERE run_id = ? AND ceiling IS NOT NULL) WHERE rn <= ?""", [src, self.window_rows])
-                cached = self._truth[src] = (time.monotonic(), t)
-            c = hazard_ceiling(cached[1], rows, gamma)
-        except Exception as e:  # noqa: BLE001 - the simple quantities still stand
-            m.setdefault("notes", []).append(f"hazard estimate unavailable: {type(e).__name__}: {e}")
-            return
-        m["ceiling"]["hazard"] = c
-        m["utilization"]["hazard"] = _util(m["realized"], c["point"], c["lo"], c["hi"])
-        m["hazard_truth_run"] = src
-
-    def get(self) -> dict[str, Any]:
+            v = Reader(self.db).data_version()
+            self.seen_version = v
+            if v == self.snapshot.version and self.snapshot.at:
+                return False
+            snap = compute(self.db, self.run_ids, n_boot=self.n_boot, seed=self.seed)
+        except Exception as e:  # noqa: BLE001 - keep serving the last good snapshot, count the failure
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            return False
         with self._lock:
-            if time.monotonic() - self._at >= self.refresh_s or not self._cache:
-                try:
-                    self._cache = self._compute()
-                except Exception as e:  # noqa: BLE001 - serve the last good values
-                    self.errors += 1
-                    self.last_error = f"{type(e).__name__}: {e}"
-                self._at = time.monotonic()
-            return self._cache
+            self.snapshot = snap
+        return True
+
+    @property
+    def up_to_date(self) -> bool:
+        return bool(self.snapshot.at) and self.snapshot.version == self.seen_version
+
+    def get(self) -> Snapshot:
+        with self._lock:
+            return self.snapshot
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.refresh()
+                self._stop.wait(self.refresh_s)
+
+        self._thread = threading.Thread(target=loop, name="acceptscope-exporter-refresh", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wait_ready(self, timeout_s: float = 600.0) -> bool:
+        """Block until a snapshot of the current data version is served (tests, benches)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.up_to_date:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def _by_run_row(est: dict) -> dict | None:
+    rows = [g for g in (est.get("utilization") or {}).get("by_group") or [] if g.get("by") == "run"]
+    return rows[0] if rows else None
+
+
+def _put(fam, labels: list[str], v: Any) -> None:
+    if v is not None:
+        fam.add_metric(labels, float(v))
+
+
+def families(snap: Snapshot) -> list:
+    """The metric families of one snapshot (see the module docstring for each name)."""
+    R = ["run_id"]
+    C = lambda n, h, extra=(): CounterMetricFamily(f"acceptscope_spec_decode_{n}", h, labels=R + list(extra))  # noqa: E731
+    G = lambda n, h, extra=(): GaugeMetricFamily(f"acceptscope_{n}", h, labels=R + list(extra))  # noqa: E731
+    drafts = C("num_drafts", "Request-steps (draft blocks) verified.")
+    draft_tok = C("num_draft_tokens", "Draft tokens verified (sum of windows; trimmed drafts are not counted).")
+    acc_tok = C("num_accepted_tokens", "Accepted draft tokens (bonus token excluded).")
+    acc_pos = C("num_accepted_tokens_per_pos", "Accepted draft tokens per 0-based draft position.", ["position"])
+    ver_pos = C("num_verified_per_pos", "Blocks whose window reached the 0-based draft position (trimmed: unobserved).", ["position"])
+    trimmed = C("num_trimmed_tokens", "Drafted tokens the planner did not verify (gamma - window).")
+    by_window = C("num_drafts_by_window", "Blocks verified per window (verified draft tokens).", ["window"])
+    info = G("run_info", "Run attributes; gen_ai_* are the OpenTelemetry GenAI resource attributes.",
+             ["arm", "engine", "gamma", "gen_ai_request_model", "gen_ai_provider_name"])
+    realized = G("realized_accept_length", "Mean committed tokens per block (accepted drafts + 1 bonus).")
+    ceiling = G("ceiling_accept_length", "Uncapped (full-gamma verify) accept length, bonus included: the tail estimate.", ["bound"])
+    util = G("utilization", "Committed / ceiling tokens, 95% bootstrap interval.", ["group_by", "group", "bound"])
+    iw_rate = G("in_window_accept_rate", "Accepted / verified draft tokens.")
+    sg_rate = G("spec_accept_rate", "Accepted drafts / (gamma x blocks): SGLang's fixed-gamma rate.")
+    ece = G("calibration_ece", "ECE (15 equal-width bins) of the confidence head per 0-based position, before/after STS.",
+            ["method", "stage", "position", "bound"])
+    cost_ms = G("cost_model_error_ms", "SPS cost-model error of the step time (ms).", ["split", "stat"])
+    cost_rel = G("cost_model_rel_error", "SPS cost-model relative error of the step time.", ["split", "stat"])
+    regret = G("trim_regret_rate", "Trimmed blocks that accepted their whole window / trimmed blocks (TensorRT-LLM's rate).")
+    trim_ratio = G("trim_ratio", "1 - delivered / ceiling tokens; lo/hi from the utilization interval.", ["bound"])
+    trimmed_blocks = C("num_trimmed_drafts", "Blocks whose window the planner trimmed below gamma.")
+    lost = G("planner_accepted_drafts_lost", "Drafts the ceiling says would have been accepted, lost to trimming.")
+    est_err = G("estimate_error", "1 when the estimators could not estimate this run (see estimate --json).")
+    gammas = {}
+    for r in snap.runs:
+        rid = str(r["run_id"])
+        gammas[rid] = int(r["gamma"])
+        info.add_metric([rid, str(r["arm"]), str(r["engine"]), str(r["gamma"]), str(r.get("target_model") or ""),
+                         str(r["engine"])], 1.0)
+    for rid, est in snap.estimates.items():
+        lv = [rid]
+        est_err.add_metric(lv, 1.0 if "error" in est else 0.0)
+        if "error" in est:
+            continue
+        run = _by_run_row(est)
+        pos = (est.get("utilization") or {}).get("by_position") or []
+        if run is not None:
+            drafts.add_metric(lv, float(run["n"]))
+            _put(iw_rate, lv, run.get("in_window_accept_rate"))
+            _put(sg_rate, lv, run.get("spec_accept_rate"))
+            if pos:
+                verified = sum(int(p["verified"]) for p in pos)
+                draft_tok.add_metric(lv, float(verified))
+                acc_tok.add_metric(lv, float(sum(int(p["accepted"]) for p in pos)))
+                if rid in gammas:
+                    trimmed.add_metric(lv, float(gammas[rid] * int(run["n"]) - verified))
+        for p in pos:
+            acc_pos.add_metric(lv + [str(p["position"])], float(p["accepted"]))
+            ver_pos.add_metric(lv + [str(p["position"])], float(p["verified"]))
+        for g in (est.get("utilization") or {}).get("by_group") or []:
+            for b, suf in BOUNDS:
+                _put(util, lv + [str(g["by"]), str(g["group"]), b], g.get("utilization" if not suf else "util" + suf))
+        summ = (est.get("tail") or {}).get("summary") or {}
+        _put(realized, lv, summ.get("mean_accept_length"))
+        agg = [a for a in (est.get("tail") or {}).get("aggregate") or [] if a.get("group") == "all"]
+        if agg:
+            for b, key in (("point", "mean_ceiling"), ("lo", "lo"), ("hi", "hi")):
+                if agg[0].get(key) is not None:
+                    ceiling.add_metric(lv + [b], float(agg[0][key]) + 1.0)
+        for m in (est.get("calibration") or {}).get("metrics") or []:
+            for b, suf in BOUNDS:
+                _put(ece, lv + [str(m["method"]), str(m["stage"]), str(m["position"]), b], m.get("ece" + suf))
+        for m in (est.get("calibration") or {}).get("summary") or []:
+            _put(ece, lv + [str(m["method"]), str(m["stage"]), "all", "point"], m.get("ece"))
+        cost = est.get("cost") or {}
+        for split in ("in_sample", "held_out", "baseline"):
+            s = cost.get(split) or {}
+            _put(cost_ms, lv + [split, "mae"], s.get("mae_ms"))
+            _put(cost_ms, lv + [split, "bias"], s.get("bias_ms"))
+            _put(cost_rel, lv + [split, "median"], s.get("median_rel_err"))
+            _put(cost_rel, lv + [split, "mean"], s.get("mean_rel_err"))
+        trim = (est.get("bracket") or {}).get("trim") or {}
+        _put(regret, lv, trim.get("trim_regret_rate"))
+        _put(trimmed_blocks, lv, trim.get("trimmed_request_steps"))
+        if trim.get("trim_ratio") is not None:
+            trim_ratio.add_metric(lv + ["point"], float(trim["trim_ratio"]))
+            if run is not None and run.get("util_lo") is not None and run.get("util_hi") is not None:
+                trim_ratio.add_metric(lv + ["lo"], 1.0 - float(run["util_hi"]))
+                trim_ratio.add_metric(lv + ["hi"], 1.0 - float(run["util_lo"]))
+        _put(lost, lv, ((est.get("planner") or {}).get("summary") or {}).get("accepted_drafts_lost"))
+    for rid, w, n in snap.windows:
+        by_window.add_metric([rid, str(w)], float(n))
+    return [drafts, draft_tok, acc_tok, acc_pos, ver_pos, trimmed, by_window, trimmed_blocks, info, realized, ceiling,
+            util, iw_rate, sg_rate, ece, cost_ms, cost_rel, regret, trim_ratio, lost, est_err]
+
+
+def health(snap: Snapshot, errors: int, up_to_date: bool) -> list:
+    """The exporter's own state, read at every scrape."""
+    errs = CounterMetricFamily("acceptscope_exporter_errors", "Failed store reads or estimates (last good snapshot served).")
+    errs.add_metric([], float(errors))
+    fresh = GaugeMetricFamily("acceptscope_exporter_up_to_date", "1 when the served snapshot is of the data version last seen.")
+    fresh.add_metric([], 1.0 if up_to_date else 0.0)
+    took = GaugeMetricFamily("acceptscope_exporter_compute_seconds", "Seconds the served snapshot took to compute.")
+    took.add_metric([], snap.compute_s)
+    return [errs, fresh, took]
 
 
 class _Collector:
+    """Formats the latest snapshot; the families are built once per snapshot, not per scrape."""
+
     def __init__(self, src: DerivedMetrics):
         self.src = src
+        self._built: tuple[Any, list] | None = None
 
     def collect(self) -> Iterable:
-        data = self.src.get().get("runs", {})
-        L = ["run_id", "arm"]
-        realized = GaugeMetricFamily("acceptscope_realized_accept_length", "Mean committed tokens per request-step (window).", labels=L)
-        ceiling = GaugeMetricFamily("acceptscope_ceiling_accept_length", "Uncapped accept length (full-gamma verify), point and interval.", labels=L + ["method", "bound"])
-        util = GaugeMetricFamily("acceptscope_utilization", "Realized / ceiling accept length, point and interval.", labels=L + ["method", "bound"])
-        rate = GaugeMetricFamily("acceptscope_in_window_accept_rate", "sum(correct_drafts)/sum(window) (window).", labels=L)
-        ece = GaugeMetricFamily("acceptscope_calibration_ece", "ECE of recorded survival vs uncensored accept label, per draft position (cap-accept).", labels=L + ["position"])
-        cost = GaugeMetricFamily("acceptscope_cost_model_error_ms", "Mean |predicted_step_ms - actual| of the SPS planner.", labels=L + ["vs"])
-        cost_rel = GaugeMetricFamily("acceptscope_cost_model_error_rel", "Median relative error of predicted_step_ms.", labels=L + ["vs"])
-        rows = GaugeMetricFamily("acceptscope_rows", "Rows captured per table.", labels=L + ["table"])
-        gaps = GaugeMetricFamily("acceptscope_gaps", "Detected telemetry gaps by kind.", labels=L + ["kind"])
-        for run_id, m in data.items():
-            lv = [run_id, str(m.get("arm"))]
-            if "realized" in m:
-                realized.add_metric(lv, m["realized"])
-                rate.add_metric(lv, m["in_window_accept_rate"])
-                for meth, bounds in m["ceiling"].items():
-                    for b, v in bounds.items():
-                        ceiling.add_metric(lv + [meth, b], v)
-                for meth, bounds in m["utilization"].items():
-                    for b, v in bounds.items():
-                        util.add_metric(lv + [meth, b], v)
-            for k, v in (m.get("ece") or {}).items():
-                ece.add_metric(lv + [str(k)], v)
-            if "ece_all" in m:
-                ece.add_metric(lv + ["all"], m["ece_all"])
-            for vs, c in (m.get("cost") or {}).items():
-                cost.add_metric(lv + [vs], c["mae_ms"])
-                cost_rel.add_metric(lv + [vs], c["median_rel"])
-            for t, n in (m.get("counts") or {}).items():
-                rows.add_metric(lv + [t], float(n))
-            for kind, n in (m.get("gaps") or {}).items():
-                gaps.add_metric(lv + [kind], float(n))
-        errs = CounterMetricFamily("acceptscope_exporter_errors", "Failed store reads (last good values served).")
-        errs.add_metric([], float(self.src.errors))
-        yield from (realized, ceiling, util, rate, ece, cost, cost_rel, rows, gaps, errs)
+        snap = self.src.get()
+        if self._built is None or self._built[0] is not snap:
+            self._built = (snap, families(snap))
+        yield from self._built[1]
+        yield from health(snap, self.src.errors, self.src.up_to_date)
 
 
 class MetricsExporter:
-    """Serve derived metrics on ``http://127.0.0.1:<port>/metrics``."""
+    """Serve the estimators' figures on ``http://127.0.0.1:<port>/metrics``."""
 
     def __init__(self, db: str, port: int, *, host: str = "127.0.0.1", run_ids: Sequence[str] | None = None,
-                 window_rows: int = 20_000, refresh_s: float = 2.0):
+                 refresh_s: float = 2.0, n_boot: int = 200, seed: int = 0):
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"the exporter binds to loopback only (got {host!r}); put a proxy in front to publish it")
-        self.source = DerivedMetrics(db, run_ids, window_rows=window_rows, refresh_s=refresh_s)
+        self.source = DerivedMetrics(db, run_ids, refresh_s=refresh_s, n_boot=n_boot, seed=seed)
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self.source))
         self.host, self.port = host, port
@@ -294,6 +289,7 @@ class MetricsExporter:
     def start(self) -> "MetricsExporter":
         self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         self.port = self._server.server_address[1]
+        self.source.start()
         return self
 
     @property
@@ -301,6 +297,7 @@ class MetricsExporter:
         return f"http://{self.host}:{self.port}/metrics"
 
     def stop(self) -> None:
+        self.source.stop()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
