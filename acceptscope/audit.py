@@ -29,6 +29,7 @@ from acceptscope import audit_sampling, live
 from acceptscope.engine import EngineConfig, run_engine
 from acceptscope.engine.workloads import BUILTIN, disjoint_prompts, load_prompts, parse_spec
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_OK
+from acceptscope.outputs import atomic_write
 from acceptscope.parity import check_parity
 from acceptscope.reader import Reader
 from acceptscope.report import Thresholds, write_report
@@ -180,9 +181,8 @@ def calibrate_sts(cfg: AuditConfig, group: str, opts: dict, n_audit: int,
     data = calibration_data(rs, label="realized")
     cal = StsCalibrator("smooth-nll").fit(data.z, data.y)
     path = sts_path_for(cfg.db, group)
-    path.write_text(cal.to_sglang_json(dataset=f"{cfg.db}:{run_id}", label=data.label,
-                                       extra={"calibration_run": run_id, "prompt_offset": int(n_audit)}),
-                    encoding="utf-8")
+    atomic_write(path, cal.to_sglang_json(dataset=f"{cfg.db}:{run_id}", label=data.label,
+                                          extra={"calibration_run": run_id, "prompt_offset": int(n_audit)}))
 
     seen = {p.text for p in load_prompts(workload, int(n_audit))}
     overlap = sum(p.text in seen for p in prompts)  # 0 by construction; stated in the report

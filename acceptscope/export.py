@@ -20,11 +20,18 @@ string. Spark reads the same tree with ``spark.read.parquet(OUT + "/steps")``.
 Re-exporting a run replaces that run's directory of each table (no stale files,
 no duplicates). Each (table, run) is read on its own short read-only connection,
 so a live writer process is only held off for one run's table at a time.
+
+Crash safety: a (table, run) partition is written whole under ``OUT/.staging-<token>/`` first; only
+then is the old partition moved aside (``OUT/.trash-<token>/``) and the new one renamed into its
+place, and the manifest is written last (atomically, :mod:`acceptscope.outputs`). A kill or a full
+disk mid-export leaves every old partition readable and the old manifest; the hidden staging and
+trash folders of a killed export are removed by the next export.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import uuid
@@ -36,6 +43,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from acceptscope import schema
+from acceptscope.outputs import atomic_write, fsync_dir
 from acceptscope.store import Store, _q, duck_type, fetch_arrow_reader
 
 MANIFEST = "_acceptscope_export.json"
@@ -69,13 +77,55 @@ def _partitioning(t: schema.Table) -> ds.Partitioning:
     return ds.HivePartitioning(pa.schema(fields), null_fallback=NULL_PARTITION)
 
 
-def _remove_run_dirs(table_dir: Path, run_id: str | None, key: str = "run_id") -> None:
+def _run_dirs(table_dir: Path, run_id: str | None, key: str = "run_id") -> list[Path]:
+    """The partition directories of one run (or hash) in ``table_dir``."""
     if not table_dir.is_dir():
-        return
+        return []
     want = NULL_PARTITION if run_id is None else run_id
-    for d in table_dir.iterdir():
-        if d.is_dir() and d.name.startswith(f"{key}=") and unquote(d.name[len(key) + 1:]) == want:
-            shutil.rmtree(d)
+    return [d for d in table_dir.iterdir()
+            if d.is_dir() and d.name.startswith(f"{key}=") and unquote(d.name[len(key) + 1:]) == want]
+
+
+class _Swap:
+    """One export's staging and trash folders: a partition is written in staging, then swapped in."""
+
+    def __init__(self, out: Path, token: str):
+        self.out = out
+        for old in out.glob(".staging-*"):  # a killed export's leftovers (its old partitions were never moved)
+            shutil.rmtree(old, ignore_errors=True)
+        for old in out.glob(".trash-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        self.staging = out / f".staging-{token}"
+        self.trash = out / f".trash-{token}"
+        self.n = 0
+
+    def stage(self, table: str) -> Path:
+        d = self.staging / table
+        shutil.rmtree(d, ignore_errors=True)
+        return d
+
+    def replace(self, table: str, run_id: str | None, key: str = "run_id") -> None:
+        """Move the run's old partitions of ``table`` aside, the staged ones in; then drop the old."""
+        table_dir, staged = self.out / table, self.staging / table
+        old = _run_dirs(table_dir, run_id, key)
+        new = _run_dirs(staged, run_id, key)
+        moved = []
+        for d in old:
+            self.n += 1
+            dest = self.trash / f"{self.n}"
+            dest.mkdir(parents=True, exist_ok=True)
+            os.replace(d, dest / d.name)
+            moved.append(dest)
+        table_dir.mkdir(parents=True, exist_ok=True)
+        for d in new:
+            os.replace(d, table_dir / d.name)
+        fsync_dir(table_dir)
+        for d in moved:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        shutil.rmtree(self.trash, ignore_errors=True)
 
 
 def _write(con_factory, t: schema.Table, sql: str, params, table_dir: Path, token: str) -> int:
@@ -145,37 +195,14 @@ def export_parquet(
             for t in chosen
         }
     token = uuid.uuid4().hex[:12]
-    written: dict[str, int] = {t.name: 0 for t in chosen}
-    for t in chosen:
-        table_dir = out / t.name
-        for run in runs:
-            _remove_run_dirs(table_dir, run)
-            if run not in present[t.name]:
-                continue
-            where = "run_id IS NULL" if run is None else "run_id = ?"
-            order = ", ".join(_q(k) for k in t.key)
-            sql = f"SELECT * FROM {_q(t.name)} WHERE {where} ORDER BY {order}"
-            rows = _write(lambda: store.connect(read_only=True), t, sql, None if run is None else [run], table_dir, token)
-            written[t.name] += rows
-            if progress is not None:
-                progress(t.name, rows)
-    if tables is None:  # the SPS / STS tables the exported runs reference, by hash
-        ids = [r for r in runs if r is not None]
-        for t in hash_tables():
-            ref = HASH_TABLES[t.name]
-            hashes = sorted(h for h in store.query_df(
-                f"SELECT DISTINCT {_q(ref)} AS h FROM runs WHERE {_q(ref)} IS NOT NULL AND run_id IN (SELECT UNNEST(?))",
-                [ids])["h"]) if ids else []
-            written[t.name] = 0
-            for h in hashes:
-                _remove_run_dirs(out / t.name, h, "table_hash")
-                order = ", ".join(_q(k) for k in t.key)
-                sql = f"SELECT * FROM {_q(t.name)} WHERE table_hash = ? ORDER BY {order}"
-                rows = _write(lambda: store.connect(read_only=True), t, sql, [h], out / t.name, token)
-                written[t.name] += rows
-                if progress is not None and rows:
-                    progress(t.name, rows)
-            chosen = chosen + [t]
+    swap = _Swap(out, token)
+    try:
+        written = _export_tables(store, chosen, runs, present, swap, token, progress)
+        if tables is None:  # the SPS / STS tables the exported runs reference, by hash
+            written.update(_export_hash_tables(store, [r for r in runs if r is not None], swap, token, progress))
+            chosen = chosen + hash_tables()
+    finally:
+        swap.close()
     summary = {
         "out_dir": str(out),
         "runs": [r for r in runs if r is not None],
@@ -183,8 +210,50 @@ def export_parquet(
         "partitioning": {t.name: list(partition_columns(t)) for t in chosen},
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    _merge_manifest(out / MANIFEST, summary)
+    _merge_manifest(out / MANIFEST, summary)  # last: it names only partitions already in place
     return summary
+
+
+def _export_tables(store: Store, chosen: list, runs: list, present: dict, swap: _Swap, token: str,
+                   progress: Callable[[str, int], None] | None) -> dict[str, int]:
+    """Each (table, run): written in staging, then swapped in for the old partition."""
+    written: dict[str, int] = {t.name: 0 for t in chosen}
+    for t in chosen:
+        for run in runs:
+            staged = swap.stage(t.name)
+            if run in present[t.name]:
+                where = "run_id IS NULL" if run is None else "run_id = ?"
+                order = ", ".join(_q(k) for k in t.key)
+                sql = f"SELECT * FROM {_q(t.name)} WHERE {where} ORDER BY {order}"
+                rows = _write(lambda: store.connect(read_only=True), t, sql, None if run is None else [run], staged,
+                              token)
+                written[t.name] += rows
+                if progress is not None:
+                    progress(t.name, rows)
+            swap.replace(t.name, run)
+    return written
+
+
+def _export_hash_tables(store: Store, ids: list, swap: _Swap, token: str,
+                        progress: Callable[[str, int], None] | None) -> dict[str, int]:
+    """The SPS / STS table rows the runs reference, one ``table_hash`` partition at a time."""
+    written: dict[str, int] = {}
+    for t in hash_tables():
+        ref = HASH_TABLES[t.name]
+        hashes = sorted(h for h in store.query_df(
+            f"SELECT DISTINCT {_q(ref)} AS h FROM runs WHERE {_q(ref)} IS NOT NULL "
+            "AND run_id IN (SELECT UNNEST(?))", [ids])["h"]) if ids else []
+        written[t.name] = 0
+        for h in hashes:
+            staged = swap.stage(t.name)
+            order = ", ".join(_q(k) for k in t.key)
+            sql = f"SELECT * FROM {_q(t.name)} WHERE table_hash = ? ORDER BY {order}"
+            rows = _write(lambda: store.connect(read_only=True), t, sql, [h], staged, token)
+            swap.replace(t.name, h, "table_hash")
+            written[t.name] += rows
+            if progress is not None and rows:
+                progress(t.name, rows)
+    return written
 
 
 def _merge_manifest(path: Path, summary: dict[str, Any]) -> None:
@@ -194,7 +263,7 @@ def _merge_manifest(path: Path, summary: dict[str, Any]) -> None:
         old = {"exports": []}
     old.setdefault("exports", []).append(summary)
     old["exports"] = old["exports"][-100:]
-    path.write_text(json.dumps(old, indent=2))
+    atomic_write(path, json.dumps(old, indent=2))
 
 
 # ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from acceptscope import estimate_views as est
 from acceptscope.figures import regime as R
 from acceptscope.figures import tables as F
 from acceptscope.figures.estimates import tail_truth_figure
+from acceptscope.outputs import atomic_write
 from acceptscope.parity import PAIR_KEY, ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
@@ -242,9 +243,7 @@ def build_report(
 def write_report(db: str | Path, out: str | Path, **kw: Any) -> ReportResult:
     """Render and write the report; returns the result with ``path`` set."""
     text, res = build_report(db, **kw)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    out = atomic_write(out, text)  # a kill or a full disk leaves the old report whole
     res.path = out
     return res
 

@@ -9,8 +9,13 @@ top. The measured costs are ``LAZY_IMPORTS`` in tests/test_layers.py.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import typer
+
+from acceptscope.console import one_line
+from acceptscope.exit_codes import EXIT_FAILURE
 
 app = typer.Typer(
     name="acceptscope",
@@ -20,6 +25,7 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 
 # Command modules, in --help order. A module listed here that does not exist yet is skipped.
@@ -48,4 +54,15 @@ for _name in _COMMAND_MODULES:
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    app()
+    """Run the command; a failure nothing below caught is one line on stderr and exit 1 (130 on Ctrl-C),
+    never a traceback (``ACCEPTSCOPE_DEBUG=1`` re-raises it)."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("acceptscope: interrupted\n")
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last line of defence; every command should catch its own
+        if os.environ.get("ACCEPTSCOPE_DEBUG"):
+            raise
+        sys.stderr.write("acceptscope: " + one_line(e) + "\n")
+        sys.exit(EXIT_FAILURE)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import typer
 from rich.table import Table
 
 from acceptscope.console import console  # noqa: F401 - re-exported for the command modules
+from acceptscope.outputs import dumps_strict
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE  # noqa: F401
 
 # The optional extras of pyproject.toml and the modules that tell whether each is installed.
@@ -62,8 +62,8 @@ JsonOption = typer.Option(False, "--json", help="Print a machine-readable JSON s
 
 
 def emit_json(summary: Any) -> None:
-    """Write one JSON document to stdout (human output goes to stderr)."""
-    sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+    """Write one strict JSON document to stdout (``NaN`` -> ``null``; human output goes to stderr)."""
+    sys.stdout.write(dumps_strict(summary, indent=2) + "\n")
     sys.stdout.flush()
 
 

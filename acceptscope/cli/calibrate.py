@@ -16,6 +16,7 @@ from acceptscope.cli._common import (
     emit_json,
     open_store_read_only,
 )
+from acceptscope.outputs import atomic_write
 
 HELP = """Fit Sequential Temperature Scaling for a run and write SGLang's STS JSON.
 
@@ -105,7 +106,7 @@ def register(app: typer.Typer) -> None:
                                       "relative": [float(a / b) for a, b in zip(final.temperatures_, in_force)]}
         text = final.to_sglang_json(dataset=f"acceptscope:{db.name}:{run}", label=label, extra=extra)
         check_sglang_sts(text, gamma=gamma)
-        out.write_text(text, encoding="utf-8")
+        atomic_write(out, text)  # a kill or ulimit -f leaves the old table whole
         if json_out:
             emit_json({"out": str(out), "method": method, "label": label, "temperatures": final.temperatures_,
                        "num_samples": final.num_samples_, "held_out": res.to_json()["summary"], "notes": d.notes,

@@ -42,6 +42,7 @@ from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.ingest.sps_profile import ingest_profile_file
 from acceptscope.live.http import fetch
 from acceptscope.live.launcher import SGLangUnavailable
+from acceptscope.outputs import atomic_file, atomic_write
 
 WARMUP_STEPS = 8
 PROFILER_MODULE = "sglang.benchmark.dspark_sps_profiler"
@@ -369,15 +370,15 @@ def _write_sglang_files(out: str, res: SweepResult) -> None:
     cmd = SglangProfilerCommand(out=out)
     paths = cmd.outputs()
     paths["table"].parent.mkdir(parents=True, exist_ok=True)
-    with paths["records"].open("w") as f:  # SGLang keeps only records with a CPU step time
+    with atomic_file(paths["records"]) as f:  # SGLang keeps only records with a CPU step time
         for r in res.record_rows:
             if r["step_time_s"] is not None and r["num_verify_tokens"] is not None and r["num_running_reqs"] is not None:
                 f.write(json.dumps({k: r[k] for k in ("repeat", "batch_size", "batch_size_per_rank", "dp_rank", "forward_ct",
                                                       "num_running_reqs", "num_verify_tokens")}
                                    | {"step_time": r["step_time_s"]}) + "\n")
-    with paths["rounds"].open("w") as f:
+    with atomic_file(paths["rounds"]) as f:
         for r in res.rounds:
             f.write(json.dumps(r) + "\n")
-    paths["manifest"].write_text(json.dumps(res.manifest, indent=2, default=str) + "\n")
+    atomic_write(paths["manifest"], json.dumps(res.manifest, indent=2, default=str) + "\n")  # last: it says the rest is whole
     if res.table is not None:
         write_sps(table_from_obj(res.table, "diagonal"), paths["table"])  # SGLang's byte convention
