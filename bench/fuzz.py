@@ -4,9 +4,9 @@ Not run in CI. Two parts:
 
 ``python bench/fuzz.py [--n 10000] [--seed 0]`` -- per parser (every JSON artifact kind, on a real
 SGLang-produced fixture), ``--n`` generated cases: one ``"key": <scalar>`` site of the artifact takes
-one poisoned JSON value (the families of tests/poison_values.py: integers past int64 and int32,
+one poisoned JSON value (the families of bench/support/poison_values.py: integers past int64 and int32,
 lone surrogate escapes, nesting past the recursion limit, NaN/Infinity, wrong types, huge strings).
-Each case asserts (tests.poison_values.check): no exception escapes the parser or the Arrow
+Each case asserts (bench.support.poison_values.check): no exception escapes the parser or the Arrow
 conversion, the rows lost are at most those of the unit holding the site (line / ring record /
 response / document) and come with a reject, every reject is storable text. Each parser runs in
 its own child process, whose peak RSS (VmHWM) is reported next to its RSS after imports.
@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.ingest import _status_mb  # noqa: E402  (one /proc/self/status reader for the benches)
+from bench.support.corrupt_db import KINDS  # noqa: E402
 
 
 def _rss_mb() -> float:
@@ -48,8 +49,8 @@ RING_RECORDS = 8  # records kept per rank of the server_info fixture: ~12x less 
 
 
 def poison(rng: random.Random) -> str:
-    """One poisoned JSON value, drawn from the same families as tests.poison_values.poison_text."""
-    from tests.poison_values import FIXED
+    """One poisoned JSON value, drawn from the same families as bench.support.poison_values.poison_text."""
+    from bench.support.poison_values import FIXED
 
     r = rng.random()
     if r < 0.45:
@@ -66,7 +67,7 @@ def poison(rng: random.Random) -> str:
 
 
 def fuzz_child(spec_i: int, n: int, seed: int) -> dict:
-    from tests.poison_values import CASE_SPECS, check, load_case
+    from bench.support.poison_values import CASE_SPECS, check, load_case
 
     kind, name, unit = CASE_SPECS[spec_i]
     case = load_case(kind, name, unit, max_records=RING_RECORDS)  # (server_info: 2 ranks x 8 records, 96 rows)
@@ -99,7 +100,7 @@ def fuzz_child(spec_i: int, n: int, seed: int) -> dict:
 
 
 def run_fuzz(n: int, seed: int) -> list[dict]:
-    from tests.poison_values import CASE_SPECS
+    from bench.support.poison_values import CASE_SPECS
 
     out = []
     for i in range(len(CASE_SPECS)):
@@ -146,7 +147,7 @@ def attack_child(name: str, work: Path) -> dict:
     later = FX / "compact.server_info.json"
     if name.startswith("poison:"):  # poison:<artifact>:<key>:<value name>
         _, art, key, vname = name.split(":", 3)
-        from tests.poison_values import FIXED, replace_site, value_sites
+        from bench.support.poison_values import FIXED, replace_site, value_sites
 
         value = dict(FIXED)[vname]
         text = (FX / art).read_text()
@@ -204,7 +205,7 @@ def attack_child(name: str, work: Path) -> dict:
                    orphans=orphans.column(0)[0].as_py(), exit="ok")
     elif name.startswith("http:"):  # http:<mode>
         from acceptscope.live.poller import ServerInfoPoller
-        from tests.hostile_http_server import HostileServer, poisoned
+        from bench.support.hostile_http_server import HostileServer, poisoned
 
         mode = name.split(":", 1)[1]
         body = (FX / "capacc.server_info.json").read_bytes()
@@ -224,12 +225,12 @@ def attack_child(name: str, work: Path) -> dict:
         from acceptscope.cli import app
         from acceptscope.ingest import ingest_paths
         from acceptscope.store import Store
-        from tests.test_hostile_db import _corrupt
+        from bench.support.corrupt_db import corrupt
 
         kind = name.split(":", 1)[1]
         real = work / "real.duckdb"
         ingest_paths([FX / "capacc.server_info.json"], Store(real), progress=False)
-        db = _corrupt(kind, real, work / f"{kind}.duckdb")
+        db = corrupt(kind, real, work / f"{kind}.duckdb")
         codes = []
         for cmd in ("estimate", "report"):
             args = [cmd, "--db", str(db)] + (["--out", str(work / "r.html"), "--no-estimators"] if cmd == "report"
@@ -255,7 +256,7 @@ ATTACKS = (
        "artifacts behind a symlinked directory", "duplicate top-level key, empty internal_states",
        "rejected step header (bs = 2**40)"]
     + [f"http:{m}" for m in ("slow-body", "endless-headers", "huge", "huge-declared", "redirect", "poison")]
-    + [f"corrupt db:{k}" for k in ("random", "tiny", "jsonl", "truncated", "zeroed-middle")]
+    + [f"corrupt db:{k}" for k in KINDS]
 )
 
 
@@ -284,7 +285,7 @@ def digest_server_info(n: int, seed: int, out: Path) -> None:
     import hashlib
 
     from acceptscope.ingest.server_info import ServerInfoIngestor
-    from tests.poison_values import load_case, replace_site
+    from bench.support.poison_values import load_case, replace_site
 
     case = load_case("server_info", "capacc.server_info.json", "record", max_records=RING_RECORDS)
     rng = random.Random(seed)

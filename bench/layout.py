@@ -38,7 +38,7 @@ import pyarrow.compute as pc  # noqa: E402
 
 from acceptscope import schema  # noqa: E402
 from acceptscope.store import Store  # noqa: E402
-from tests import _store_helpers as H  # noqa: E402
+from bench.support import synthetic as H  # noqa: E402
 
 KEY = list(schema.REQUEST_STEPS.key)
 PER_POS = ["draft_tokens", "confidence", "survival", "confidence_logit", "draft_logprob", "target_logprob"]

@@ -29,7 +29,7 @@ import duckdb  # noqa: E402
 
 from acceptscope import schema  # noqa: E402
 from acceptscope.store import Store, insert_new_rows  # noqa: E402
-from tests import _store_helpers as H  # noqa: E402
+from bench.support import synthetic as H  # noqa: E402
 
 
 def batches(rows: int, batch: int):

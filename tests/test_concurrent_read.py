@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from acceptscope.store import Store
-from tests import _store_helpers as H
+from bench.support import synthetic as H
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKS = 80  # 400 request_steps rows each, one every 0.05 s: ~4 s of streaming
@@ -25,7 +25,7 @@ READERS = 2
 
 def _py(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests._store_helpers", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [sys.executable, "-m", "bench.support.synthetic", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
 
 

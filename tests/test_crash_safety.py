@@ -1,6 +1,6 @@
 """SIGKILL a real writer process mid-stream; the file must reopen with whole flushes only.
 
-The child (``tests/_store_helpers.py writer``) streams a deterministic source
+The child (``bench/support/synthetic.py writer``) streams a deterministic source
 (chunks of 400 request_steps + 50 steps rows) through a TelemetryWriter with a
 0.1 s flush interval and logs, via ``os.write`` (kernel-side, survives
 SIGKILL), ``appended N`` after each chunk and ``committed N`` after each flush.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from acceptscope.store import Store
-from tests import _store_helpers as H
+from bench.support import synthetic as H
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKS = 150  # 7.5 s of stream at 0.05 s per chunk: far more than a child streams before it is killed
@@ -27,7 +27,7 @@ CHUNKS = 150  # 7.5 s of stream at 0.05 s per chunk: far more than a child strea
 
 def _spawn_writer(db: Path, log: Path, interval_s: float = 0.05) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests._store_helpers", "writer", str(db), str(log), str(CHUNKS), str(interval_s), "0.1"],
+        [sys.executable, "-m", "bench.support.synthetic", "writer", str(db), str(log), str(CHUNKS), str(interval_s), "0.1"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

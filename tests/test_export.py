@@ -14,7 +14,7 @@ from acceptscope import schema
 from acceptscope.cli import app
 from acceptscope.export import duckdb_source, export_parquet, exportable_tables, read_export
 from acceptscope.store import Store
-from tests import _store_helpers as H
+from bench.support import synthetic as H
 
 
 def _sorted(t: pa.Table, name: str) -> pa.Table:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from acceptscope.cli import app
 from acceptscope.ingest import ingest_paths
 from acceptscope.store import Store
+from bench.support.corrupt_db import KINDS, corrupt
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
 
@@ -23,26 +24,10 @@ def real_db(tmp_path_factory) -> Path:
     return db
 
 
-def _corrupt(kind: str, real: Path, out: Path) -> Path:
-    data = real.read_bytes()
-    if kind == "random":
-        out.write_bytes(bytes((i * 7919 + 13) % 256 for i in range(100_000)))
-    elif kind == "tiny":
-        out.write_bytes(b"DUCK")
-    elif kind == "jsonl":
-        out.write_bytes((FX / "capacc.estimator.jsonl").read_bytes())
-    elif kind == "truncated":
-        out.write_bytes(data[: len(data) // 3])
-    elif kind == "zeroed-middle":
-        mid = len(data) // 2
-        out.write_bytes(data[:4096] + b"\0" * (mid - 4096) + data[mid:])
-    return out
-
-
 @pytest.mark.parametrize("cmd", ["estimate", "report"])
-@pytest.mark.parametrize("kind", ["random", "tiny", "jsonl", "truncated", "zeroed-middle"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_corrupt_database_is_one_line_and_exit_2(real_db, tmp_path, kind, cmd):
-    db = _corrupt(kind, real_db, tmp_path / f"{kind}.duckdb")
+    db = corrupt(kind, real_db, tmp_path / f"{kind}.duckdb")
     args = [cmd, "--db", str(db)] + (["--out", str(tmp_path / "r.html"), "--no-estimators"] if cmd == "report" else [])
     r = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert r.exit_code == 2, r.output
@@ -110,7 +95,7 @@ def test_file_from_before_the_mark_is_migrated_and_not_misreported(real_db, tmp_
 def test_truncated_file_that_duckdb_still_opens_is_refused(real_db, tmp_path):
     """DuckDB reads blocks lazily: a copy cut to a third can open and answer from the blocks that
     survived. The store compares the file's length with the blocks its header counts."""
-    db = _corrupt("truncated", real_db, tmp_path / "cut.duckdb")
+    db = corrupt("truncated", real_db, tmp_path / "cut.duckdb")
     try:
         con = duckdb.connect(str(db), read_only=True)
         opens = con.execute("SELECT count(*) FROM request_steps").fetchone()[0] > 0

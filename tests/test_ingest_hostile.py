@@ -17,7 +17,7 @@ import pytest
 from acceptscope.ingest import ingest_paths
 from acceptscope.ingest.batch import REJECT_CAP
 from acceptscope.store import Store
-from tests.poison_values import replace_site, value_sites
+from bench.support.poison_values import replace_site, value_sites
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
 POISONS = {"2**63": str(2**63), "2**70": str(2**70), "\\ud800": '"\\ud800"', "deep": "[" * 5000 + "]" * 5000}

@@ -1,7 +1,7 @@
 """Hypothesis: a poisoned value anywhere in a real artifact costs at most the unit that holds it.
 
 For every parser, a site (``"key": <scalar>``) of a real SGLang-produced artifact takes one
-poisoned JSON value (tests/poison_values.py: ints past int64, lone surrogates, nesting past the
+poisoned JSON value (bench/support/poison_values.py: ints past int64, lone surrogates, nesting past the
 recursion limit, NaN/Infinity, wrong types). The parse must not raise, the rows lost must not
 exceed those of the line / ring record / response / document holding the site, a loss must come
 with a reject, and every reject must be storable text naming its field. bench/fuzz.py runs the
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.poison_values import CASE_SPECS, check, load_case, poison_text
+from bench.support.poison_values import CASE_SPECS, check, load_case, poison_text
 
 _CASES: dict = {}
 

@@ -19,7 +19,7 @@ from acceptscope.cli import app
 from acceptscope.live.http import DeadlineExceeded, Redirected, ResponseTooLarge, fetch
 from acceptscope.live.poller import ServerInfoPoller
 from acceptscope.store import Store
-from tests.hostile_http_server import HostileServer, poisoned
+from bench.support.hostile_http_server import HostileServer, poisoned
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sglang" / "capacc.server_info.json"
 DEADLINE = 1.0

@@ -13,7 +13,7 @@ import pytest
 
 from acceptscope import schema
 from acceptscope.store import Store, as_arrow
-from tests import _store_helpers as H
+from bench.support import synthetic as H
 
 KEY = list(schema.REQUEST_STEPS.key)
 

@@ -20,7 +20,7 @@ from acceptscope.store import Store
 from acceptscope.writer import TelemetryWriter
 from acceptscope.figures import tables as figures
 from acceptscope.reader import Reader
-from tests import _store_helpers as H
+from bench.support import synthetic as H
 
 RUNS = ["run-a", "run-b"]
 

@@ -15,7 +15,7 @@ import pytest
 from acceptscope import audit_sampling, schema, summaries
 from acceptscope.reader import Reader
 from acceptscope.store import Store
-from tests import _store_helpers as H
+from bench.support import synthetic as H
 from tests.test_summaries import RUNS, _copy, _messy, _requests, template  # noqa: F401  (the module-scoped filled store)
 
 

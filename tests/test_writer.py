@@ -13,7 +13,7 @@ import pytest
 
 from acceptscope.store import Store
 from acceptscope.writer import TelemetryWriter, WriterError
-from tests import _store_helpers as H
+from bench.support import synthetic as H
 
 
 # every guarantee below holds with the flush thread and without it (flushes committed by the appending thread)

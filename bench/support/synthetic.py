@@ -3,7 +3,8 @@
 Vectorised (numpy -> Arrow offsets) so that 300k ``request_steps`` rows build in
 well under a second; the values follow the record model's semantics
 (``window <= gamma``, ``acc_len = correct_drafts + 1``, ``ceiling >= correct``),
-not real model output.
+not real model output. ``python -m bench.support.synthetic writer|reader ...`` runs the child
+processes of the crash-safety and concurrent-read tests.
 """
 
 from __future__ import annotations

@@ -73,10 +73,11 @@ def replace_site(text: str, m: re.Match, value: str) -> str:
 # one parser, one real artifact, the units one poisoned value may cost
 # ---------------------------------------------------------------------------
 from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+from bench.support import SGLANG_FIXTURES  # noqa: E402
+
+FIXTURES = SGLANG_FIXTURES
 _META = {"runs", "gaps", "rejects"}
 
 
