@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from acceptscope import audit_sampling, live
 from acceptscope.engine import EngineConfig, run_engine
-from acceptscope.engine.workloads import BUILTIN, disjoint_prompts, load_prompts, parse_spec
+from acceptscope.domain.workloads import BUILTIN, disjoint_prompts, load_prompts, parse_spec
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_OK
 from acceptscope.outputs import atomic_write
 from acceptscope.parity import check_parity

@@ -46,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     from acceptscope.engine import DEFAULT_SPS, load_models
     from acceptscope.engine.runner import Engine, RequestSpec
-    from acceptscope.engine.sps import load_sps
+    from acceptscope.domain.sps import load_sps
     from acceptscope.engine.telemetry import TelemetrySink
-    from acceptscope.engine.tokenizer import format_chat, load_tokenizer
-    from acceptscope.engine.workloads import load_prompts
+    from acceptscope.domain.chat import format_chat
+    from acceptscope.engine.tokenizer import load_tokenizer
+    from acceptscope.domain.workloads import load_prompts
     from acceptscope.store import Store
 
     tpath, _, model, drafter = load_models(a.target, a.drafter)

@@ -27,8 +27,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from acceptscope.engine import sps as sps_mod  # noqa: E402
-from acceptscope.engine.scheduler import allocate, compute_budget  # noqa: E402
+from acceptscope.domain import sps as sps_mod  # noqa: E402
+from acceptscope.domain.scheduler import allocate, compute_budget  # noqa: E402
 from acceptscope.figures import regime as R  # noqa: E402
 from acceptscope.figures import tables as F  # noqa: E402
 from acceptscope.reader import Reader, select_runs  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from acceptscope.engine import profiler  # noqa: E402
-from acceptscope.engine import sps as sps_mod  # noqa: E402
+from acceptscope.domain import sps as sps_mod  # noqa: E402
 from acceptscope.engine.gpu_profile import ragged_windows  # noqa: E402
 
 SWEEP_BS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

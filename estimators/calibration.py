@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
-from acceptscope.engine.sts import sts_problem
+from acceptscope.domain.sts import sts_problem
 from acceptscope.estimators.bootstrap import row_request_keys
 from acceptscope.estimators.calibration_metrics import ece, ece_rows, position_metrics, reliability_table
 from acceptscope.estimators.frame import BlockFrame, padded

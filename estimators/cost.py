@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from acceptscope.engine.sps import SpsTable, SpsTable1D, SpsTableAdditive
+from acceptscope.domain.sps import SpsTable, SpsTable1D, SpsTableAdditive
 
 
 def table_from_long(df: pd.DataFrame) -> SpsTable:

@@ -15,7 +15,7 @@ Example (the budget rule on a hand case: one request, survivals 0.9 and 0.5, a t
 each extra token costs 10% of the base step)::
 
     >>> import numpy as np
-    >>> from acceptscope.engine.sps import SpsTableAdditive
+    >>> from acceptscope.domain.sps import SpsTableAdditive
     >>> from acceptscope.estimators.planner import budget_rule
     >>> t = SpsTableAdditive(1.0, [1, 2], [0.0, 0.0], [1, 3], [0.0, 0.2])
     >>> budget_rule(np.array([[0.9, 0.5]]), t)["budget"]   # theta: 1/1, 1.9/1.1, 2.4/1.2
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from acceptscope.engine.scheduler import compute_budget
-from acceptscope.engine.sps import SpsTable
+from acceptscope.domain.scheduler import compute_budget
+from acceptscope.domain.sps import SpsTable
 from acceptscope.estimators.bootstrap import group_codes
 from acceptscope.estimators.frame import BlockFrame
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from acceptscope import schema
 from acceptscope.store import Store, fetch_arrow
-from acceptscope.engine.sps import parse_sps
+from acceptscope.domain.sps import parse_sps
 from acceptscope.ingest.links import named_tables
 from acceptscope.estimators.bracket import bracket_from_jsonl
 from acceptscope.estimators.calibration import compare

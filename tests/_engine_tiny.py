@@ -147,9 +147,10 @@ def save_tiny_pair(root, gamma: int = 4, vocab: int = 320, hidden: int = 32, see
     """A random target + random DSpark drafter + trained BPE tokenizer on disk (for run_engine tests)."""
     from pathlib import Path
 
-    from acceptscope.engine.corpus import eval_prompts
+    from acceptscope.domain.corpus import eval_prompts
     from acceptscope.engine.target import make_target_config
-    from acceptscope.engine.tokenizer import format_chat, special_token_ids, train_tokenizer
+    from acceptscope.domain.chat import format_chat
+    from acceptscope.engine.tokenizer import special_token_ids, train_tokenizer
     from transformers import Qwen3ForCausalLM
 
     root = Path(root)

@@ -33,7 +33,7 @@ AUDIT_ARGS = ["--workload", "mixed", "--requests", "16", "--max-new-tokens", "24
 
 
 def _engine_ready() -> str | None:
-    from acceptscope.engine import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_model_path
+    from acceptscope.domain.locations import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_model_path
 
     if _MODELS:
         return None if Path(_MODELS, "target", "config.json").is_file() else f"{_MODELS}/target: no model"

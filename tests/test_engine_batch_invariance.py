@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from acceptscope.engine.runner import Engine, RequestSpec
-from acceptscope.engine.sps import SpsTable1D
+from acceptscope.domain.sps import SpsTable1D
 from acceptscope.engine.telemetry import TelemetrySink
 from tests._engine_tiny import single_torch_thread, target  # noqa: F401 (fixtures)
 from tests._engine_tiny import TINY_VOCAB, OracleDrafter, tiny_dspark

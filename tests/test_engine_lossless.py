@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 
 from acceptscope.engine.runner import Engine, RequestSpec
-from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive
+from acceptscope.domain.sps import SpsTable1D, SpsTableAdditive
 from tests._engine_tiny import single_torch_thread, target  # noqa: F401 (fixtures)
 from tests._engine_tiny import OracleDrafter, hf_greedy, tiny_dspark, tiny_target
 

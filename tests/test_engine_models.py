@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from acceptscope.engine import corpus
+from acceptscope.domain import corpus
 from acceptscope.engine.drafter import DrafterConfig, DSparkDrafter, Proposal
 from acceptscope.engine.target import (
     default_target_layer_ids,
@@ -19,14 +19,8 @@ from acceptscope.engine.target import (
     target_hidden_for,
     validate_target_layer_ids,
 )
-from acceptscope.engine.tokenizer import (
-    IM_END,
-    MASK_TOKEN,
-    format_chat,
-    load_tokenizer,
-    special_token_ids,
-    train_tokenizer,
-)
+from acceptscope.domain.chat import IM_END, MASK_TOKEN, format_chat
+from acceptscope.engine.tokenizer import load_tokenizer, special_token_ids, train_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TARGET_DIR, DRAFTER_DIR = FIXTURES / "target", FIXTURES / "drafter"

@@ -11,8 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from acceptscope.engine import REPO_ROOT, EngineConfig, run_engine
-from acceptscope.engine import sps as sps_mod
+from acceptscope.domain.locations import REPO_ROOT
+from acceptscope.engine import EngineConfig, run_engine
+from acceptscope.domain import sps as sps_mod
 from acceptscope.store import Store
 from tests._engine_tiny import save_tiny_pair
 
@@ -36,7 +37,7 @@ def db(pair, tmp_path_factory):
     td, dd, sps_path = pair
     path = tmp_path_factory.mktemp("db") / "runs.duckdb"
     sts_path = path.parent / "sts.json"
-    from acceptscope.engine import sts as sts_mod
+    from acceptscope.domain import sts as sts_mod
 
     sts_mod.write_sts(sts_mod.StsTable([1.0, 1.5, 2.0, 3.0]), sts_path)
     summaries = {}
@@ -200,8 +201,9 @@ def test_shipped_default_sps_table_loads():
 def test_fixture_pair_greedy_matches_target_argmax():
     from acceptscope.engine import load_models
     from acceptscope.engine.runner import Engine, RequestSpec
-    from acceptscope.engine.tokenizer import format_chat, load_tokenizer
-    from acceptscope.engine.workloads import load_prompts
+    from acceptscope.domain.chat import format_chat
+    from acceptscope.engine.tokenizer import load_tokenizer
+    from acceptscope.domain.workloads import load_prompts
     from tests._engine_tiny import hf_greedy
 
     torch.set_num_threads(1)

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from acceptscope.engine import sps as sps_mod
-from acceptscope.engine import sts as sts_mod
-from acceptscope.engine.scheduler import LaggedSurvival, allocate, compute_budget, schedule_step
+from acceptscope.domain import sps as sps_mod
+from acceptscope.domain import sts as sts_mod
+from acceptscope.domain.scheduler import LaggedSurvival, allocate, compute_budget, schedule_step
+from acceptscope.engine.sts_torch import calibrate
 from acceptscope.estimators.calibration import survival
 
 ADD = sps_mod.SpsTableAdditive(0.010, [1, 8, 32], [0.0, 0.002, 0.006], [1, 16, 64, 256], [0.0, 0.001, 0.008, 0.05])
@@ -143,7 +144,7 @@ def test_sts_roundtrip_apply_and_gamma_check(tmp_path):
     p.write_text(text[:-1] + ',"extra_key":1}')  # unknown keys are ignored, like SGLang
     assert sts_mod.load_sts(p) == t
     z = torch.tensor([[2.0, 2.0, 2.0]])
-    c = sts_mod.calibrate(z, t.temperatures)
+    c = calibrate(z, t.temperatures)
     torch.testing.assert_close(c, torch.sigmoid(torch.tensor([[2.0, 1.0, 4.0]])))
     # the runner's torch.cumprod of calibrated confidences is the estimators' one survival function
     np.testing.assert_allclose(torch.cumprod(c, -1).numpy(), survival(z.numpy(), t.temperatures), rtol=1e-6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from acceptscope.engine.workloads import BUILTIN, load_prompts, parse_spec, read_turns_jsonl
+from acceptscope.domain.workloads import BUILTIN, load_prompts, parse_spec, read_turns_jsonl
 
 
 def test_mixed_is_the_four_builtins_round_robin():
@@ -39,7 +39,8 @@ def test_bad_jsonl_names_file_line_and_field(tmp_path):
 
 
 def test_eval_acceptance_reads_prompt_files_with_the_workload_reader(tmp_path):
-    from acceptscope.engine import eval_acceptance, workloads
+    from acceptscope.domain import workloads
+    from acceptscope.engine import eval_acceptance
 
     assert eval_acceptance.read_prompt_file is workloads.read_turns_jsonl  # one JSONL reader, not two
     p = tmp_path / "w.jsonl"

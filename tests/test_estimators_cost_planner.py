@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive, parse_sps
+from acceptscope.domain.sps import SpsTable1D, SpsTableAdditive, parse_sps
 from acceptscope.figures import figure_of
 from acceptscope.estimators.cost import CostModel, step_seconds_at_tokens
 from acceptscope.estimators.frame import BlockFrame

@@ -20,7 +20,8 @@ pytest.importorskip("pyspark")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning:pyspark")
 
 from acceptscope.cli import app  # noqa: E402
-from acceptscope.engine import REPO_ROOT, EngineConfig, run_engine  # noqa: E402
+from acceptscope.domain.locations import REPO_ROOT  # noqa: E402
+from acceptscope.engine import EngineConfig, run_engine  # noqa: E402
 from acceptscope.store import Store  # noqa: E402
 
 FIX = REPO_ROOT / "fixtures"

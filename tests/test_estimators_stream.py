@@ -177,7 +177,7 @@ def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path
     from typer.testing import CliRunner
 
     from acceptscope.cli import app
-    from acceptscope.engine import REPO_ROOT
+    from acceptscope.domain.locations import REPO_ROOT
     from acceptscope.estimators import run_all_runs
 
     db = tmp_path / "sgl.duckdb"

@@ -25,7 +25,10 @@ INSTALLED_AS = {"estimators": "acceptscope.estimators", "app": "acceptscope.app"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("schema", ("acceptscope", "acceptscope.schema", "acceptscope.arrow_columns", "acceptscope.exit_codes",
                 "acceptscope.console")),
-    ("store", ("acceptscope.store", "acceptscope.writer", "acceptscope.reader", "acceptscope.summaries")),
+    # numpy models of SGLang's tables and rules, the prompt sets and the data locations: no torch, no store
+    ("domain", ("acceptscope.domain",)),
+    ("store", ("acceptscope.store", "acceptscope.store_lock", "acceptscope.store_dedupe", "acceptscope.store_sql",
+               "acceptscope.writer", "acceptscope.reader", "acceptscope.summaries")),
     ("ingest+engine", ("acceptscope.ingest", "acceptscope.engine", "acceptscope.live", "acceptscope.export")),
     ("estimators", ("acceptscope.estimators", "acceptscope.audit_sampling", "acceptscope.parity")),
     ("figures", ("acceptscope.figures",)),
@@ -56,9 +59,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("acceptscope.cli.*", "acceptscope.audit"): "start-up: +5.0 s (engine, report, estimators)",
     ("acceptscope.cli.*", "acceptscope.report"): "start-up: +3.5 s; the [app] extra (jinja2, plotly)",
     ("acceptscope.cli.*", "acceptscope.live"): "the [live] extra (requests, prometheus_client); start-up +1.3-2.2 s",
-    ("acceptscope.cli.*", "acceptscope.engine"): ("the [engine] extra: torch, +5-7 s (train, profiler, drafter, "
-                                                 "target, eval_acceptance); even the torch-free package and "
-                                                 "workloads add +26-46 ms to `acceptscope --help`"),
+    ("acceptscope.cli.*", "acceptscope.engine"): ("the [engine] extra: torch + transformers at import, +5-7 s "
+                                                 "(run, train, profile)"),
+    ("acceptscope.cli.*", "acceptscope.domain"): ("start-up: +23 ms on `acceptscope --help` (check_names: "
+                                                 "workloads -> corpus), min of 3"),
     ("acceptscope.cli.*", "torch"): "the [engine] extra; +7.2 s",
     ("acceptscope.cli.*", "acceptscope.estimators"): "start-up: +1.2 s (estimators.calibration +3.5 s)",
     # acceptscope.audit imports this package on every audit; its sglang entry point needs the [live] extra
@@ -68,25 +72,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("acceptscope.live.launcher", "torch"): "the [engine] extra; the GPU preflight falls back to nvidia-smi",
     # `.pt` shards are read with torch.load; a core install (no torch) still ingests every other artifact
     ("acceptscope.ingest.sts_shards", "torch"): "the [engine] extra; +5.7 s after `import acceptscope.ingest`",
-    # The engine package is a torch-free facade: the core (estimators.calibration, ingest's table parsers,
-    # the CLI's name checks) reaches it through engine.sps / engine.sts / engine.workloads. Min of 3 on the
-    # loaded 2-core machine, over `import acceptscope.engine`: runner (torch) +15 s, telemetry (pyarrow) +2.5 s.
-    ("acceptscope.engine", "torch"): "the [engine] extra; torch-free facade (+15 s with the runner)",
-    ("acceptscope.engine", "acceptscope.engine.runner"): "the [engine] extra: torch, +15 s",
-    ("acceptscope.engine", "acceptscope.engine.drafter"): "the [engine] extra: torch + transformers",
-    ("acceptscope.engine", "acceptscope.engine.target"): "the [engine] extra: torch + transformers",
-    ("acceptscope.engine", "acceptscope.engine.profiler"): "the [engine] extra: torch",
-    ("acceptscope.engine", "acceptscope.engine.verify"): "the [engine] extra: torch",
-    ("acceptscope.engine", "acceptscope.engine.telemetry"): "pyarrow, +2.5 s on the torch-free facade",
-    ("acceptscope.engine", "acceptscope.schema"): "pyarrow, +1.9 s on `import acceptscope.engine.sps`",
-    ("acceptscope.engine", "acceptscope.store"): "pyarrow + duckdb, +2.6 s on `import acceptscope.engine.sps`",
-    ("acceptscope.engine", "acceptscope.ingest"): ("import cycle: acceptscope.ingest.sps / sts_table import "
-                                                  "engine.sps / engine.sts at top (+2.5 s besides)"),
-    # estimators.calibration (core) imports engine.sts for its table model; torch only fits a table
-    ("acceptscope.engine.sts", "torch"): "the [engine] extra; engine.sts is core",
-    # engine.workloads (core) -> engine.corpus -> engine.tokenizer (format_chat) at top
-    ("acceptscope.engine.tokenizer", "tokenizers"): "the [engine] extra; engine.tokenizer is core",
-    ("acceptscope.engine.tokenizer", "transformers"): "the [engine] extra (+5.8 s); engine.tokenizer is core",
     ("acceptscope.engine.gpu_profile", "torch._dynamo"): "+12.7 s over torch; only --compile uses it",
     # run_all imports estimators.validation (batch_band); only the binomial reading needs scipy.stats
     # (scipy.special.bdtr is not bit-equal to binom.cdf)

@@ -35,7 +35,7 @@ import importlib, json, pkgutil, sys
 import acceptscope.ingest
 from acceptscope import estimators
 mods = ["acceptscope", "acceptscope.cli", "acceptscope.store", "acceptscope.writer", "acceptscope.schema",
-        "acceptscope.export", "acceptscope.engine.sps", "acceptscope.engine.scheduler", "acceptscope.engine.workloads"]
+        "acceptscope.export", "acceptscope.domain.sps", "acceptscope.domain.scheduler", "acceptscope.domain.workloads"]
 mods += ["acceptscope.estimators." + m.name for m in pkgutil.iter_modules(estimators.__path__)]
 mods += ["acceptscope.ingest." + m.name for m in pkgutil.iter_modules(acceptscope.ingest.__path__)]
 mods = [m for m in mods if m not in {sorted(NOT_CORE)!r}]
@@ -130,7 +130,7 @@ def test_pyproject_extras_and_typed_marker():
 
 def test_fixture_models_resolve_from_acceptscope_home(tmp_path, monkeypatch):
     """An installed wheel has no checkout beside it: $ACCEPTSCOPE_HOME comes before the checkout."""
-    from acceptscope.engine import REPO_ROOT, data_roots, resolve_model_path
+    from acceptscope.domain.locations import REPO_ROOT, data_roots, resolve_model_path
 
     home = tmp_path / "home"
     (home / "fixtures" / "models" / "target").mkdir(parents=True)
@@ -149,7 +149,7 @@ def test_the_wheel_carries_every_fixture_model_and_profile(tmp_path, monkeypatch
     the last root :func:`data_roots` searches, so an installed wheel runs the main job without a checkout."""
     import glob
 
-    from acceptscope.engine import resolve_model_path
+    from acceptscope.domain.locations import resolve_model_path
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     data_files = meta["tool"]["setuptools"]["data-files"]

@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from acceptscope.engine import PROFILE_DIR, EngineConfig, resolve_cost_profile, run_engine
+from acceptscope.domain.locations import PROFILE_DIR, resolve_cost_profile
+from acceptscope.engine import EngineConfig, run_engine
 from acceptscope.engine import gpu_profile as gp
 from acceptscope.engine import profiler
-from acceptscope.engine import sps as sps_mod
-from acceptscope.engine.workloads import disjoint_prompts, load_prompts
+from acceptscope.domain import sps as sps_mod
+from acceptscope.domain.workloads import disjoint_prompts, load_prompts
 from acceptscope.ingest.sps import parse_sps_table
 from acceptscope.reader import Reader
 from tests._engine_tiny import save_tiny_pair

@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from acceptscope.engine import corpus
+from acceptscope.domain import corpus
 from acceptscope.engine.drafter import DSparkDrafter, position_weights
 from acceptscope.engine.eval_acceptance import greedy_acceptance, read_prompt_file
 from acceptscope.engine.train import (
@@ -24,7 +24,7 @@ from acceptscope.engine.train import (
     train_drafter,
     train_target,
 )
-from acceptscope.engine.workloads import load_prompts
+from acceptscope.domain.workloads import load_prompts
 
 TINY_TARGET = dict(corpus_chars=120_000, tokenizer_chars=120_000, vocab_size=320, hidden_size=32, num_layers=3,
                    num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64, batch_size=4, seq_len=48,

@@ -41,8 +41,8 @@ def require_extra(command: str, extra: str) -> None:
 
 def check_names(arm: str | None = None, workload: str | None = None, cost_profile: str | None = None) -> None:
     """Exit 2 on a misspelled arm, workload or cost profile *before* any model loads (< 1 s)."""
-    from acceptscope.engine import resolve_cost_profile  # stdlib-only module (no torch at import)
-    from acceptscope.engine.workloads import check_spec
+    from acceptscope.domain.locations import resolve_cost_profile
+    from acceptscope.domain.workloads import check_spec
     from acceptscope.schema import ARMS
 
     try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -19,68 +17,30 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-# torch-free on purpose: the core reaches this package through engine.sps / engine.sts / engine.workloads,
-# so torch, pyarrow and duckdb are imported inside the functions that serve (tests/test_layers.py LAZY_IMPORTS)
-from acceptscope.engine import sps as sps_mod
-from acceptscope.engine import sts as sts_mod
-from acceptscope.engine.tokenizer import format_chat, load_tokenizer
-from acceptscope.engine.workloads import load_prompts
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def data_roots() -> list[Path]:
-    """Where relative model and profile paths (``fixtures/...``) resolve, in order.
-
-    1. the current directory; 2. ``$ACCEPTSCOPE_HOME`` (a checkout, or any folder holding
-    ``fixtures/``); 3. the checkout this package runs from (an editable install);
-    4. ``<prefix>/share/acceptscope``, where the wheel installs the fixture models and profiles
-    (pyproject's ``data-files``).
-    """
-    roots = [Path.cwd()]
-    if os.environ.get("ACCEPTSCOPE_HOME"):
-        roots.append(Path(os.environ["ACCEPTSCOPE_HOME"]).expanduser())
-    roots.append(REPO_ROOT)
-    roots.append(Path(sys.prefix) / "share" / "acceptscope")
-    return roots
-
+from acceptscope import schema
+from acceptscope.domain import sps as sps_mod
+from acceptscope.domain import sts as sts_mod
+from acceptscope.domain.chat import format_chat
+from acceptscope.domain.locations import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_cost_profile, resolve_model_path
+from acceptscope.domain.workloads import load_prompts
+from acceptscope.engine import profiler
+from acceptscope.engine.drafter import DSparkDrafter
+from acceptscope.engine.profiler import StepClock
+from acceptscope.engine.runner import Engine, RequestSpec
+from acceptscope.engine.target import load_target
+from acceptscope.engine.telemetry import TelemetrySink
+from acceptscope.engine.tokenizer import load_tokenizer
+from acceptscope.engine.verify import check_mode
+from acceptscope.ingest.sps import parse_sps_table
+from acceptscope.ingest.sts_table import parse_sts_table
+from acceptscope.store import Store
 
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"
-DEFAULT_TARGET = "fixtures/models/target"
-DEFAULT_DRAFTER = "fixtures/models/drafter"
 DEFAULT_SPS = PACKAGE_DATA / "sps_reference.json"
-PROFILE_DIR = next((r / "fixtures" / "profiles" for r in data_roots()[1:] if (r / "fixtures" / "profiles").is_dir()),
-                   REPO_ROOT / "fixtures" / "profiles")
-# the GPU cost profile the audit serves on by default (measured on an H200; fixtures/profiles/README.md)
-DEFAULT_COST_PROFILE = "h200-qwen3-8b"
 
-__all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_models", "resolve_model_path", "DEFAULT_SPS",
-           "table_rows", "resolve_cost_profile", "DEFAULT_COST_PROFILE", "PROFILE_DIR"]
-
-
-def resolve_model_path(p: str | Path) -> Path:
-    """Absolute paths as given; relative ones against :func:`data_roots` in order (cwd, $ACCEPTSCOPE_HOME, checkout)."""
-    path = Path(p).expanduser()
-    if path.is_absolute() or path.exists():
-        return path.resolve()
-    for root in data_roots()[1:]:
-        if (root / path).exists():
-            return root / path
-    return path
-
-
-def resolve_cost_profile(spec: str | Path) -> Path:
-    """A shipped profile name (``h200-qwen3-8b``, see ``fixtures/profiles``) or a path to an SPS table."""
-    s = str(spec)
-    named = PROFILE_DIR / f"{s}.json"
-    if "/" not in s and not s.endswith(".json") and named.is_file():
-        return named
-    p = resolve_model_path(s)
-    if not p.is_file():
-        names = sorted(f.name.removesuffix(".json") for f in PROFILE_DIR.glob("*.json")
-                       if not f.name.endswith((".1d.json", ".manifest.json", ".vclock.json")))
-        raise FileNotFoundError(f"cost profile {s!r}: no such file, and not one of the shipped profiles {names}")
-    return p
+__all__ = ["EngineConfig", "RunSummary", "run_engine", "profile_engine", "load_models", "DEFAULT_SPS", "table_rows"]
 
 
 @dataclass
@@ -145,8 +105,6 @@ class RunSummary:
 
 
 def _set_threads(n: Optional[int]) -> None:
-    import torch
-
     n = n or 1  # default 1: on small shared CPUs intra-op threads oversubscribe (see README of bench/engine.py)
     torch.set_num_threads(max(1, int(n)))
 
@@ -162,9 +120,6 @@ def _load_sps(spec: Optional[str]):
 
 def load_models(target: str | Path, drafter: str | Path):
     """(target dir, drafter dir, target model, drafter) with clear errors for missing directories."""
-    from acceptscope.engine.drafter import DSparkDrafter
-    from acceptscope.engine.target import load_target
-
     tpath = resolve_model_path(target)
     dpath = resolve_model_path(drafter)
     for label, p in (("target", tpath), ("drafter", dpath)):
@@ -181,9 +136,6 @@ def profile_engine(target: str | Path, drafter: str | Path, out: str | Path, *, 
                    context_len: int = 64, mbin: int = 16, monotone: bool = True, gamma: Optional[int] = None,
                    threads: Optional[int] = None, progress: Optional[Callable[[], None]] = None) -> dict:
     """Profile the engine's step cost and write SGLang SPS tables; returns paths, hashes and cells."""
-    from acceptscope.engine import profiler
-    from acceptscope.engine.runner import Engine
-
     _set_threads(threads)
     _, _, model, dr = load_models(target, drafter)
     g = int(gamma or dr.config.gamma)
@@ -215,9 +167,6 @@ def table_rows(sps_bytes: Optional[bytes], sps_path: Optional[str], sts_bytes: O
     (both are sha256 of the file bytes). A table the SGLang-strict parser refuses yields
     ``rejects`` rows instead (the run itself loaded it with the engine's own loader).
     """
-    from acceptscope.ingest.sps import parse_sps_table
-    from acceptscope.ingest.sts_table import parse_sts_table
-
     out: dict[str, list] = {}
     batches = []
     if sps_bytes is not None:
@@ -233,13 +182,6 @@ def table_rows(sps_bytes: Optional[bytes], sps_path: Optional[str], sts_bytes: O
 
 def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], None]] = None) -> RunSummary:
     """Run one arm end to end and return its summary (telemetry goes to ``config.db`` if set)."""
-    import torch
-
-    from acceptscope import schema
-    from acceptscope.engine.runner import Engine, RequestSpec
-    from acceptscope.engine.telemetry import TelemetrySink
-    from acceptscope.engine.verify import check_mode
-
     check_mode(config.arm)
     _set_threads(config.threads)
     tpath, dpath, model, drafter = load_models(config.target, config.drafter)
@@ -255,8 +197,6 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
         sts_hash = hashlib.sha256(sts_bytes).hexdigest()  # = sts_mod.file_sha256 = ingest's table_hash
     clock = None
     if config.cost_profile:
-        from acceptscope.engine.profiler import StepClock
-
         sps_table, sps_path = _load_sps(str(resolve_cost_profile(config.cost_profile)))
         clock = StepClock.from_profile(sps_table, sps_path)
     else:
@@ -285,8 +225,6 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
     run_id = config.run_id or f"ref-{config.arm}-{uuid.uuid4().hex[:8]}"
     store = None
     if config.db:
-        from acceptscope.store import Store
-
         store = Store(config.db)
         cfg = asdict(config)
         cfg.update(gamma=gamma, target=str(tpath), drafter=str(dpath), sps_path=sps_path,
@@ -298,7 +236,7 @@ def run_engine(config: EngineConfig, progress: Optional[Callable[[int, int], Non
             "temperature": config.temperature, "target_model": str(tpath), "draft_model": str(dpath),
             "sts_hash": sts_hash, "sps_hash": sps_hash, "started_at": datetime.now(timezone.utc),
             "config_json": json.dumps(cfg, sort_keys=True, default=str), "source": "live",
-            "audit_group": config.audit_group,
+            "audit_group": config.audit_group, "role": schema.run_role(config.arm, config.audit_group),
         }]})
         store.append(table_rows(sps_bytes, sps_path, sts_bytes, sp, gamma, run_id))
     window_replay = None

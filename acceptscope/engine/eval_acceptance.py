@@ -18,10 +18,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from acceptscope.engine import corpus as corpus_mod
+from acceptscope.domain import corpus as corpus_mod
 from acceptscope.engine.drafter import DSparkDrafter
 from acceptscope.engine.target import target_hidden_for
-from acceptscope.engine.workloads import read_turns_jsonl
+from acceptscope.domain.workloads import read_turns_jsonl
 
 # kept importable under its old name; the one reader is workloads.read_turns_jsonl
 read_prompt_file = read_turns_jsonl

@@ -23,9 +23,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from acceptscope.engine import sps as sps_mod
+from acceptscope.domain import sps as sps_mod
 from acceptscope.engine.kv import pack
-from acceptscope.engine.sps import SpsTable1D, SpsTableAdditive
+from acceptscope.domain.sps import SpsTable1D, SpsTableAdditive
 from acceptscope.engine.verify import run_verify
 
 

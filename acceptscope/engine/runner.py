@@ -48,12 +48,13 @@ import pyarrow as pa
 import torch
 
 from acceptscope import schema
-from acceptscope.engine import sts as sts_mod
+from acceptscope.domain import sts as sts_mod
+from acceptscope.domain.scheduler import DEFAULT_LAG_STEPS, LaggedSurvival, schedule_step
+from acceptscope.domain.sps import SpsTable, uninitialized_table
 from acceptscope.engine.kv import CachedTarget, pack
 from acceptscope.engine.profiler import StepClock
 from acceptscope.engine.sampling import sample_tokens
-from acceptscope.engine.scheduler import DEFAULT_LAG_STEPS, LaggedSurvival, schedule_step
-from acceptscope.engine.sps import SpsTable, uninitialized_table
+from acceptscope.engine.sts_torch import calibrate, temperatures_tensor
 from acceptscope.engine.telemetry import TelemetrySink, list_column, ragged_list_column, record_batch
 from acceptscope.engine.verify import check_mode, run_verify
 
@@ -159,7 +160,7 @@ class Engine:
         self.eos = set(int(e) for e in eos)
         self.sts = sts if sts is not None else sts_mod.identity(self.gamma)
         self.sts.check_gamma(self.gamma)
-        self.sts_t = self.sts.tensor()
+        self.sts_t = temperatures_tensor(self.sts)
         self.sps = sps if sps is not None else uninitialized_table(self.max_running * (self.gamma + 1))
         self.lag = LaggedSurvival(self.gamma, lag_steps)
         self.seed = int(seed)
@@ -285,7 +286,7 @@ class Engine:
         z = prop.confidence_logits[:, :G].float()
         t1 = time.perf_counter()
 
-        conf = sts_mod.calibrate(z, self.sts_t)
+        conf = calibrate(z, self.sts_t)
         surv = torch.cumprod(conf, dim=-1)
         surv_np = surv.numpy()
         rids = [r.spec.rid for r in running]

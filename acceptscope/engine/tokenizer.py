@@ -2,8 +2,8 @@
 
 Saved as a ``PreTrainedTokenizerFast`` directory (``tokenizer.json`` + ``tokenizer_config.json`` +
 ``special_tokens_map.json``) so that ``AutoTokenizer.from_pretrained(dir)`` loads it offline.
-Chat formatting follows the Qwen layout (``<|im_start|>role\\n ... <|im_end|>\\n``); the drafter's mask
-token is a reserved special token that never occurs in training text.
+The chat layout and the reserved tokens (the drafter's mask token never occurs in training text) are
+``acceptscope.domain.chat``: the torch-free prompt sets format text with them too.
 """
 
 from __future__ import annotations
@@ -11,49 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = [
-    "SPECIAL_TOKENS",
-    "EOS_TOKEN",
-    "PAD_TOKEN",
-    "MASK_TOKEN",
-    "IM_START",
-    "IM_END",
-    "CHAT_TEMPLATE",
-    "train_tokenizer",
-    "load_tokenizer",
-    "format_chat",
-    "special_token_ids",
-]
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-PAD_TOKEN = "<|endoftext|>"  # document separator and padding (as in Qwen)
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"  # end of a chat turn; the generation EOS
-EOS_TOKEN = IM_END
-MASK_TOKEN = "<|mask|>"  # the drafter's block filler; never in training text
-SYSTEM_ROLE, USER_ROLE, ASSISTANT_ROLE = "system", "user", "assistant"
-SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END, MASK_TOKEN)
+from acceptscope.domain.chat import CHAT_TEMPLATE, EOS_TOKEN, IM_END, IM_START, MASK_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
-
-def format_chat(messages: Iterable[dict[str, str]], add_generation_prompt: bool = False) -> str:
-    """Python twin of :data:`CHAT_TEMPLATE` (used to build training text without jinja)."""
-    out = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
-    if add_generation_prompt:
-        out += f"{IM_START}{ASSISTANT_ROLE}\n"
-    return out
+__all__ = ["train_tokenizer", "load_tokenizer", "special_token_ids"]
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, out_dir: str | Path | None = None) -> Any:
     """Train a byte-level BPE on ``texts``; return a ``PreTrainedTokenizerFast`` (saved to ``out_dir``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -82,8 +49,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, out_dir: str |
 
 def load_tokenizer(path: str | Path) -> Any:
     """Load the tokenizer saved next to a model, offline."""
-    from transformers import AutoTokenizer
-
     p = Path(path)
     if not (p / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{p}: no tokenizer.json")

@@ -35,11 +35,11 @@ from transformers import GenerationConfig, Qwen3ForCausalLM
 
 import acceptscope.engine as eng_pkg
 from acceptscope.engine import EngineConfig, load_models, run_engine
-from acceptscope.engine import corpus as corpus_mod
+from acceptscope.domain import corpus as corpus_mod
 from acceptscope.engine import runner as runner_mod
 from acceptscope.engine.drafter import DrafterConfig, DSparkDrafter, position_weights
 from acceptscope.engine.eval_acceptance import evaluate_workloads
-from acceptscope.engine.scheduler import LaggedSurvival
+from acceptscope.domain.scheduler import LaggedSurvival
 from acceptscope.engine.target import (
     default_target_layer_ids,
     load_target,
@@ -48,7 +48,7 @@ from acceptscope.engine.target import (
     validate_target_layer_ids,
 )
 from acceptscope.engine.tokenizer import load_tokenizer, special_token_ids, train_tokenizer
-from acceptscope.engine.workloads import disjoint_prompts
+from acceptscope.domain.workloads import disjoint_prompts
 
 # The confidence-head refit's data (issue 13): the main job's workload mix, prompts text-disjoint from the first
 # REFIT_EXCLUDE_FIRST of that mix (the audit's 240 and its calibration split), greedy.

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from acceptscope.engine.sps import describe_number  # noqa: F401 - the one wording, re-exported
+from acceptscope.domain.sps import describe_number  # noqa: F401 - the one wording, re-exported
 
 RAW_LIMIT = 2000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -10,7 +10,7 @@
 The format is chosen exactly as SGLang's ``load_sps_table_from_path`` does: the
 additive one iff the file text contains the substring ``"bias_seconds"``
 (anywhere, even in a nested key). The invariants SGLang's ``__post_init__``
-enforces are checked by ``acceptscope.engine.sps.sps_problem``; a table SGLang would refuse is rejected whole (its rows
+enforces are checked by ``acceptscope.domain.sps.sps_problem``; a table SGLang would refuse is rejected whole (its rows
 would describe nothing the server can load). Probes must be JSON ints.
 """
 
@@ -20,7 +20,7 @@ import hashlib
 from pathlib import Path
 from typing import Optional
 
-from acceptscope.engine.sps import sps_kind, sps_problem
+from acceptscope.domain.sps import sps_kind, sps_problem
 from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.jsontext import decode_document
 from acceptscope.ingest.rejects import make_reject
@@ -40,7 +40,7 @@ def parse_sps_table(text: bytes, *, source: str, run_id: Optional[str] = None) -
         batch.reject(make_reject(source, 1, prob[0], f"{kind} SPS table: {prob[1]}", None, run_id))
         return batch
 
-    err = sps_problem(obj, kind)  # the one validator (acceptscope.engine.sps)
+    err = sps_problem(obj, kind)  # the one validator (acceptscope.domain.sps)
     if err:
         return fail(err)
     rows: list[tuple[str, int, float]] = []

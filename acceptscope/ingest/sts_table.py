@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Optional
 
-from acceptscope.engine.sts import sts_problem
+from acceptscope.domain.sts import sts_problem
 from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.jsontext import decode_document
 from acceptscope.ingest.rejects import describe_number, make_reject

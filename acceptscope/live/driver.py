@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import requests
 
 # the one prompt loader and its Prompt / WorkloadError (re-exported for the live CLI and tests)
-from acceptscope.engine.workloads import WORKLOAD_DIR, Prompt, WorkloadError, load_prompts  # noqa: F401
+from acceptscope.domain.workloads import WORKLOAD_DIR, Prompt, WorkloadError, load_prompts  # noqa: F401
 from acceptscope.ingest.meta_info import parse_responses
 
 

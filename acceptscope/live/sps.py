@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import requests
 
-from acceptscope.engine.sps import SpsTable1D, table_from_obj, write_sps
+from acceptscope.domain.sps import SpsTable1D, table_from_obj, write_sps
 from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.ingest.sps_profile import ingest_profile_file

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from acceptscope.engine.tokenizer import ASSISTANT_ROLE, PAD_TOKEN, USER_ROLE, format_chat
+from acceptscope.domain.chat import ASSISTANT_ROLE, PAD_TOKEN, USER_ROLE, format_chat
 
 __all__ = [
     "WORKLOADS",

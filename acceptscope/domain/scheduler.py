@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from acceptscope.engine.sps import SpsTable, SpsTableAdditive
+from acceptscope.domain.sps import SpsTable, SpsTableAdditive
 
 SURVIVAL_EPS = 1e-6
 DEFAULT_LAG_STEPS = 2

@@ -28,6 +28,8 @@ from typing import Any, Optional, Union
 import msgspec
 import numpy as np
 
+from acceptscope.outputs import atomic_write
+
 ADDITIVE_MARKER = '"bias_seconds"'
 
 
@@ -248,8 +250,7 @@ def write_sps(table: SpsTable, path: str | Path) -> str:
     text = table.to_json()
     if isinstance(table, SpsTable1D) and ADDITIVE_MARKER in text:  # pragma: no cover - impossible by construction
         raise ValueError("a 1-D SPS file must never contain the substring \"bias_seconds\"")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text, encoding="utf-8")
+    atomic_write(path, text)  # a kill or a full disk leaves the old table whole
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

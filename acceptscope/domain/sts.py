@@ -7,8 +7,8 @@ table whose length differs from gamma is refused with SGLang's "refit" hint.
 
 :func:`sts_problem` is the one statement of what SGLang refuses in a table; the engine, ingest
 (``acceptscope.ingest.sts_table``) and ``calibrate``'s output check all call it. The table model is
-torch-free (ingest and the estimators use it without the ``[engine]`` extra); only
-:meth:`StsTable.tensor` and :func:`calibrate` need torch.
+torch-free (ingest and the estimators use it without the ``[engine]`` extra); applying it to the
+confidence head's logits is torch and lives in ``acceptscope.engine.sts_torch``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import msgspec
 
-from acceptscope.engine.sps import describe_number
+from acceptscope.domain.sps import describe_number
+from acceptscope.outputs import atomic_write
 
 
 def sts_problem(temperatures: Any, gamma: int | None = None) -> tuple[str, str] | None:
@@ -72,11 +73,6 @@ class StsTable:
         if problem:
             raise ValueError(f"{source}: field {problem[0]}: {problem[1]}")
 
-    def tensor(self) -> "torch.Tensor":  # noqa: F821 - torch is the [engine] extra
-        import torch
-
-        return torch.tensor(self.temperatures, dtype=torch.float32)
-
 
 def identity(gamma: int) -> StsTable:
     """No calibration: T_k = 1 (raw sigmoid)."""
@@ -114,21 +110,9 @@ def load_sts(path: str | Path) -> StsTable:
 def write_sts(table: StsTable, path: str | Path) -> str:
     """Write the table; returns the sha256 of the bytes written."""
     text = table.to_json()
-    Path(path).write_text(text, encoding="utf-8")
+    atomic_write(path, text)  # a kill or a full disk leaves the old table whole
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def calibrate(confidence_logits: "torch.Tensor", temperatures: "torch.Tensor | Sequence[float]") -> "torch.Tensor":  # noqa: F821
-    """c_k = sigmoid(z_k / T_k), computed in float32 like SGLang's confidence head.
-
-    Survival is the cumprod of these: ``estimators.calibration.survival`` is the one survival
-    function (numpy); the runner takes ``torch.cumprod`` of this tensor on the device.
-    """
-    import torch  # the [engine] extra: this module's table model is torch-free
-
-    t = torch.as_tensor(temperatures, dtype=torch.float32, device=confidence_logits.device)
-    return torch.sigmoid(confidence_logits.float() / t)
