@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.scale import _child, cli  # noqa: E402  (one child-process harness for the benches)
+from bench.scale import cli, run_child  # noqa: E402  (one child-process harness for the benches)
 RUNS = ("big-c", "big-cap")
 TABLES = ("request_steps", "steps", "requests")
 
@@ -200,17 +200,17 @@ def main() -> None:
         if a.baseline:  # alternate baseline / this tree, 3 children each, so both see the same machine load
             runs = {"baseline": [], "summary": []}
             for _ in range(3):
-                runs["baseline"].append(_child_in(a.baseline[0], _PANELS, [a.baseline[1], str(a.repeats), "summary"],
-                                                  a.timeout))
-                runs["summary"].append(_child(_PANELS, [str(db), str(a.repeats), "summary"], a.timeout))
+                runs["baseline"].append(run_child(_PANELS, [a.baseline[1], str(a.repeats), "summary"], a.timeout,
+                                                  tree=a.baseline[0]))
+                runs["summary"].append(run_child(_PANELS, [str(db), str(a.repeats), "summary"], a.timeout))
             for k, got in runs.items():
                 row[k] = _merge(got)
                 print(json.dumps({"rows_per_run": n, k: row[k]}), flush=True)
         else:
-            row["summary"] = _child(_PANELS, [str(db), str(a.repeats), "summary"], a.timeout)
+            row["summary"] = run_child(_PANELS, [str(db), str(a.repeats), "summary"], a.timeout)
             print(json.dumps({"rows_per_run": n, "summary": row["summary"]}), flush=True)
         if "raw" not in skip:
-            row["raw"] = _child(_PANELS, [str(db), str(a.raw_repeats), "raw"], a.timeout)
+            row["raw"] = run_child(_PANELS, [str(db), str(a.raw_repeats), "raw"], a.timeout)
             print(json.dumps({"rows_per_run": n, "raw": row["raw"]}), flush=True)
         if "report" not in skip:
             row["report"] = cli(["report", "--db", str(db), "--run", RUNS[0], "--run", RUNS[1], "--no-estimators",
@@ -218,21 +218,6 @@ def main() -> None:
             print(json.dumps({"rows_per_run": n, "report": row["report"]}), flush=True)
         results.append(row)
     print_table(results)
-
-
-def _child_in(tree: str, code: str, args: list[str], timeout: float) -> dict:
-    """``bench.scale._child`` run from another checkout ``tree`` (its code alone on the path): the baseline."""
-    import os
-    import subprocess
-
-    env = dict(os.environ, PYTHONPATH=tree, COLUMNS="100")
-    try:
-        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                           env=env, cwd=tree)
-    except subprocess.TimeoutExpired:
-        return {"rc": "timeout", "seconds": timeout}
-    lines = [x for x in r.stdout.strip().splitlines() if x.startswith("{")]
-    return json.loads(lines[-1]) if r.returncode == 0 and lines else {"rc": r.returncode, "error": r.stderr[-600:]}
 
 
 def _merge(got: list[dict]) -> dict:

@@ -34,12 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.ingest import _status_mb  # noqa: E402  (one /proc/self/status reader for the benches)
+from bench.support.memory import status_mb  # noqa: E402  (one /proc/self/status reader for the benches)
 from bench.support.corrupt_db import KINDS  # noqa: E402
 
 
 def _rss_mb() -> float:
-    return _status_mb("VmRSS")
+    return status_mb("VmRSS")
 
 
 # ---------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def fuzz_child(spec_i: int, n: int, seed: int) -> dict:
             "baseline_rows": case.baseline, "exceptions_escaped": escaped, "contract_violations": violations,
             "cases_with_reject": with_reject, "rows_lost_total": lost_total, "rows_lost_max_per_case": lost_max,
             "seconds": round(time.perf_counter() - t0, 1), "rss_after_imports_mb": round(rss0, 1),
-            "peak_rss_mb": round(_status_mb("VmHWM"), 1), "first_problem": first_problem}
+            "peak_rss_mb": round(status_mb("VmHWM"), 1), "first_problem": first_problem}
 
 
 def run_fuzz(n: int, seed: int) -> list[dict]:
@@ -242,7 +242,7 @@ def attack_child(name: str, work: Path) -> dict:
         raise SystemExit(f"unknown attack {name!r}")
     row["seconds"] = round(time.perf_counter() - t0, 2)
     row["rss_after_imports_mb"] = round(rss0, 1)
-    row["peak_rss_mb"] = round(_status_mb("VmHWM"), 1)
+    row["peak_rss_mb"] = round(status_mb("VmHWM"), 1)
     return row
 
 

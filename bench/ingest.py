@@ -90,15 +90,6 @@ def _pin() -> None:
         pass
 
 
-def _status_mb(field: str) -> float:
-    """A memory line of /proc/self/status (``VmHWM``: peak RSS of this process since exec) in MB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
-
-
 def child(kind: str, dump: str, jsonl: str, db: str) -> None:
     _pin()
     import duckdb  # noqa: F401
@@ -107,6 +98,7 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
     from acceptscope.ingest import ingest_paths
     from acceptscope.ingest.server_info import ServerInfoIngestor
     from acceptscope.store import Store, create_table_sql
+    from bench.support.memory import status_mb  # (PYTHONPATH: the tree's root, see _run_child)
 
     import pyarrow  # noqa: F401
     import pandas  # noqa: F401  (imported by the store anyway; keep it out of the timing)
@@ -128,7 +120,7 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
         con.execute("SET threads=1")
         con.execute(create_table_sql(schema.REQUEST_STEPS, primary_key=False))
         con.register("_parsed", floor_table)
-    rss0 = _status_mb("VmRSS")
+    rss0 = status_mb("VmRSS")
     u0 = os.times()
     c0 = time.process_time()
     t0 = time.perf_counter()
@@ -212,7 +204,7 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
     dt = time.perf_counter() - t0
     cpu = time.process_time() - c0
     u1 = os.times()
-    peak_mb = _status_mb("VmHWM")
+    peak_mb = status_mb("VmHWM")
     import acceptscope
 
     print(json.dumps({"kind": kind, "rows": n, "seconds": dt, "cpu_seconds": cpu, "peak_rss_mb": peak_mb,

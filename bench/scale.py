@@ -192,9 +192,13 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="100")
 
 
-def _child(code: str, args: list[str], timeout: float) -> dict:
+def run_child(code: str, args: list[str], timeout: float, tree: str | Path | None = None) -> dict:
+    """Run ``code`` in a fresh interpreter (``python -c code args``): the last JSON line it prints, or its exit
+    code and error. ``tree``: another checkout, its code alone on the path (a baseline); default this one."""
+    env = _env() if tree is None else dict(os.environ, PYTHONPATH=str(tree), COLUMNS="100")
     try:
-        r = subprocess.run([PY, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+        r = subprocess.run([PY, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                           cwd=tree or ROOT)
     except subprocess.TimeoutExpired:
         return {"rc": "timeout", "seconds": timeout}
     lines = [x for x in r.stdout.strip().splitlines() if x.startswith("{")]
@@ -204,7 +208,7 @@ def _child(code: str, args: list[str], timeout: float) -> dict:
 
 
 def cli(args: list[str], timeout: float) -> dict:
-    return _child(_CHILD, [json.dumps(args)], timeout)
+    return run_child(_CHILD, [json.dumps(args)], timeout)
 
 
 def build_base(db: Path) -> int:
@@ -290,7 +294,7 @@ def many_runs(a) -> None:
     print(json.dumps({"what": "build (DuckDB copy)", "runs": n, "seconds": time.perf_counter() - t0}), flush=True)
     res = {}
     for mode in ("per-run", "one-pass"):
-        res[mode] = _child(_MANY, [str(db), mode, str(a.many_boot), str(a.workdir / f"many-{mode}.json")], a.timeout)
+        res[mode] = run_child(_MANY, [str(db), mode, str(a.many_boot), str(a.workdir / f"many-{mode}.json")], a.timeout)
         print(json.dumps({"what": f"estimate {mode}", **res[mode]}), flush=True)
     if all(r.get("rc") == 0 for r in res.values()):
         same = _worst_difference(json.loads((a.workdir / "many-per-run.json").read_text()),
@@ -419,7 +423,7 @@ def main() -> None:
                                                       "'{\"chunk_rows\": 131072, \"duckdb_memory\": \"384MB\"}'")
     a = ap.parse_args()
     if a.phases:
-        print(json.dumps({"what": "estimate phases", "db": str(a.phases), **_child(_PHASES, [str(a.phases.resolve()), "syn-c",
+        print(json.dumps({"what": "estimate phases", "db": str(a.phases), **run_child(_PHASES, [str(a.phases.resolve()), "syn-c",
                                                                                               a.stream_kw], a.timeout)}))
         return
     if a.many_runs:
@@ -461,7 +465,7 @@ def main() -> None:
                   "rc": "n/a", "db_mb": db.stat().st_size / 2**20})
             # the copies were inserted behind the store's back: bring its summaries up to date as a writer
             # keeps them (a read-write open rebuilds stale ones), so panels and report read them
-            emit({"what": "summaries rebuild", "rows": copies * base, **_child(_REBUILD, [str(db)], a.timeout)})
+            emit({"what": "summaries rebuild", "rows": copies * base, **run_child(_REBUILD, [str(db)], a.timeout)})
         n = copies * base
         if copies > want:
             print(f"note: {db} holds {n} request-steps; measuring it as is for size {size}", flush=True)
@@ -469,7 +473,7 @@ def main() -> None:
             emit({"what": "estimate", "rows": n, **cli(["estimate", "--db", str(db), "--run", "syn-c", "--json"], a.timeout)})
         def panel(p: str, label: str = "") -> None:
             emit({"what": f"panel:{p}{label}", "rows": n,
-                  **_child(_PANEL, [str(db), p, json.dumps(["syn-c", "syn-cap"]), str(a.panel_repeats)], a.timeout)})
+                  **run_child(_PANEL, [str(db), p, json.dumps(["syn-c", "syn-cap"]), str(a.panel_repeats)], a.timeout)})
         if "panels" not in skip:
             for p in PANELS:
                 panel(p)
