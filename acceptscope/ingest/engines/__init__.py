@@ -1,0 +1,99 @@
+"""Ingest of other engines' speculative-decoding telemetry into acceptscope's record model.
+
+Why: operators run vLLM and TensorRT-LLM too; their acceptance counts land in the same store as SGLang's
+so one report or dashboard reads them side by side. Each format is read exactly as its producer writes
+it (the module of each engine names the producer's file and version), and each bad record is rejected
+alone with file, line and field, as for SGLang (``acceptscope.ingest.rejects``).
+
+What lands where:
+
+* ``runs``: one row per producer run (``engine`` = vllm | tensorrt-llm, ``source`` = file);
+* ``requests``: per-request totals where the producer keeps them (TensorRT-LLM ``per_request``:
+  verify steps -> ``spec_verify_ct``, accepted drafts -> ``spec_num_correct_drafts``);
+* ``engine_counts`` (:data:`acceptscope.ingest.engines.records.ENGINE_COUNTS`): every run-level counter cell, as written;
+* ``rejects``: the records that could not be read.
+
+What each engine's data identifies is :func:`acceptscope.ingest.engines.identify.engine_figures`.
+
+Kinds (:func:`detect_engine`): ``vllm_metrics`` (a Prometheus text exposition holding
+``vllm:spec_decode_*`` samples: ``*.prom`` / ``*.txt`` / ``*.metrics``), ``trtllm_accept_stats``
+(``dflash_accept_stats_rank<r>.json``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional
+
+from acceptscope.schema import as_arrow
+from acceptscope.ingest.detect import run_id_for
+from acceptscope.ingest.engines import trtllm, vllm
+from acceptscope.ingest.engines.records import ENGINE_COUNTS, EngineBatch
+from acceptscope.store_sql import create_table_sql, quote_ident
+
+ENGINE_KINDS = ("vllm_metrics", "trtllm_accept_stats")
+TEXT_SUFFIXES = (".prom", ".txt", ".metrics")
+HEAD_BYTES = 64 * 1024
+
+
+def detect_engine(path: str | Path) -> Optional[str]:
+    """The engine kind of a file, or None when it is not one of :data:`ENGINE_KINDS`."""
+    p = Path(path)
+    if p.name.startswith("dflash_accept_stats_rank") and p.name.endswith(".json"):
+        return "trtllm_accept_stats"
+    if p.name.endswith(TEXT_SUFFIXES):
+        with open(p, "rb") as f:
+            head = f.read(HEAD_BYTES)
+        if b"vllm:spec_decode_" in head:
+            return "vllm_metrics"
+    return None
+
+
+def parse_engine_file(path: str | Path, kind: str, run_id: Optional[str] = None) -> EngineBatch:
+    """Parse one file of a known engine kind (no store write)."""
+    p = Path(path)
+    rid = run_id or run_id_for(p)
+    if kind == "vllm_metrics":
+        return vllm.parse_prometheus_text(p.read_bytes(), source=str(p), run_id=rid)
+    if kind == "trtllm_accept_stats":
+        return trtllm.parse_accept_stats(p.read_bytes(), source=str(p), run_id=rid)
+    b = EngineBatch()
+    b.reject(str(p), 0, "$", f"not an engine file this reader knows (kind {kind!r}; known: {list(ENGINE_KINDS)})",
+             None, rid)
+    return b
+
+
+def write_engine_batch(store, batch: EngineBatch) -> dict[str, int]:
+    """Store one batch: runs, requests and rejects through ``Store.append``; the counts into
+    ``engine_counts`` (created here when absent). Rows already stored (same key) are kept, not duplicated."""
+    tables = {name: rows for name, rows in (("runs", batch.runs), ("requests", batch.requests),
+                                            ("rejects", batch.rejects)) if rows}
+    out = store.append(tables) if tables else {}
+    if batch.counts:
+        t = as_arrow(ENGINE_COUNTS, batch.counts)
+        with store.connect() as con:
+            con.execute(create_table_sql(ENGINE_COUNTS, primary_key=True))
+            con.register("_engine_counts_new", t)
+            try:
+                con.execute(f"INSERT OR IGNORE INTO {quote_ident(ENGINE_COUNTS.name)} SELECT * FROM _engine_counts_new")
+            finally:
+                con.unregister("_engine_counts_new")
+        out["engine_counts"] = t.num_rows
+    return out
+
+
+def ingest_engine_files(store, paths: Iterable[str | Path], run_id: Optional[str] = None) -> EngineBatch:
+    """Detect, parse and store each file; returns everything parsed (rejects included)."""
+    total = EngineBatch()
+    for p in paths:
+        kind = detect_engine(p)
+        b = parse_engine_file(p, kind or "unknown", run_id)
+        write_engine_batch(store, b)
+        total.extend(b)
+    return total
+
+
+def has_engine_counts(con) -> bool:
+    """Whether the store holds the ``engine_counts`` table (a store no engine file was ingested into has none)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
+                            [ENGINE_COUNTS.name]).fetchone()[0])

@@ -1,0 +1,125 @@
+"""What another engine's counts identify, and those figures, with their definitions.
+
+Why: vLLM and TensorRT-LLM record no windows, confidences per block or ceilings, so acceptscope's
+estimators (tail, utilization, held-out calibration, cost audit) have nothing to run on; what their
+counts *do* determine is computed here, exactly, and every figure says what it is and what is not known.
+
+Definitions (the same on every engine, so runs compare): a *draft* is one (request, verify step) that
+carried draft tokens; ``accepted`` counts accepted draft tokens, bonus excluded;
+``mean_acceptance_length = 1 + accepted / drafts`` (bonus included, vLLM's and TensorRT-LLM's AL);
+``draft_acceptance_rate = accepted / draft tokens verified``; ``per_position_acceptance[k]`` = drafts that
+accepted 0-based position k / all drafts (vLLM's and TensorRT-LLM's denominator; acceptscope's exporter
+also serves the conditional one, over drafts that verified k); ``accepted_histogram[a]`` = drafts that
+accepted exactly a tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from acceptscope.ingest.engines.records import ENGINE_COUNTS
+from acceptscope.ingest.engines.trtllm import SOURCE_VERSION as TRTLLM_SOURCE
+from acceptscope.ingest.engines.vllm import SOURCE_VERSION as VLLM_SOURCE
+
+DEFINITIONS = ("draft: one (request, verify step) with draft tokens; accepted: accepted draft tokens, bonus excluded; "
+               "mean_acceptance_length = 1 + accepted / drafts (bonus included); draft_acceptance_rate = accepted / "
+               "draft tokens verified; per_position_acceptance[k] = drafts that accepted 0-based position k / all "
+               "drafts; accepted_histogram[a] = drafts that accepted exactly a drafts")
+NOT_IDENTIFIED = {
+    "vllm": ["the uncapped ceiling, utilization and any counterfactual tail: no windows or block outcomes are "
+             "recorded, only totals", "calibration: no confidences", "per-request and per-workload figures: the "
+             "counters are server totals", "the cost model: no step times"],
+    "tensorrt-llm": ["the uncapped ceiling and utilization: the verify width is not recorded, and a position "
+                     "trimmed by confidence_threshold is counted as rejected, so per-position acceptance is a lower "
+                     "bound of the untrimmed one", "the cost model: no step times",
+                     "held-out calibration and STS: only binned counts (bin centres, not mean confidences)"],
+}
+
+
+def _counts(store: Any, run_id: str) -> pd.DataFrame:
+    return store.query_df(f"SELECT rank, metric, position, bin, value FROM {ENGINE_COUNTS.name} "
+                          "WHERE run_id = ?", [run_id])
+
+
+def _from_histogram(h: list[int], K: int) -> dict:
+    drafts = sum(h)
+    accepted = sum(a * n for a, n in enumerate(h))
+    per_pos = [sum(h[a] for a in range(k + 1, K + 1)) for k in range(K)]
+    return {"drafts": drafts, "draft_tokens": drafts * K, "accepted": accepted, "accepted_per_pos": per_pos,
+            "accepted_histogram": list(h)}
+
+
+def _from_per_position(d: int, t: int, a: int, per_pos: list[int]) -> tuple[dict, list[str]]:
+    """vLLM's counters. Acceptance is a prefix (``observe_draft`` counts positions 0..accepted-1), so the
+    per-position counts give the exact histogram: drafts accepting exactly a = c[a-1] - c[a]."""
+    notes = []
+    c = [d] + per_pos + [0]
+    h = [c[i] - c[i + 1] for i in range(len(per_pos) + 1)]
+    if any(x < 0 for x in h):
+        notes.append("per-position counts are not non-increasing from num_drafts: the histogram is not identified")
+        h = None
+    if sum(per_pos) != a:
+        notes.append(f"sum of per-position counts ({sum(per_pos)}) differs from num_accepted_tokens ({a})")
+    return {"drafts": d, "draft_tokens": t, "accepted": a, "accepted_per_pos": per_pos, "accepted_histogram": h}, notes
+
+
+def engine_figures(store: Any, run_id: str) -> dict:
+    """The figures one engine run's counts identify, summed over its ranks (see the module docstring)."""
+    run = store.query_df("SELECT engine, gamma, arm FROM runs WHERE run_id = ?", [run_id])
+    if run.empty:
+        raise KeyError(f"no run {run_id!r}")
+    engine, K, arm = str(run.engine.iat[0]), int(run.gamma.iat[0]), str(run.arm.iat[0])
+    df = _counts(store, run_id)
+    tot = df.groupby(["metric", "position", "bin"])["value"].sum()
+    get = lambda m, p=-1, b=-1: int(tot.get((m, p, b), 0))  # noqa: E731
+    notes: list[str] = []
+    if engine == "vllm":
+        c, notes = _from_per_position(get("num_drafts"), get("num_draft_tokens"), get("num_accepted_tokens"),
+                                      [get("accepted_per_pos", k) for k in range(K)])
+        identifies = ["per-position acceptance over all drafts", "the accepted-draft histogram (exact: acceptance is a "
+                      "prefix)", "mean acceptance length", "draft acceptance rate"]
+        source = VLLM_SOURCE
+        if arm == "compact":
+            notes.append("draft tokens < drafts x positions: windows varied, so a position's count mixes trimmed "
+                         "(never verified) with rejected drafts; acceptance given verified is not identified")
+    elif engine == "tensorrt-llm":
+        c = _from_histogram([get("accepted_draft_hist", a) for a in range(K + 1)], K)
+        identifies = ["the accepted-draft histogram", "per-position acceptance over all drafts (exact from the "
+                      "histogram)", "mean acceptance length", "per-request steps and accepted drafts"]
+        source = TRTLLM_SOURCE
+        calib = _binned_ece(df, K)
+        if calib:
+            c["binned_ece"] = calib
+            identifies.append("binned calibration per position (TensorRT-LLM's ECE: attempts-weighted |bin centre - "
+                              "empirical rate|)")
+    else:
+        raise ValueError(f"run {run_id!r} is an {engine!r} run: its figures come from the estimators")
+    d = c["drafts"]
+    figures = {
+        **c,
+        "mean_acceptance_length": 1 + c["accepted"] / d if d else None,
+        "draft_acceptance_rate": c["accepted"] / c["draft_tokens"] if c["draft_tokens"] else None,
+        "per_position_acceptance": [x / d for x in c["accepted_per_pos"]] if d else None,
+    }
+    return {"run_id": run_id, "engine": engine, "gamma": K, "format_source": source, "identifies": identifies,
+            "not_identified": NOT_IDENTIFIED[engine], "notes": notes, "figures": figures,
+            "definitions": DEFINITIONS}
+
+
+def _binned_ece(df: pd.DataFrame, K: int) -> list | None:
+    att = df[df.metric == "calib_attempts"].groupby(["position", "bin"])["value"].sum()
+    if att.empty:
+        return None
+    acc = df[df.metric == "calib_accepted"].groupby(["position", "bin"])["value"].sum()
+    nb = int(df[df.metric == "calib_num_bins"]["value"].max())  # (ranks of one run share it)
+    out = []
+    for k in range(K):
+        num = n = 0
+        for (p, b), x in att.items():
+            if p == k and x:
+                num += x * abs((b + 0.5) / nb - acc.get((p, b), 0) / x)
+                n += x
+        out.append(num / n if n else None)
+    return out

@@ -1,0 +1,60 @@
+"""The rows one file of another engine produces (:class:`EngineBatch`) and the run row they share."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pyarrow as pa
+
+from acceptscope.ingest.rejects import make_reject
+from acceptscope.schema import Column, Table
+
+# Other engines' run-level counts. Not in schema.ALL_TABLES: a read-only open requires every table there,
+# so a store written before this table would be refused; the engine ingest creates it when it writes.
+ENGINE_COUNTS = Table(
+    "engine_counts",
+    (
+        Column("run_id", pa.string(), "run id", False),
+        Column("source", pa.string(), "file the count was read from", False),
+        Column("rank", pa.int32(), "engine index / rank the producer labelled (vLLM `engine`, TensorRT-LLM rank)", False),
+        Column("metric", pa.string(), "the producer's counter: num_drafts, num_draft_tokens, num_accepted_tokens, "
+               "accepted_per_pos (vLLM); num_steps, accepted_draft_hist, calib_num_bins, calib_attempts, "
+               "calib_accepted (TensorRT-LLM)", False),
+        Column("position", pa.int32(), "0-based draft position or histogram index (-1: none)", False),
+        Column("bin", pa.int32(), "confidence bin (-1: none)", False),
+        Column("value", pa.int64(), "the count as the producer wrote it", False),
+    ),
+    key=("run_id", "source", "rank", "metric", "position", "bin"),
+    doc="Counts another engine wrote, exactly as written (one row a counter cell).",
+)
+
+
+@dataclass
+class EngineBatch:
+    """What one file of another engine produced, per table."""
+
+    runs: list = field(default_factory=list)
+    requests: list = field(default_factory=list)
+    counts: list = field(default_factory=list)
+    rejects: list = field(default_factory=list)
+
+    def reject(self, source: str, line: int, fld: str, reason: str, raw=None, run_id: Optional[str] = None) -> None:
+        self.rejects.append(make_reject(source, line, fld, reason, raw, run_id))
+
+    def extend(self, other: "EngineBatch") -> None:
+        for k in ("runs", "requests", "counts", "rejects"):
+            getattr(self, k).extend(getattr(other, k))
+
+
+def run_row(run_id: str, engine: str, arm: str, gamma: int, model: Optional[str], config: dict) -> dict:
+    """The ``runs`` row of an engine file: ``config`` names the format, its producer and version."""
+    return {"run_id": run_id, "arm": arm, "engine": engine, "gamma": int(gamma), "target_model": model,
+            "source": "file", "config_json": json.dumps(config, sort_keys=True)}
+
+
+def count_row(run_id: str, source: str, rank: int, metric: str, value: int, position: int = -1, bin_: int = -1) -> dict:
+    """One ``engine_counts`` cell."""
+    return {"run_id": run_id, "source": source, "rank": int(rank), "metric": metric, "position": int(position),
+            "bin": int(bin_), "value": int(value)}

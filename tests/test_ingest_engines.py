@@ -1,0 +1,190 @@
+"""Other engines' telemetry (vLLM's spec-decode counters, TensorRT-LLM's accept stats) into the store.
+
+The producers are driven by the same block outcomes (a simulated DSpark run's request-steps): vLLM's
+counters by ``prometheus_client`` counters named and labelled as ``SpecDecodingProm`` names them and
+incremented as ``SpecDecodingStats.observe_draft`` does, exposed by ``prometheus_client``'s own
+``generate_latest``; TensorRT-LLM's snapshot as ``DFlashAcceptStatsRecorder.on_accept`` accumulates it.
+Ingest must give back exactly the counts written; bad records are rejected alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from acceptscope.estimators.synthetic import compact_view, simulate
+from acceptscope.ingest.engines import (detect_engine, has_engine_counts, ingest_engine_files, parse_engine_file,
+                                        write_engine_batch)
+from acceptscope.ingest.engines.identify import engine_figures
+from acceptscope.store import Store
+
+
+def _rows(compact: bool = False, seed: int = 1):
+    t = simulate(n_requests=30, seed=seed).tables
+    gamma = int(t["runs"]["gamma"].iloc[0])
+    if compact:  # the planner's windows
+        return compact_view(t["request_steps"]), gamma
+    rs = t["request_steps"]  # a full verify of every block (vLLM's fixed k): its outcome is the ceiling
+    return rs.assign(window=gamma, correct_drafts=rs["ceiling"]), gamma
+
+
+def vllm_dump(rs, gamma: int, model: str = "Qwen/Qwen3-8B") -> tuple[bytes, dict]:
+    """The exposition vLLM would serve for these blocks (two DP engines: even and odd ranks of rows)."""
+    reg = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", labels, registry=reg)
+    toks = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", labels, registry=reg)
+    acc = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", labels, registry=reg)
+    per = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                  labels + ["position"], registry=reg)
+    want: dict = {}
+    for i, (w, c) in enumerate(zip(rs["window"].to_numpy(), rs["correct_drafts"].to_numpy())):
+        e = str(i % 2)
+        drafts.labels(model, e).inc(1)
+        toks.labels(model, e).inc(int(w))
+        acc.labels(model, e).inc(int(c))
+        for k, v in (("num_drafts", 1), ("num_draft_tokens", int(w)), ("num_accepted_tokens", int(c))):
+            want[(int(e), k, -1)] = want.get((int(e), k, -1), 0) + v
+        for p in range(gamma):  # every position exists from the start, as SpecDecodingProm creates them
+            per.labels(model, e, str(p)).inc(1 if p < c else 0)
+            want[(int(e), "accepted_per_pos", p)] = want.get((int(e), "accepted_per_pos", p), 0) + (1 if p < c else 0)
+    return generate_latest(reg), want
+
+
+def trtllm_snapshot(rs, gamma: int, rank: int = 0, nbins: int = 20) -> dict:
+    """``DFlashAcceptStatsRecorder.snapshot()`` of these blocks (on_accept with n = accepted + 1, and the
+    block's confidences as the draft-time provider rows)."""
+    hist = [0] * (gamma + 1)
+    per: dict = {}
+    att = [[0] * nbins for _ in range(gamma)]
+    acc = [[0] * nbins for _ in range(gamma)]
+    for rid, c, conf in zip(rs["rid"], rs["correct_drafts"].to_numpy(), rs["confidence"]):
+        a = min(max(int(c), 0), gamma)
+        hist[a] += 1
+        e = per.setdefault(str(rid), {"steps": 0, "accepted_draft": 0})
+        e["steps"] += 1
+        e["accepted_draft"] += a
+        for k, x in enumerate(list(conf)[:gamma]):
+            b = min(max(int(float(x) * nbins), 0), nbins - 1)
+            att[k][b] += 1
+            acc[k][b] += a > k
+    return {"rank": rank, "max_draft_len": gamma, "num_steps": int(sum(hist)), "accepted_draft_hist": hist,
+            "per_request": per, "confidence_calibration": {"num_bins": nbins, "attempts": att, "accepted": acc}}
+
+
+def _cells(batch) -> dict:
+    return {(r["rank"], r["metric"], r["position"]): r["value"] for r in batch.counts}
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_vllm_counters_exact(tmp_path, compact):
+    rs, gamma = _rows(compact)
+    text, want = vllm_dump(rs, gamma)
+    f = tmp_path / "vllm.prom"
+    f.write_bytes(text)
+    assert detect_engine(f) == "vllm_metrics"
+    b = parse_engine_file(f, "vllm_metrics", "v1")
+    assert not b.rejects and _cells(b) == want
+    assert b.runs[0]["gamma"] == gamma and b.runs[0]["engine"] == "vllm" and b.runs[0]["target_model"] == "Qwen/Qwen3-8B"
+    assert b.runs[0]["arm"] == ("compact" if compact else "static")
+    st = Store(tmp_path / "s.duckdb")
+    write_engine_batch(st, b)
+    fig = engine_figures(st, "v1")
+    c, w = rs["correct_drafts"].to_numpy(), rs["window"].to_numpy()
+    f_ = fig["figures"]
+    assert f_["drafts"] == len(rs) and f_["accepted"] == c.sum() and f_["draft_tokens"] == w.sum()
+    assert f_["mean_acceptance_length"] == pytest.approx(1 + c.mean(), abs=1e-12)
+    assert f_["accepted_histogram"] == np.bincount(c, minlength=gamma + 1).tolist()
+    assert f_["per_position_acceptance"] == pytest.approx([(c > k).mean() for k in range(gamma)], abs=1e-12)
+    assert "counterfactual" in " ".join(fig["not_identified"]) and "vllm" in fig["format_source"]
+    assert bool(fig["notes"]) == compact  # varied windows: conditional acceptance is not identified
+
+
+def test_vllm_bad_samples_rejected_alone(tmp_path):
+    rs, gamma = _rows()
+    text, want = vllm_dump(rs, gamma)
+    bad = [
+        'vllm:spec_decode_num_drafts_total{engine="7",model_name="Qwen/Qwen3-8B"} NaN',
+        'vllm:spec_decode_num_drafts_total{engine="8",model_name="Qwen/Qwen3-8B"} -3.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="7",model_name="Qwen/Qwen3-8B",position="x"} 1.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="7",model_name="Qwen/Qwen3-8B",position="0"} 1.5',
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="Qwen/Qwen3-8B" 3',
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="Qwen/Qwen3-8B"} 99.0',  # a repeat: first kept
+        'vllm:spec_decode_num_drafts_total{engine="e1",model_name="Qwen/Qwen3-8B"} 1.0',
+    ]
+    lines = text.decode().splitlines()
+    f = tmp_path / "bad.prom"
+    f.write_text("\n".join(lines + bad) + "\n")
+    b = parse_engine_file(f, "vllm_metrics", "v")
+    assert _cells(b) == want  # every valid sample kept, exactly
+    assert sorted(r["line"] for r in b.rejects) == list(range(len(lines) + 1, len(lines) + len(bad) + 1))
+    assert all(r["source"] == str(f) and r["field"].startswith("vllm:spec_decode_") for r in b.rejects)
+
+
+def test_trtllm_accept_stats_exact_and_stored(tmp_path):
+    rs, gamma = _rows(seed=4)
+    rids = sorted(rs["rid"].unique())
+    snaps = [trtllm_snapshot(rs[rs["rid"].isin(rids[r::2])], gamma, rank=r) for r in (0, 1)]  # attention-DP: disjoint requests
+    d = tmp_path / "stats"
+    d.mkdir()
+    for s in snaps:
+        (d / f"dflash_accept_stats_rank{s['rank']}.json").write_text(json.dumps(s))
+    files = sorted(d.iterdir())
+    assert [detect_engine(p) for p in files] == ["trtllm_accept_stats"] * 2
+    st = Store(tmp_path / "s.duckdb")
+    b = ingest_engine_files(st, files, run_id="trt")
+    assert not b.rejects
+    for s in snaps:
+        got = {(m, p): v for (r, m, p), v in _cells(b).items() if r == s["rank"]}
+        assert [got[("accepted_draft_hist", a)] for a in range(gamma + 1)] == s["accepted_draft_hist"]
+        assert got[("num_steps", -1)] == s["num_steps"]
+    calib = {(r["rank"], r["metric"], r["position"], r["bin"]): r["value"] for r in b.counts if r["metric"].startswith("calib_")}
+    for s in snaps:
+        cc = s["confidence_calibration"]
+        for k in range(gamma):
+            for j in range(cc["num_bins"]):
+                assert calib.get((s["rank"], "calib_attempts", k, j), 0) == cc["attempts"][k][j]
+                assert calib.get((s["rank"], "calib_accepted", k, j), 0) == cc["accepted"][k][j]
+    req = st.query_df("SELECT rid, spec_verify_ct, spec_num_correct_drafts FROM requests WHERE run_id = 'trt'")
+    per = {**snaps[0]["per_request"], **snaps[1]["per_request"]}
+    assert len(req) == len(per) and all(
+        per[r.rid] == {"steps": r.spec_verify_ct, "accepted_draft": r.spec_num_correct_drafts} for r in req.itertuples())
+    fig = engine_figures(st, "trt")["figures"]
+    c = rs["correct_drafts"].to_numpy()
+    assert fig["accepted_histogram"] == np.bincount(c, minlength=gamma + 1).tolist()
+    assert fig["mean_acceptance_length"] == pytest.approx(1 + c.mean(), abs=1e-12)
+    assert len(fig["binned_ece"]) == gamma and all(0 <= e <= 1 for e in fig["binned_ece"] if e is not None)
+    # re-ingest stores nothing twice; a read-only open of the store still works (engine_counts is optional)
+    ingest_engine_files(st, files, run_id="trt")
+    ro = Store(tmp_path / "s.duckdb", read_only=True)
+    n = ro.query_df("SELECT count(*) n FROM engine_counts").n.iat[0]
+    assert n == len(b.counts)
+    with ro.connect(read_only=True) as con:
+        assert has_engine_counts(con)
+
+
+def test_trtllm_bad_records_rejected_alone(tmp_path):
+    rs, gamma = _rows(seed=5)
+    s = trtllm_snapshot(rs, gamma)
+    good = dict(s["per_request"])
+    s["per_request"]["bad-a"] = {"steps": "x", "accepted_draft": 1}
+    s["per_request"]["bad-b"] = {"steps": 1, "accepted_draft": gamma + 1}
+    s["confidence_calibration"]["accepted"][2][3] = s["confidence_calibration"]["attempts"][2][3] + 1
+    s["accepted_draft_hist"][1] = float("nan")
+    f = tmp_path / "dflash_accept_stats_rank0.json"
+    f.write_text(json.dumps(s))
+    b = parse_engine_file(f, "trtllm_accept_stats", "t")
+    fields = sorted(r["field"] for r in b.rejects)
+    assert fields == ["accepted_draft_hist[1]", "confidence_calibration.attempts[2]", "per_request.bad-a.steps",
+                      "per_request.bad-b.accepted_draft"]
+    assert {r["rid"] for r in b.requests} == set(good)  # every good request kept
+    assert not [r for r in b.counts if r["metric"] == "accepted_draft_hist"]
+    kept = {r["position"] for r in b.counts if r["metric"] == "calib_attempts"}
+    assert 2 not in kept and kept  # the bad position alone
+    whole = tmp_path / "dflash_accept_stats_rank9.json"
+    whole.write_text(json.dumps({"rank": 0, "max_draft_len": "seven"}))
+    b2 = parse_engine_file(whole, "trtllm_accept_stats", "t")
+    assert [r["field"] for r in b2.rejects] == ["max_draft_len"] and not b2.runs
