@@ -72,9 +72,8 @@ def _requests_seen_sql(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], s
     split = [r for (r,) in con.execute(
         f"SELECT run_id FROM {rids} x GROUP BY run_id "
         "HAVING sum(n) FILTER (WHERE scope = 0) <> sum(n) FILTER (WHERE scope = 1)").fetchall()]
-    lit = "[" + ", ".join("'" + r.replace("'", "''") + "'" for r in split) + "]::VARCHAR[]"
     sql = (f"SELECT run_id, sum(n)::BIGINT AS requests_seen FROM {rids} x{_in_workloads(workloads, 'x')} "
-           f"AND scope = 0 AND NOT list_contains({lit}, run_id) GROUP BY run_id")
+           f"AND scope = 0 AND NOT list_contains({lit_list(split)}, run_id) GROUP BY run_id")
     if split:
         reqs = freshness.source(con, schema.SUM_REQUESTS, split, stale)
         sql += (f" UNION ALL SELECT run_id, count(DISTINCT rid) AS requests_seen FROM {reqs} r"
