@@ -108,10 +108,31 @@ def _valid_gamma(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
 
 
+# a JSON string token (escapes included), or a NaN / Infinity token outside strings
+_POISON = re.compile(rb'"(?:[^"\\]++|\\.)*+"|(-?Infinity|NaN)')
+_LONE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def _defused(data: bytes) -> bytes:
+    """``data`` with NaN / Infinity tokens as ``null`` and lone surrogate escapes as U+FFFD (invalid UTF-8
+    replaced too): a poisoned value in one record must not hide the launch fields the document also
+    holds (issue 30: the dump was filed under its file name, a second run). The records themselves are
+    rejected by field when the ingestor reads them."""
+    def one(m: re.Match) -> bytes:
+        if m.group(1) is not None:
+            return b"null"
+        tok = m.group(0)
+        return _LONE.sub(rb"\\ufffd", tok) if b"\\u" in tok else tok
+    return _POISON.sub(one, data.decode("utf-8", "replace").encode("utf-8"))
+
+
 def identity_from_bytes(data: bytes) -> Optional[ServerIdentity]:
     """The identity in one ``/server_info`` document; None when unreadable."""
     try:
-        top = _dec_top.decode(data)
+        try:
+            top = _dec_top.decode(data)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            top = _dec_top.decode(_defused(data))  # a NaN or a lone surrogate somewhere: read around it
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
         return None
     args: dict[str, Any] = {k: getattr(top, k) for k in IDENTITY_ARGS if getattr(top, k) is not None}
