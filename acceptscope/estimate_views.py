@@ -28,7 +28,7 @@ from acceptscope.figures.estimates import one_based_positions
 from acceptscope.reader import Reader
 from acceptscope.store import Store
 from acceptscope.estimators.calibration import CalibrationResult
-from acceptscope.estimators.stream import read_sample
+from acceptscope.estimators.chunks import read_sample
 from acceptscope.estimators.validation import validate
 
 MAX_TABLE_ROWS = 40

@@ -32,15 +32,16 @@ from acceptscope import estimate_views as est
 from acceptscope.figures import regime as R
 from acceptscope.figures import tables as F
 from acceptscope.figures.estimates import tail_truth_figure
-from acceptscope.outputs import atomic_write
+from acceptscope.outputs import atomic_write, plain_links
 from acceptscope.parity import PAIR_KEY, ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
 from acceptscope.estimators.bootstrap import cluster_weights, request_keys
+from acceptscope.estimators.registry import registered
 
 # section ids, in page order (tests check that each is present)
 SECTIONS = ("summary", "runs", "regime", "curve", "parity", "calibration", "survival", "windows", "utilization",
-            "tail", "cost", "data-quality")
+            "tail", "cost", "registered", "data-quality")
 SECTION_TITLES = {
     "summary": "Summary",
     "runs": "Runs",
@@ -48,6 +49,7 @@ SECTION_TITLES = {
     "curve": "Compact vs static throughput over batch size (virtual clock)",
     "parity": "Audit parity",
     "calibration": "Calibration (reliability per position, before and after STS)",
+    "registered": "Registered estimators (acceptscope.estimators.registry)",
     "survival": "Survival vs empirical acceptance",
     "windows": "Window distributions per workload",
     "utilization": "Utilization against the ceiling",
@@ -149,6 +151,7 @@ class _Page:
 
     def fig(self, section: str, fig: Any, caption: str = "", link: tuple[str, str] | None = None) -> None:
         self.n_fig += 1
+        plain_links(fig)  # (every figure builder does; a figure made elsewhere too)
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{section}-{self.n_fig}",
                           config={"displaylogo": False, "responsive": True})
         self.add(section, _B.figure(section, Markup(div), caption, link))
@@ -199,6 +202,7 @@ def build_report(
     *,
     run_ids: Sequence[str] | None = None,
     audit_group: str | None = None,
+    roles: Sequence[str] | None = None,
     parity: Any = None,
     sampling: Any = None,
     thresholds: Thresholds | None = None,
@@ -208,7 +212,7 @@ def build_report(
 ) -> tuple[str, ReportResult]:
     """Render the report for a selection of runs; returns (html text, result)."""
     reader = Reader(db)
-    ids = select_runs(reader, run_ids, audit_group)
+    ids = select_runs(reader, run_ids, audit_group, roles)
     if not ids:
         raise LookupError(f"{db}: the database holds no runs")
     summary = reader.run_summary(ids)
@@ -225,6 +229,7 @@ def build_report(
     samp = _utilization_section(c, sampling)
     _tail_section(c)
     _cost_section(c)
+    _registered_section(c)
     _data_quality_section(c)
     order = {"bad": 0, "warn": 1, "ok": 2, "info": 3}
     c.findings.sort(key=lambda f: order.get(f.level, 9))
@@ -277,6 +282,13 @@ def _run_estimators(c: _Ctx, n_boot: int) -> None:
                 c.find("warn", "estimators", f"{name} on {rid}: {ev.error}")
     if c.truth_run:
         c.views.setdefault(c.truth_run, {})["validation"] = est.run_validation(c.db, c.truth_run, n_boot=n_boot)
+
+
+def _registered_section(c: _Ctx) -> None:
+    """Every estimator registered in :mod:`acceptscope.estimators.registry`: its figure, numbers and tables
+    (the production arm first), with no report code of its own."""
+    for name in registered():
+        _est_figs(c, name, "registered", [c.compact, c.truth_run])
 
 
 def _est_figs(c: _Ctx, name: str, section: str, prefer: Sequence[str | None]) -> bool:

@@ -150,6 +150,7 @@ print(json.dumps({"seconds": sec, "cpu_seconds": cpu, "runs": len(ids), "s_per_r
 _PHASES = r"""
 import json, os, sys, threading, time
 from acceptscope import estimators
+import acceptscope.estimators.accumulator as A
 import acceptscope.estimators.stream as S
 from acceptscope.store import Store
 phase, peaks = ["start"], {}
@@ -173,8 +174,8 @@ def wrap(owner, name, tag):
 for n, t in (("_fit_estimator", "hazard fit"), ("load_run", "side tables"), ("_read_steps", "steps read"),
              ("fit_calibration", "calibration"), ("fit_cost", "cost fit"), ("_planner_window", "planner")):
     wrap(S, n, t)
-wrap(S._RunAcc, "add", "chunk")
-wrap(S._RunAcc, "utilization_result", "utilization")
+wrap(A.RunAccumulator, "add", "chunk")
+wrap(A.RunAccumulator, "utilization_result", "utilization")
 phase.append("ordered scan")
 c0 = time.process_time()
 out = S.run_all_stream(Store(sys.argv[1], read_only=True), [sys.argv[2]], **json.loads(sys.argv[3]))

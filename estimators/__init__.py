@@ -21,14 +21,15 @@ Example::
 
 from __future__ import annotations
 
-# the facade lives in estimators.run and the steps it shares with the streamed and Spark paths in
-# estimators.run_data (their own modules so that estimators.stream imports them at module top, without
-# a cycle through this file). Importing them here costs `import acceptscope.estimators.tail` +1.2 s (the live
-# exporter: +1.3 s) and nothing after `import acceptscope.report` or `acceptscope.figures`.
-from acceptscope.estimators.run import STREAM_ROWS, LocalTail, run_all, run_all_runs
-from acceptscope.estimators.run_data import (RUN_KEYS, fit_calibration, fit_cost, hazard_compatibility, hazard_runs, load_run,
-                                 read_training, sglang_bracket, sts_in_force, to_jsonable)
-from acceptscope.estimators.run_data import _Table as _Table  # (acceptscope.figures.estimates draws it)
+# the facade lives in estimators.run, the one pipeline in estimators.pipeline (its accumulator in
+# estimators.accumulator, extension estimators in estimators.registry). Importing them here costs
+# `import acceptscope.estimators.tail` +1.2 s and nothing after `import acceptscope.report` or `acceptscope.figures`.
+from acceptscope.estimators.registry import Chunk, RunInfo, Skip, register, registered
+from acceptscope.estimators.run import STREAM_ROWS, run_all, run_all_runs
+from acceptscope.estimators.run_data import (RUN_KEYS, ResultTable, fit_calibration, fit_cost, hazard_compatibility,
+                                             hazard_runs, load_run, read_training, sglang_bracket, sts_in_force,
+                                             to_jsonable)
 
 __all__ = ["run_all", "run_all_runs", "load_run", "to_jsonable", "sts_in_force", "hazard_compatibility", "hazard_runs",
-           "read_training", "RUN_KEYS", "STREAM_ROWS", "LocalTail", "sglang_bracket", "fit_calibration", "fit_cost"]
+           "read_training", "RUN_KEYS", "STREAM_ROWS", "sglang_bracket", "fit_calibration", "fit_cost", "ResultTable",
+           "register", "registered", "Chunk", "RunInfo", "Skip"]

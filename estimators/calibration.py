@@ -269,6 +269,29 @@ class CalibrationResult:
                     metrics=self.metrics.to_dict("records"), notes=self.notes)
 
 
+SCORES = ("ece", "brier", "nll")  # held-out scores a table may be chosen by (lower is better)
+
+
+def choose(result: CalibrationResult, candidates=METHODS, score: str = "ece") -> dict:
+    """Pick the best of ``candidates`` (fits one may write) by held-out ``score`` and name the table it must
+    beat: the one in force (``extra_fits["in-force"]``), else identity (SGLang without a table).
+
+    Why: a fit can score worse on held-out data than what the server already runs; the caller writes the
+    choice only when ``better`` (or when told to anyway) and shows ``rows``, every table ranked.
+    """
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    s = result.summary().set_index("method")
+    cols = ("ece", "ece_mass", "ece_debiased", "brier", "nll", "auroc")
+    rows = sorted(({"method": m, "stage": s.loc[m, "stage"], **{c: float(s.loc[m, c]) for c in cols}}
+                   for m in s.index), key=lambda r: r[score])
+    baseline = "in-force" if "in-force" in s.index else "identity"
+    best = min(candidates, key=lambda m: s.loc[m, score])
+    best_score, base_score = float(s.loc[best, score]), float(s.loc[baseline, score])
+    return {"score": score, "best": best, "best_score": best_score, "baseline": baseline,
+            "baseline_score": base_score, "better": best_score <= base_score, "rows": rows}
+
+
 def compare(train: CalData, test: CalData, methods=METHODS, n_boot: int = 200, seed: int = 0,
             extra_fits: dict | None = None) -> CalibrationResult:
     """Fit each method on ``train``, score before/after on ``test`` (the same label)."""

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import isotonic_regression
 from threadpoolctl import threadpool_limits
 
 from acceptscope.estimators.frame import BlockFrame
@@ -84,22 +85,6 @@ def temperature_key(t: np.ndarray) -> np.ndarray:
     (a float32 0.7 and a float64 0.7 are one level)."""
     t = np.asarray(t, float)
     return np.round(np.where(t <= 0, 0.0, t), 3)
-
-
-def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted isotonic (non-decreasing) regression by pool-adjacent-violators."""
-    vals, wts, cnt = [], [], []
-    for yi, wi in zip(y.tolist(), w.tolist()):
-        vals.append(yi)
-        wts.append(wi)
-        cnt.append(1)
-        while len(vals) > 1 and vals[-2] > vals[-1]:
-            v2, w2, c2 = vals.pop(), wts.pop(), cnt.pop()
-            tw = wts[-1] + w2
-            vals[-1] = (vals[-1] * wts[-1] + v2 * w2) / tw
-            wts[-1] = tw
-            cnt[-1] += c2
-    return np.repeat(vals, cnt)
 
 
 def conf_feature(c: np.ndarray) -> np.ndarray:
@@ -310,7 +295,7 @@ class HazardModel:
             m = n2[i] > 0
             if m.sum() >= 2:
                 # bins without data take the fitted value of the nearest populated bin
-                fitted = _pava(rate[i, m], n2[i, m] + self.prior_strength)
+                fitted = isotonic_regression(rate[i, m], weights=n2[i, m] + self.prior_strength).x
                 idx = np.flatnonzero(m)
                 out[i] = fitted[np.clip(np.searchsorted(idx, np.arange(nb)), 0, idx.size - 1)]
                 lower = np.searchsorted(idx, np.arange(nb), side="right") - 1

@@ -214,12 +214,12 @@ def _audit_truth_runs(store, gamma: int, exclude: str, audit_group) -> list[str]
     return store.query_df(q, [int(gamma), exclude, audit_group]).run_id.tolist()
 
 
-def sglang_bracket(data: dict, trim: dict, gamma: int) -> "_Table":
+def sglang_bracket(data: dict, trim: dict, gamma: int) -> "ResultTable":
     """SGLang's [lo, hi] block-accept bracket from the run's estimator JSONL, next to the trim counters."""
     if not len(data["estimator_rows"]):
-        return _Table(pd.DataFrame(), dict(trim=trim, note="no SGLang estimator JSONL for this run"))
+        return ResultTable(pd.DataFrame(), dict(trim=trim, note="no SGLang estimator JSONL for this run"))
     br = bracket_from_jsonl(data["estimator_rows"], data["estimator_gather"], data["estimator_eos"], gamma=gamma)
-    return _Table(br, dict(trim=trim, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
+    return ResultTable(br, dict(trim=trim, mean_lo=float(br.lo.mean()), mean_hi=float(br.hi.mean()),
                            categories=br.category.value_counts().to_dict()))
 
 
@@ -249,7 +249,7 @@ def fit_cost(res: dict, steps: pd.DataFrame, sps_table, seed: int):
     return sps_table or (cost.table_ if cost is not None else None)
 
 
-class _Table:
+class ResultTable:
     """A small result wrapper for tabular outputs (bracket) with the common interface."""
 
     def __init__(self, df: pd.DataFrame, summary: dict):
@@ -260,20 +260,29 @@ class _Table:
 
 
 def to_jsonable(results: dict[str, Any]) -> dict:
-    """JSON-ready dict of :func:`run_all` results (NaN -> null)."""
-    out = {}
-    for k, v in results.items():
-        out[k] = v if k == "skipped" else v.to_json()
-    return json.loads(json.dumps(out, default=_default).replace("NaN", "null"))
+    """JSON-ready dict of :func:`run_all` results: strict JSON (NaN and infinities become null)."""
+    out = {k: v if k == "skipped" else v.to_json() for k, v in results.items()}
+    return json.loads(json.dumps(_finite(out), default=_default, allow_nan=False))
+
+
+def _finite(o):
+    """``o`` with every non-finite float (Python or numpy) replaced by None, containers walked."""
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return _finite(o.tolist())
+    if isinstance(o, (float, np.floating)):
+        return float(o) if np.isfinite(o) else None
+    if o is pd.NA or o is pd.NaT:
+        return None
+    return o
 
 
 def _default(o):
     if isinstance(o, (np.integer,)):
         return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
     if isinstance(o, (np.bool_,)):
         return bool(o)
     return str(o)

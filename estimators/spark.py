@@ -40,7 +40,6 @@ import pickle
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import unquote
@@ -56,14 +55,16 @@ from scipy.optimize import minimize_scalar
 
 from acceptscope import schema
 from acceptscope.store import incomplete_runs
-from acceptscope.estimators.bootstrap import aggregate_from_sums, replicate_sums, row_request_keys
+from acceptscope.estimators.accumulator import RunAccumulator
 from acceptscope.estimators.calibration import LOG_T_BOUNDS, calibration_data
+from acceptscope.estimators.chunks import TAIL_COLUMNS, sample_from_counts, whole_requests
 from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.pipeline import (PLANNER_ROWS, assemble, hazard_training, new_accumulator, run_side,
+                                             step_rows)
 from acceptscope.estimators.planner import audit
-from acceptscope.estimators.run_data import (RUN_KEYS, _Table, fit_calibration, fit_cost, hazard_runs, load_run, sglang_bracket,
-                                 sts_in_force, to_jsonable)
-from acceptscope.estimators.stream import (PLANNER_ROWS, TAIL_COLUMNS, StreamTail, _planner_window, _RunAcc, sample_from_counts,
-                               aggregate_specs, whole_requests)
+from acceptscope.estimators.registry import registered
+from acceptscope.estimators.run_data import load_run, sts_in_force, to_jsonable
+from acceptscope.estimators.stream import planner_window
 from acceptscope.estimators.tail import TailEstimator
 
 # request_steps list columns only the tail walk reads: they stay on the executors
@@ -359,30 +360,31 @@ class SparkTail:
         hz.fit_long(L, used, gamma)
         return est
 
-    def reduce(self, est, refits, run_id: str, gamma: int, exact: bool, steps: pd.DataFrame, step_rows, hazard_boot: int,
-               seed: int, cal_fraction: float, temperatures, keep_per_request: bool, specs) -> "_LakeAcc":
-        """The streamed path's per-chunk sums (``estimators.stream._RunAcc``) on the executors, one
-        payload per partition (per-(group, request) statistics, per-group and per-position sums,
-        counts, the calibration rows of the sampled requests), merged on the driver."""
+    def reduce(self, est, refits, acc: RunAccumulator, steps: pd.DataFrame, rows_per_step) -> RunAccumulator:
+        """The run's accumulator (:class:`~estimators.accumulator.RunAccumulator`, as every executor runs
+        it) on the executors, one state per partition (per-replicate partial sums, per-group and
+        per-position sums, counts, the calibration rows of the sampled requests), merged into ``acc``
+        (an empty accumulator of the run) on the driver."""
         remote = _broadcastable(est)
-        kw = dict(run_id=run_id, gamma=gamma, exact=exact, steps=steps, hazard_boot=hazard_boot, seed=seed,
-                  cal_fraction=cal_fraction, temperatures=temperatures, step_rows=step_rows,
-                  keep_per_request=keep_per_request)
-        bc = self.spark.sparkContext.broadcast((remote, refits, kw, list(specs)))
+        kw = dict(run_id=acc.run_id, gamma=acc.G, exact=acc.exact, steps=steps,
+                  hazard_boot=acc.hazard_boot, seed=acc.seed, cal_fraction=acc.cal_fraction,
+                  temperatures=acc.temperatures, step_rows=rows_per_step,
+                  keep_per_request=acc.keep_per_request, specs=acc.specs)
+        bc = self.spark.sparkContext.broadcast((remote, refits, kw))
         chunk = self.chunk_rows
+        classes = _by_value(registered())  # the registered estimators travel with the function
 
         def fn(batches):
-            e, r, k, sp = bc.value
-            return _reduce_partition(batches, e, r, k, sp, chunk)
+            e, r, k = bc.value
+            return _reduce_partition(batches, e, r, k, classes, chunk)
 
         t0 = time.perf_counter()
-        rows = _by_request(self._rs([run_id], TAIL_COLUMNS), self.parts).mapInArrow(fn, "payload binary").toArrow()
+        rows = _by_request(self._rs([acc.run_id], TAIL_COLUMNS), self.parts).mapInArrow(fn, "payload binary").toArrow()
         bc.destroy()
         payloads = rows.column("payload").to_pylist()
-        acc = _LakeAcc(est=est, **kw)
         states = [pickle.loads(x) for x in payloads]
         if not states:
-            raise ValueError(f"run {run_id!r} has no request_steps")
+            raise ValueError(f"run {acc.run_id!r} has no request_steps")
         acc.merge(states)
         self.stats.update(reduce_executor_cpu_s=float(sum(x["cpu_s"] for x in states)), reduce_partitions=len(states),
                           reduce_bytes_collected=int(sum(len(x) for x in payloads)),
@@ -461,102 +463,29 @@ class _Remote:
         return self.est.estimate(frame, hazard_boot=hazard_boot if self.refits else 0, seed=seed, refits=self.refits)
 
 
-class _LakeAcc(_RunAcc):
-    """``_RunAcc`` whose state travels: :meth:`state` on an executor (group labels expanded, the
-    calibration rows tagged with their request), :meth:`merge` on the driver."""
+def _by_value(classes: dict[str, type]) -> dict[str, type]:
+    """Registered estimators defined outside acceptscope (a user's module, a test) are pickled by value
+    for the executors, which may not be able to import their module."""
+    from pyspark import cloudpickle
 
-    def __init__(self, est, **kw):
-        super().__init__(kw.pop("run_id"), kw.pop("gamma"), est, kw.pop("exact"), kw.pop("steps"), kw.pop("hazard_boot"),
-                         kw.pop("seed"), kw.pop("cal_fraction"), kw.pop("temperatures"), **kw)
-        self.cal_req: list[tuple[np.ndarray, np.ndarray]] = []  # (run_id, rid) of each calibration row
-
-    def add(self, tbl: pa.Table) -> None:
-        n_cal = len(self.cal)
-        super().add(tbl)
-        if len(self.cal) > n_cal:  # the (run_id, rid) of the rows just sampled, by their request key
-            run, rid = (tbl.column(c).to_numpy(zero_copy_only=False).astype(object) for c in ("run_id", "rid"))
-            uk, first = np.unique(row_request_keys(run, rid), return_index=True)
-            at = first[np.searchsorted(uk, self.cal[-1][2])]
-            self.cal_req.append((run[at], rid[at]))
-
-    def state(self, cpu_s: float, specs) -> dict:
-        """What goes back to the driver: sums. The per-(group, request) statistics are reduced here
-        to the bootstrap's per-replicate partial sums (``bootstrap.replicate_sums``) of each
-        aggregate the results use (``specs``: (grouping, n_boot, target, seed))."""
-        stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items() if v}
-        sums = {sp: replicate_sums(stats[sp[0]], list(sp[0]), n_boot=sp[1], target=sp[2], seed=sp[3])
-                for sp in specs if sp[0] in stats}
-        return dict(counts=self.counts, sums=sums, shifts=self.shifts, util=self.util, pos=self.pos,
-                    windows=self.windows, per_request=self.per_request, trim=self.trim, cal=self.cal,
-                    cal_req=self.cal_req, notes=self.notes, chunks=self.chunks, cpu_s=cpu_s)
-
-    def merge(self, states: list[dict]) -> None:
-        """Add the partitions' states; calibration rows in frame order (requests by sorted key),
-        as the held-out split draws per request in order of appearance."""
-        c = self.counts
-        self.sums: dict = {}
-        for st in states:
-            for k, v in st["counts"].items():
-                if k == "modes":
-                    for m, x in v.items():
-                        c["modes"][m] = c["modes"].get(m, 0) + x
-                else:
-                    c[k] += v
-            for sp, d in st["sums"].items():
-                self.sums.setdefault(sp, []).append(d)
-            for g in self.shifts:
-                self.shifts[g] += st["shifts"][g]
-                self.util[g] += st["util"][g]
-            self.pos += st["pos"]
-            self.windows += st["windows"]
-            self.per_request += st["per_request"]
-            for k, v in st["trim"].items():
-                self.trim[k] += v
-            self.cal += st["cal"]
-            self.cal_req += st["cal_req"]
-            self.notes += [n for n in st["notes"] if n not in self.notes]
-            self.chunks += st["chunks"]
-        if self.cal:
-            run = np.concatenate([r[0] for r in self.cal_req])
-            rid = np.concatenate([r[1] for r in self.cal_req])
-            order = pd.DataFrame({"a": run, "b": rid}).sort_values(["a", "b"], kind="stable").index.to_numpy()
-            z, y, k = (np.concatenate([x[i] for x in self.cal])[order] for i in range(3))
-            self.cal, self.cal_req = [(z, y, k, self.cal[0][3])], [(run[order], rid[order])]
-
-    def tail_result(self, info: dict, notes: list[str]) -> "_LakeTail":
-        shifts = {}
-        for g, v in self.shifts.items():
-            if v:
-                d = pd.concat(v, ignore_index=True)
-                shifts[g] = d.groupby(list(g), dropna=False).sum().reset_index() if g else d.sum().to_frame().T
-        return _LakeTail(counts=self.counts, stats={}, shifts=shifts, gamma=self.G, levels=tuple(self.est.levels),
-                         hazard_info=info, notes=list(self.notes) + notes, sums=self.sums)
+    for cls in classes.values():
+        mod = sys.modules.get(cls.__module__)
+        if mod is not None and not cls.__module__.startswith("acceptscope."):
+            cloudpickle.register_pickle_by_value(mod)
+    return classes
 
 
-@dataclass
-class _LakeTail(StreamTail):
-    """The streamed tail result whose aggregates come from the executors' replicate partial sums."""
+def _reduce_partition(batches, est, refits, kw: dict, classes: dict, chunk_rows: int):
+    """One partition's requests through the run's accumulator in chunks of whole requests: one payload."""
+    from pyspark import cloudpickle
 
-    sums: dict = field(default_factory=dict)
-
-    def aggregate(self, by=None, level: float = 0.95, n_boot: int = 400, target: str = "run", seed: int = 0):
-        by = [by] if isinstance(by, str) else list(by or [])
-        spec = (tuple(by), n_boot, target, seed)
-        if spec not in self.sums:
-            raise ValueError(f"the lake's tail result keeps the aggregates (grouping, n_boot, target, seed) "
-                             f"{sorted(self.sums)}, not {spec}")
-        return aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(tuple(by)))
-
-
-def _reduce_partition(batches, est, refits, kw: dict, specs, chunk_rows: int):
-    """One partition's requests through ``_LakeAcc`` in chunks of whole requests: one payload."""
     t0 = time.process_time()
-    acc = _LakeAcc(est=_Remote(est, refits), **dict(kw))
+    acc = RunAccumulator(est=_Remote(est, refits), estimators=classes, **dict(kw))
     for tbl in whole_requests(batches, chunk_rows):
         acc.add(_to_model(tbl, schema.REQUEST_STEPS))
     if acc.chunks:
-        st = acc.state(time.process_time() - t0, specs)
-        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(st, protocol=5)], pa.binary())], names=["payload"])
+        st = acc.state(time.process_time() - t0)
+        yield pa.RecordBatch.from_arrays([pa.array([cloudpickle.dumps(st, protocol=5)], pa.binary())], names=["payload"])
 
 
 PLANNER_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window",
@@ -564,14 +493,14 @@ PLANNER_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index",
                    "finished")
 
 
-def _planner(store, acc: _LakeAcc, steps: pd.DataFrame, table, n_rows: int):
+def _planner(store, acc: RunAccumulator, steps: pd.DataFrame, table, n_rows: int):
     """The planner audit: its budget recomputation needs whole decode steps with every request's
     history (confidence vectors), so it reads those columns on the driver, for the whole run up to
     ``estimators.stream.PLANNER_ROWS`` request-steps (exact: ``run_all``'s audit) and for the first
-    decode steps beyond (``estimators.stream._planner_window`` over the rows Spark read). The lost
+    decode steps beyond (``estimators.stream.planner_window`` over the rows Spark read). The lost
     drafts are the run's totals from the executors' sums."""
     if n_rows > PLANNER_ROWS:
-        return _planner_window(_WindowStore(store, acc.run_id, steps, PLANNER_ROWS), acc, steps, table, PLANNER_ROWS, None)
+        return planner_window(_WindowStore(store, acc.run_id, steps, PLANNER_ROWS), acc, steps, table, PLANNER_ROWS, None)
     tbl = store.read_arrow("request_steps", acc.run_id, columns=[c for c in PLANNER_COLUMNS
                                                                  if c in schema.REQUEST_STEPS.names])
     frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
@@ -604,65 +533,34 @@ class _WindowStore:
 
 def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
              sample_rows: int = 1 << 19, fit_rows: int = 1 << 18, cache: dict | None = None) -> dict[str, Any]:
-    """:func:`estimators.run_all` of one run of the lake, with the streamed path's sums computed on
-    the executors (see the module docstring). Equal to ``run_all`` on runs up to ``sample_rows``
-    request-steps (calibration rows) and ``fit_rows`` training request-steps (hazard fit)."""
+    """:func:`estimators.run_all` of one run of the lake: the run's accumulator on the executors, the
+    results assembled by :func:`estimators.pipeline.assemble` (see the module docstring). Equal to
+    ``run_all`` on runs up to ``sample_rows`` request-steps (calibration rows) and ``fit_rows``
+    training request-steps (hazard fit)."""
     c = store.query_df("SELECT count(*) AS n_rows, count(ceiling) AS n_truth FROM request_steps WHERE run_id = ?",
                        [run_id])
     n_rows, n_truth = int(c.n_rows.iloc[0]), int(c.n_truth.iloc[0])
-    data = load_run(store, run_id, skip=("request_steps",))
     if n_rows == 0:
         raise ValueError(f"run {run_id!r} has no request_steps")
-    gamma, exact = int(data["run"]["gamma"]), n_truth == n_rows
-    if exact:
-        train = (run_id,)
-        train_note = "this run: ceiling recorded on every request-step (the verify ran the whole block): no tail is estimated"
-    else:
-        others, train_note = hazard_runs(store, run_id, gamma, data["run"].get("audit_group"))
-        train = tuple(others) or (run_id,)
+    side = run_side(store, run_id, [], steps=store.read_table("steps", run_id))
+    gamma, exact = int(side.data["run"]["gamma"]), n_truth == n_rows
+    train, train_note = hazard_training(store, run_id, gamma, exact, side.data["run"].get("audit_group"))
     cache = {} if cache is None else cache
     if train not in cache:
         est = engine.fit(store, list(train), None, gamma, fit_rows=fit_rows, seed=seed,
                          expect_truth=exact or train != (run_id,) or n_truth > 0)
         cache[train] = (est, engine.fit_note, {})
     est, fit_note, refit_cache = cache[train]
+    side.notes = [train_note] + ([fit_note] if fit_note else [])
     hb = 0 if exact else hazard_boot
     if hb and hasattr(est.hazard, "_train") and (hb, seed) not in refit_cache:
         refit_cache[(hb, seed)] = engine.refits(est, hb, seed)
     refits = refit_cache.get((hb, seed)) if hb else None
-    skipped: dict[str, str] = {}
-    try:
-        temps = sts_in_force(data)
-    except ValueError as e:
-        skipped["calibration"], temps = str(e), None
-    steps = data["steps"]
-    step_rows = None if len(steps) else store.query_df(
-        "SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps WHERE run_id = ? "
-        "GROUP BY rank, epoch, forward_ct", [run_id])
-    acc = engine.reduce(est, refits, run_id, gamma, exact, steps, step_rows, hb, seed,
-                        min(1.0, sample_rows / n_rows), temps, n_rows <= sample_rows, aggregate_specs(n_boot, seed))
-    res: dict[str, Any] = {"skipped": {}}
-    res["run"] = _Table(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
-    tail = acc.tail_result(dict(est.hazard.info_), [train_note] + ([fit_note] if fit_note else []))
-    res["tail"] = tail
-    res["bracket"] = sglang_bracket(data, acc.trim_counters(), gamma)
-    res["utilization"] = acc.utilization_result(tail, n_boot, seed)
-    def make_data():
-        if "calibration" in skipped:
-            raise ValueError(skipped["calibration"])
-        d = acc.realized_calibration() if exact else \
-            calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=gamma)
-        return d, temps
-
-    fit_calibration(res, make_data, n_boot, seed)
-    table = fit_cost(res, steps, data["sps_table"], seed)
-    if table is not None and len(steps):
-        res["planner"] = _planner(store, acc, steps, table, n_rows)
-        res["planner"].notes.append("SPS table: " + ("the run's recorded table" if data["sps_table"] else
-                                                     "fitted from this run's timings"))
-    else:
-        res["skipped"]["planner"] = "no SPS table recorded and no step timings to fit one"
-    return res
+    steps = side.data["steps"]
+    acc = engine.reduce(est, refits, new_accumulator(est, run_id, gamma, exact, n_rows, side, store, n_boot,
+                                                     hazard_boot, seed, sample_rows),
+                        steps, None if len(steps) else step_rows(store, run_id))
+    return assemble(acc, side, n_boot, seed, planner=lambda table, steps: _planner(store, acc, steps, table, n_rows))
 
 
 def estimate_lake(lake: str | Path, run_ids: Sequence[str] | None = None, master: str = "local[2]",

@@ -12,6 +12,7 @@ from acceptscope.estimators import run_all, to_jsonable
 from acceptscope.estimators.bootstrap import aggregate_stats, poisson_weights, request_keys, request_stats
 from acceptscope.estimators.stream import run_all_stream
 from acceptscope.estimators.synthetic import compact_view, simulate
+from tests._close import assert_close
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +39,11 @@ def test_stream_equals_in_memory_and_does_not_depend_on_chunking(store):
     for rid in ("syn-cap", "syn-c"):
         mem = to_jsonable(run_all(store, rid, n_boot=40))
         a, b = to_jsonable(whole[rid]), to_jsonable(small[rid])
-        assert a["tail"]["aggregate"] == mem["tail"]["aggregate"]
+        assert_close(a["tail"]["aggregate"], mem["tail"]["aggregate"], rtol=1e-12)
         pd.testing.assert_frame_equal(pd.DataFrame(b["tail"]["aggregate"]), pd.DataFrame(a["tail"]["aggregate"]),
                                       check_exact=False, rtol=1e-12)  # 250-row chunks: the same intervals
         assert a["tail"]["summary"]["n_censored"] == mem["tail"]["summary"]["n_censored"] > 0
-        assert _drop_timings(a)["calibration"] == _drop_timings(mem)["calibration"]
+        assert_close(_drop_timings(a)["calibration"], _drop_timings(mem)["calibration"], rtol=1e-12)
         ra, rb = whole[rid]["tail"].aggregate(by="workload", n_boot=60, target="population"), \
             small[rid]["tail"].aggregate(by="workload", n_boot=60, target="population")
         pd.testing.assert_frame_equal(ra, rb, check_exact=False, rtol=1e-12)
@@ -96,7 +97,7 @@ def test_logistic_hazard_fit_on_distinct_rows_equals_the_row_by_row_fit():
     cells = L["_logistic_cells"]
     for g, (m, cell, X) in cells.items():  # every position maps to its own design row
         assert X.shape[0] <= m.size
-        np.testing.assert_array_equal(X[cell], est.hazard._design(L["k"][m], L["x"][m], L["state"][m], L["t"][m],
+        assert_close(X[cell], est.hazard._design(L["k"][m], L["x"][m], L["state"][m], L["t"][m],
                                                                   L["w"][m], g))
     from sklearn.linear_model import LogisticRegression
 
@@ -122,7 +123,7 @@ def test_big_run_keeps_replicate_sums_not_per_request_statistics(store, monkeypa
     """Past ``sample_rows`` a run keeps only the keyed bootstrap's per-replicate partial sums, added
     chunk by chunk (memory flat in rows): the same aggregates as the per-request statistics."""
     kept = run_all_stream(store, n_boot=40, chunk_rows=250)
-    monkeypatch.setattr("acceptscope.estimators.stream.FOLD_CHUNKS", 2)  # per-chunk group sums folded as they come
+    monkeypatch.setattr("acceptscope.estimators.accumulator.FOLD_CHUNKS", 2)  # per-chunk group sums folded as they come
     flat = run_all_stream(store, n_boot=40, chunk_rows=250, sample_rows=100)  # every run "big" here
     for rid in ("syn-cap", "syn-c"):
         t, k = flat[rid]["tail"], kept[rid]["tail"]
@@ -197,7 +198,7 @@ def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path
 def test_step_sizes_lookup_equals_the_multiindex_reindex():
     """``StepSizes``: the compact per-step batch sizes give what a MultiIndex reindex gave, missing
     steps (and keys outside the table's range) NaN, the first row of a repeated key winning."""
-    from acceptscope.estimators.stream import StepSizes
+    from acceptscope.estimators.accumulator import StepSizes
 
     rng = np.random.default_rng(3)
     d = pd.DataFrame({"rank": rng.integers(0, 3, 500), "epoch": rng.integers(0, 2, 500),
@@ -206,7 +207,7 @@ def test_step_sizes_lookup_equals_the_multiindex_reindex():
     want = d.drop_duplicates(["rank", "epoch", "forward_ct"]).set_index(["rank", "epoch", "forward_ct"])["bs"] \
         .reindex(pd.MultiIndex.from_arrays(q)).to_numpy(float)
     got = StepSizes(d).lookup(*q)
-    np.testing.assert_array_equal(got, want)
+    assert_close(got, want)
     assert np.isnan(got).any() and (~np.isnan(got)).sum() > 100
 
 
@@ -215,10 +216,11 @@ def test_big_run_steps_are_read_at_the_end_not_held(store, monkeypatch):
     only (compactly), the cost fit on a stable hash-sample of steps read at the end, the planner
     window found and read in DuckDB. Tail and utilization are unchanged; the window's steps equal
     what the whole-table computation selects."""
+    import acceptscope.estimators.pipeline as pipeline
     import acceptscope.estimators.stream as stream
 
     held = run_all_stream(store, n_boot=40, chunk_rows=250)
-    n_steps = stream._count_steps(store, "syn-c")
+    n_steps = pipeline.count_steps(store, "syn-c")
     monkeypatch.setattr(stream, "COST_STEPS", n_steps // 3)
     big = run_all_stream(store, n_boot=40, chunk_rows=250)
     for rid in ("syn-cap", "syn-c"):
@@ -228,11 +230,11 @@ def test_big_run_steps_are_read_at_the_end_not_held(store, monkeypatch):
         note = [x for x in b["cost"]["notes"] if "hash-sample" in x]
         assert note and 0 < b["cost"]["n_steps"] < a["cost"]["n_steps"]
         assert b["planner"]["summary"]["audited_steps"] > 0
-    steps = stream._read_steps(store, "syn-c")
+    steps = pipeline.read_steps(store, "syn-c")
     per = steps.sort_values(["epoch", "forward_ct"]).groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
     for max_rows in (1, 300, 10 ** 9):
         upto = per[per <= max_rows].index
-        last, win = stream._window_steps(store, "syn-c", max_rows, None)
+        last, win = stream.window_steps(store, "syn-c", max_rows, None)
         assert last == (upto[-1] if len(upto) else per.index[0])
         want = steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto if len(upto) else [last])]
         pd.testing.assert_frame_equal(win.reset_index(drop=True), want.reset_index(drop=True), check_dtype=False)
@@ -256,16 +258,16 @@ def test_read_request_steps_fills_temperature_request_first_then_run_in_stored_o
     assert list(got.columns) == list(plain.columns) and list(got.dtypes) == list(plain.dtypes)
     assert got.rid.tolist() == plain.rid.tolist() and got.forward_ct.tolist() == plain.forward_ct.tolist()
     want = np.where(plain.rid == "r1", 0.3, np.where(plain.rid == "r2", 0.7, 1.0))
-    np.testing.assert_array_equal(got.temperature.to_numpy(), want)
+    assert_close(got.temperature.to_numpy(), want)
     pd.testing.assert_frame_equal(got.drop(columns="temperature"), plain.drop(columns="temperature"))
     only = read_request_steps(st, "t-run", columns=["rid", "temperature"])
-    np.testing.assert_array_equal(only.temperature.to_numpy(), want)
+    assert_close(only.temperature.to_numpy(), want)
 
 
 def test_sort_memory_has_a_floor_and_grows_with_the_square_root_of_the_rows():
     """DuckDB's share for the sort by request: 256 MB up to ~6M request-steps (what every size up to
     10M sorted in), then with the square root of the rows (100M ran out of memory at 256 MB)."""
-    from acceptscope.estimators.stream import DUCKDB_MEMORY, sort_memory
+    from acceptscope.estimators.chunks import DUCKDB_MEMORY, sort_memory
 
     assert sort_memory(0) == sort_memory(1_000_000) == DUCKDB_MEMORY == "256MB"
     mb = [int(sort_memory(n)[:-2]) for n in (10_000_000, 40_000_000, 100_000_000, 400_000_000)]
@@ -276,7 +278,7 @@ def test_streamed_request_sample_equals_the_whole_table_selection(store):
     """The hazard sample's requests, chosen from per-request counts streamed in small batches
     (bounded memory), are exactly the lowest-uniform prefix chosen over all requests at once."""
     from acceptscope.estimators.bootstrap import uniforms
-    from acceptscope.estimators.stream import _sample_requests
+    from acceptscope.estimators.chunks import sample_requests
 
     runs = ["syn-c", "syn-cap"]
     d = store.query_df("SELECT run_id, rid, count(*) AS n FROM request_steps WHERE run_id IN ('syn-c', 'syn-cap') "
@@ -287,7 +289,7 @@ def test_streamed_request_sample_equals_the_whole_table_selection(store):
     for max_rows in (first - 1, first, int(cum[len(cum) // 3]) + 1, int(cum[-1]) - 1):
         want = d[cum <= max_rows] if (cum <= max_rows).any() else d.iloc[:1]
         for batch_rows in (7, 1 << 16):
-            got = _sample_requests(store, runs, max_rows, 3, batch_rows=batch_rows).to_pandas()
+            got = sample_requests(store, runs, max_rows, 3, batch_rows=batch_rows).to_pandas()
             assert sorted(zip(got.run_id, got.rid)) == sorted(zip(want.run_id, want.rid)), (max_rows, batch_rows)
             assert len(want) >= 1
-    assert _sample_requests(store, runs, int(cum[-1]), 3, batch_rows=7) is None  # every request fits
+    assert sample_requests(store, runs, int(cum[-1]), 3, batch_rows=7) is None  # every request fits

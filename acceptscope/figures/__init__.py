@@ -7,6 +7,6 @@ the telemetry tables (through :class:`acceptscope.reader.Reader`), ``estimates``
 """
 
 from acceptscope.figures import estimates, regime, tables
-from acceptscope.figures.estimates import figure_of
+from acceptscope.figures.estimates import figure_for, figure_of
 
-__all__ = ["estimates", "figure_of", "regime", "tables"]
+__all__ = ["estimates", "figure_for", "figure_of", "regime", "tables"]

@@ -7,21 +7,23 @@ estimators themselves never import plotly (they sit a layer below).
 
 from __future__ import annotations
 
-from typing import Any
+from functools import singledispatch
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from acceptscope.estimators import _Table as BracketTable
+from acceptscope.estimators import ResultTable as BracketTable
 from acceptscope.estimators.calibration import CalibrationResult
 from acceptscope.estimators.cost import CostResult
 from acceptscope.estimators.planner import PlannerAudit
-from acceptscope.estimators.stream import StreamTail
+from acceptscope.estimators.accumulator import StreamTail
 from acceptscope.estimators.tail import TailResult
 from acceptscope.estimators.utilization import UtilizationResult
 from acceptscope.estimators.validation import ValidationResult
+from acceptscope.outputs import plain_links
 
 MIN_COVERAGE_N = 2  # blocks a coverage group needs before its line is drawn
 PLOT_POINTS = 5_000  # points per trace at most: a per-step series of a long run is thinned evenly (HTML size)
@@ -44,7 +46,7 @@ def thinned_note(rows: int, n: int = PLOT_POINTS) -> str:
 def _layout(fig: go.Figure, title: str, height: int = 400) -> go.Figure:
     fig.update_layout(title=title, height=height, template="plotly_white", margin=dict(l=55, r=20, t=60, b=45),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return plain_links(fig)  # run ids and workloads are data: a link in one shows as text
 
 
 def interval_figure(df: pd.DataFrame, x: str, est: str, lo: str, hi: str, truth: str | None = None,
@@ -196,28 +198,60 @@ def _bracket_figure(result: BracketTable) -> go.Figure | None:
                            title="SGLang block-accept bracket by category (accept length)")
 
 
+@singledispatch
 def figure_of(result: Any, **kw: Any) -> go.Figure | None:
     """The figure of one estimator result (None for a result type that draws none).
 
-    ``kw``: ``by`` for tail results (group column), ``positions`` for calibration results.
+    ``kw``: ``by`` for tail results (group column), ``positions`` for calibration results. A result type
+    gets its figure by registration (:func:`figure_for`), so a new estimator's figure is one decorated
+    function beside the others, and the report, the dashboard and the notebook draw it.
     """
-    if isinstance(result, (TailResult, StreamTail)):
-        return _ceiling_figure(result, **kw)
-    if isinstance(result, CalibrationResult):
-        return reliability_figure(one_based_positions(result.reliability), positions=kw.get("positions"),
-                                  title=f"STS reliability (label: {result.label})")
-    if isinstance(result, UtilizationResult):
-        return windows_figure(result.windows, result.by_group[result.by_group.by == "workload"])
-    if isinstance(result, CostResult):
-        return pred_vs_measured_figure(result.predictions,
-                                       title="SPS additive cost model: predicted vs measured step time")
-    if isinstance(result, ValidationResult):
-        return coverage_figure(result.per_mode)
-    if isinstance(result, PlannerAudit):
-        return budget_audit_figure(result.per_step)
-    if isinstance(result, BracketTable):
-        return _bracket_figure(result)
     return None
+
+
+def figure_for(result_type: type) -> Callable:
+    """Decorator: ``fn(result, **kw)`` draws results of ``result_type`` (and its subclasses) in :func:`figure_of`."""
+    def deco(fn: Callable) -> Callable:
+        figure_of.register(result_type)(fn)
+        return fn
+    return deco
+
+
+@figure_for(TailResult)
+@figure_for(StreamTail)
+def _tail_figure(result, **kw):
+    return _ceiling_figure(result, **kw)
+
+
+@figure_for(CalibrationResult)
+def _calibration_figure(result, **kw):
+    return reliability_figure(one_based_positions(result.reliability), positions=kw.get("positions"),
+                              title=f"STS reliability (label: {result.label})")
+
+
+@figure_for(UtilizationResult)
+def _utilization_figure(result, **kw):
+    return windows_figure(result.windows, result.by_group[result.by_group.by == "workload"])
+
+
+@figure_for(CostResult)
+def _cost_figure(result, **kw):
+    return pred_vs_measured_figure(result.predictions, title="SPS additive cost model: predicted vs measured step time")
+
+
+@figure_for(ValidationResult)
+def _validation_figure(result, **kw):
+    return coverage_figure(result.per_mode)
+
+
+@figure_for(PlannerAudit)
+def _planner_figure(result, **kw):
+    return budget_audit_figure(result.per_step)
+
+
+@figure_for(BracketTable)
+def _bracket_result_figure(result, **kw):
+    return _bracket_figure(result)
 
 
 def tail_truth_figure(t: pd.DataFrame) -> go.Figure:

@@ -1,0 +1,194 @@
+"""One run's results, assembled in one place, whatever executor fed its accumulator.
+
+The executors differ only in how chunks of whole requests reach a
+:class:`~estimators.accumulator.RunAccumulator`:
+
+* in memory (:func:`estimators.run_all`): the run is one chunk, so every result is exact (the planner
+  audit recomputes every decode step, the tail keeps its per-block predictions);
+* streamed (:func:`estimators.stream.run_all_stream`): one ordered DuckDB scan cut into chunks;
+* Spark (:func:`estimators.spark.run_lake`): partitions' chunks on the executors, merged on the driver.
+
+Each then calls :func:`open_run` (the run's side tables, the STS table in force, the accumulator) and
+:func:`assemble` (the results dict: ``run``, ``tail``, ``bracket``, ``utilization``, ``calibration``,
+``cost``, ``planner`` and every registered estimator of :mod:`estimators.registry`). A skip reason is
+written here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+
+from acceptscope import schema
+from acceptscope.estimators.accumulator import RunAccumulator, aggregate_specs
+from acceptscope.estimators.calibration import calibration_data
+from acceptscope.estimators.chunks import read_sample
+from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.registry import Skip
+from acceptscope.estimators.run_data import (RUN_KEYS, ResultTable, fit_calibration, fit_cost, hazard_runs, load_run,
+                                             sglang_bracket, sts_in_force)
+from acceptscope.estimators.tail import TailEstimator
+
+# what the cost fit, the batch-size bands and the planner audit read of ``steps``
+STEP_COLUMNS = ("rank", "epoch", "forward_ct", "bs", "budget", "lag_steps", "num_verify_tokens", "executed_verify_tokens",
+                "predicted_step_ms", "predicted_theta", "step_cpu_ms", "step_gpu_ms")
+COST_STEPS = 1 << 17  # decode steps a big run's cost fit reads (a stable hash-sample of them beyond)
+PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's planner audit recomputes
+EXACT_NOTE = "this run: ceiling recorded on every request-step (the verify ran the whole block): no tail is estimated"
+NO_PLANNER = "no SPS table recorded and no step timings to fit one"
+
+
+# ----------------------------------------------------------------------------------------------
+# the run's side tables
+# ----------------------------------------------------------------------------------------------
+def read_steps(store, run_id: str, columns=STEP_COLUMNS, max_steps: int | None = None) -> pd.DataFrame:
+    """The run's ``steps`` in key order, only the columns the cost fit, the batch sizes and the planner
+    audit read, without ``run_id`` (:func:`with_run` adds it back): a ``steps`` row is ~1/batch of the
+    request-steps, so whatever is kept per step is the streamed path's growth in memory with the run's
+    rows. ``max_steps``: beyond that many steps, a stable hash-sample of about that many
+    (multiplicative hash of the step key, computed in DuckDB)."""
+    have = set(schema.table("steps").names)
+    cols = [c for c in columns if c in have]
+    n = count_steps(store, run_id) if max_steps else 0
+    if max_steps and n > max_steps:
+        keep = int((max_steps / n) * (1 << 32))
+        d = store.query_df(f"SELECT {', '.join(cols)} FROM steps WHERE run_id = ? AND ((forward_ct * 2654435761 + "
+                           "epoch * 40503 + rank * 97) % 4294967296) < ?", [run_id, keep])
+        d.attrs["sampled_from"] = n
+    else:
+        d = store.read_table("steps", run_id, columns=cols)
+    return d if len(d) < 2 else d.sort_values(["rank", "epoch", "forward_ct"], kind="stable", ignore_index=True)
+
+
+def count_steps(store, run_id: str) -> int:
+    return int(store.query_df("SELECT count(*) AS n FROM steps WHERE run_id = ?", [run_id]).n.iloc[0])
+
+
+def with_run(steps: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    return steps if "run_id" in steps else steps.assign(run_id=run_id)
+
+
+def run_meta(store, run_ids) -> pd.DataFrame:
+    """The runs' rows with their request-step and recorded-ceiling counts (runs with request-steps only)."""
+    q = ("SELECT r.*, c.n_rows, c.n_truth FROM runs r JOIN (SELECT run_id, count(*) AS n_rows, count(ceiling) AS n_truth "
+         "FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) GROUP BY run_id) c USING (run_id)")
+    return store.query_df(q, [list(run_ids)])
+
+
+def hazard_training(store, run_id: str, gamma: int, exact: bool, audit_group=None,
+                    hazards_from: str | None = None) -> tuple[tuple, str]:
+    """The runs whose outcomes train this run's tail hazards, and the note that says so: the run itself
+    when its ceiling is recorded (nothing is estimated), else :func:`estimators.run_data.hazard_runs`'s
+    choice (its audit arm, a named run, or its own observed outcomes)."""
+    if exact:
+        return (run_id,), EXACT_NOTE
+    others, note = hazard_runs(store, run_id, gamma, audit_group, hazards_from)
+    return tuple(others) or (run_id,), note
+
+
+def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_from: str | None = None,
+                duckdb_memory: str | None = None):
+    """The run's fitted TailEstimator (on a stable hash-sample of whole requests of its training runs,
+    at most ``fit_rows`` request-steps) and the notes on what it was fitted on. ``cache``: fits shared by
+    runs with the same training runs."""
+    rid, gamma = meta_row.run_id, int(meta_row.gamma)
+    train, note = hazard_training(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows),
+                                  meta_row.get("audit_group"), hazards_from)
+    if train not in cache:
+        tbl = read_sample(store, train, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
+        est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
+        n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
+                                     [list(train)]).n.iloc[0])
+        sample_note = (f"hazards fitted on a stable hash-sample of {tbl.num_rows} of {n_total} request-steps "
+                       f"(whole requests)") if tbl.num_rows < n_total else None
+        cache[train] = (est, sample_note)
+    est, sample_note = cache[train]
+    return est, [note] + ([sample_note] if sample_note else [])
+
+
+@dataclass
+class RunSide:
+    """What :func:`assemble` needs besides the accumulator: the run's tables (``load_run`` without its
+    request-steps), the notes on the hazards' training, the skip reasons known before the pass."""
+
+    data: dict
+    notes: list[str]
+    skipped: dict = field(default_factory=dict)
+    temperatures: Any = None  # the STS table in force (None: identity)
+
+
+def run_side(store, run_id: str, notes: list[str], steps: pd.DataFrame | None = None) -> RunSide:
+    """The run's side tables and the STS table in force; ``steps``: the run's steps as the executor
+    holds them (else read whole)."""
+    data = load_run(store, run_id, skip=("request_steps", "steps"))
+    data["steps"] = read_steps(store, run_id) if steps is None else steps
+    side = RunSide(data=data, notes=list(notes))
+    try:
+        side.temperatures = sts_in_force(data)
+    except ValueError as e:  # the confidences are post-STS and the table is missing: no calibration
+        side.skipped["calibration"] = str(e)
+    return side
+
+
+def step_rows(store, run_id: str) -> pd.DataFrame:
+    """Batch size per decode step from the run's request rows (a run without a ``steps`` table)."""
+    return store.query_df("SELECT rank, epoch, forward_ct, count(*) AS bs FROM request_steps WHERE run_id = ? "
+                          "GROUP BY rank, epoch, forward_ct", [run_id])
+
+
+def new_accumulator(est, run_id: str, gamma: int, exact: bool, n_rows: int, side: RunSide, store, n_boot: int,
+                    hazard_boot: int, seed: int, sample_rows: int, **kw) -> RunAccumulator:
+    """The run's accumulator as every executor opens it (``kw``: executor options, e.g. ``gather``)."""
+    steps = side.data["steps"]
+    return RunAccumulator(run_id, gamma, est, exact, steps, 0 if exact else hazard_boot, seed,
+                          min(1.0, sample_rows / max(n_rows, 1)), side.temperatures,
+                          None if len(steps) else step_rows(store, run_id), keep_per_request=n_rows <= sample_rows,
+                          specs=aggregate_specs(n_boot, seed), keep_stats=n_rows <= sample_rows, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# the results
+# ----------------------------------------------------------------------------------------------
+def assemble(acc: RunAccumulator, side: RunSide, n_boot: int, seed: int, planner: Callable,
+             cost_steps: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The run's results from its accumulator. ``planner(table, steps)``: the executor's planner audit
+    (it needs whole decode steps with every request's history, which only the executor can read);
+    ``cost_steps``: the steps the cost fit reads when the executor did not hold them all."""
+    data = side.data
+    res: dict[str, Any] = {"skipped": dict(side.skipped)}
+    res["run"] = ResultTable(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
+    tail = acc.tail_result(dict(acc.est.hazard.info_), side.notes)
+    if acc.last_tail is not None:  # one chunk: the per-block predictions are at hand (validation reads them)
+        tail.blocks = acc.last_tail.blocks
+    res["tail"] = tail
+    res["bracket"] = sglang_bracket(data, acc.trim_counters(), acc.G)
+    res["utilization"] = acc.utilization_result(tail, n_boot, seed)
+
+    def make_data():
+        if "calibration" in side.skipped:
+            raise ValueError(side.skipped["calibration"])
+        d = acc.realized_calibration() if acc.exact else \
+            calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=acc.G)
+        return d, side.temperatures
+
+    res["skipped"].pop("calibration", None)
+    fit_calibration(res, make_data, n_boot, seed)
+    steps = data["steps"] if cost_steps is None else cost_steps
+    table = fit_cost(res, steps, data["sps_table"], seed)
+    if "sampled_from" in steps.attrs and "cost" in res:
+        res["cost"].notes.append(f"fitted on a stable hash-sample of {len(steps)} of {steps.attrs['sampled_from']} "
+                                 "decode steps (bounded memory)")
+    if table is not None and len(steps):
+        p = planner(table, steps)
+        p.notes.append("SPS table: " + ("the run's recorded table" if data["sps_table"] else "fitted from this run's timings"))
+        res["planner"] = p
+    else:
+        res["skipped"]["planner"] = NO_PLANNER
+    for name, e in acc.extra.items():
+        try:
+            res[name] = e.result()
+        except Skip as why:
+            res["skipped"][name] = str(why)
+    return res
