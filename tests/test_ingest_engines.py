@@ -13,12 +13,15 @@ import json
 
 import numpy as np
 import pytest
+import requests
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from acceptscope.estimators.synthetic import compact_view, simulate
 from acceptscope.ingest.engines import (detect_engine, has_engine_counts, ingest_engine_files, parse_engine_file,
                                         write_engine_batch)
 from acceptscope.ingest.engines.identify import engine_figures
+from acceptscope.live.exporter import MetricsExporter
+from acceptscope.live.prometheus_scrape import parse_metrics
 from acceptscope.store import Store
 
 
@@ -188,3 +191,41 @@ def test_trtllm_bad_records_rejected_alone(tmp_path):
     whole.write_text(json.dumps({"rank": 0, "max_draft_len": "seven"}))
     b2 = parse_engine_file(whole, "trtllm_accept_stats", "t")
     assert [r["field"] for r in b2.rejects] == ["max_draft_len"] and not b2.runs
+
+
+def test_later_dump_of_one_server_replaces_the_earlier(tmp_path):
+    """Counters are cumulative: a later dump of the same server into the same run is not added to the earlier."""
+    rs, gamma = _rows()
+    early, _ = vllm_dump(rs.iloc[: len(rs) // 2], gamma)
+    late, want = vllm_dump(rs, gamma)
+    (tmp_path / "a.prom").write_bytes(early)
+    (tmp_path / "b.prom").write_bytes(late)
+    st = Store(tmp_path / "s.duckdb")
+    ingest_engine_files(st, [tmp_path / "a.prom", tmp_path / "b.prom"], run_id="v")
+    f = engine_figures(st, "v")["figures"]
+    assert f["drafts"] == len(rs) and f["accepted"] == rs["correct_drafts"].sum()
+
+
+def test_exporter_serves_engine_runs(tmp_path):
+    """A vLLM run in the store is served under the same counter names, from its counts (no estimator)."""
+    rs, gamma = _rows()
+    text, want = vllm_dump(rs, gamma)
+    (tmp_path / "v.prom").write_bytes(text)
+    st = Store(tmp_path / "s.duckdb")
+    st.append(simulate(n_requests=12, seed=3, run_id="syn-native").tables)
+    ingest_engine_files(st, [tmp_path / "v.prom"], run_id="vllm-run")
+    with MetricsExporter(str(tmp_path / "s.duckdb"), 0, refresh_s=0.1, n_boot=20) as ex:
+        assert ex.source.wait_ready(300), ex.source.last_error
+        m = {(s.name, s.labels): s.value for s in parse_metrics(requests.get(ex.url, timeout=10).text, prefix="acceptscope_")}
+    get = lambda n, **lab: [v for (k, l), v in m.items() if k == n and all(dict(l).get(a) == b for a, b in lab.items())]  # noqa: E731
+    c = rs["correct_drafts"].to_numpy()
+    assert get("acceptscope_spec_decode_num_drafts_total", run_id="vllm-run") == [len(rs)]
+    assert get("acceptscope_spec_decode_num_accepted_tokens_total", run_id="vllm-run") == [c.sum()]
+    for k in range(gamma):
+        assert get("acceptscope_spec_decode_num_accepted_tokens_per_pos_total", run_id="vllm-run", position=str(k)) == [(c > k).sum()]
+        assert get("acceptscope_spec_decode_num_verified_per_pos_total", run_id="vllm-run", position=str(k)) == [len(rs)]
+    assert get("acceptscope_realized_accept_length", run_id="vllm-run") == [pytest.approx(1 + c.mean(), abs=1e-12)]
+    assert get("acceptscope_estimate_error", run_id="vllm-run") == [0.0]
+    assert get("acceptscope_run_info", run_id="vllm-run", engine="vllm", gen_ai_provider_name="vllm") == [1.0]
+    assert get("acceptscope_spec_decode_num_drafts_total", run_id="syn-native")  # the native run still estimated
+    assert get("acceptscope_exporter_errors_total") == [0.0]

@@ -42,6 +42,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from acceptscope.estimators import run_all_runs, to_jsonable
+from acceptscope.ingest.engines import engine_counts_rows
+from acceptscope.ingest.engines.identify import COUNTED_ENGINES, engine_figures
 from acceptscope.reader import Reader
 from acceptscope.store import Store
 
@@ -55,6 +57,7 @@ class Snapshot:
     version: tuple = ()
     runs: list = field(default_factory=list)  # dicts: run_id, arm, engine, gamma, target_model
     estimates: dict = field(default_factory=dict)  # run_id -> to_jsonable(results) or {"error": str}
+    engines: dict = field(default_factory=dict)  # run_id -> engine_figures() of a vLLM / TensorRT-LLM run
     windows: list = field(default_factory=list)  # (run_id, window, blocks)
     compute_s: float = 0.0
     at: float = 0.0
@@ -64,12 +67,18 @@ def compute(db: str, run_ids: Sequence[str] | None = None, *, n_boot: int = 200,
     """Everything the exporter serves for one data version of ``db`` (what ``estimate --json`` computes)."""
     t0 = time.perf_counter()
     reader = Reader(db)
-    version = reader.data_version()
+    version = data_version(reader)
     runs = reader.df("SELECT run_id, arm, engine, gamma, target_model FROM runs ORDER BY run_id")
     if run_ids:
         runs = runs[runs["run_id"].isin(list(run_ids))]
-    ids = runs["run_id"].tolist()
+    counted = runs["engine"].isin(COUNTED_ENGINES)
+    ids = runs.loc[~counted, "run_id"].tolist()
     snap = Snapshot(version=version, runs=runs.to_dict("records"))
+    for rid in runs.loc[counted, "run_id"]:  # another engine's counts: what they identify (no estimator runs)
+        try:
+            snap.engines[rid] = engine_figures(Store(db, read_only=True), rid)
+        except Exception as e:  # noqa: BLE001 - one run's failure is that run's, served as estimate_error
+            snap.estimates[rid] = {"error": f"{type(e).__name__}: {e}"}
     if ids:
         res = run_all_runs(Store(db, read_only=True), ids, n_boot=n_boot, seed=seed)
         for rid, r in res.items():  # as the estimate command does (acceptscope/cli/estimate.py)
@@ -81,6 +90,11 @@ def compute(db: str, run_ids: Sequence[str] | None = None, *, n_boot: int = 200,
     snap.compute_s = time.perf_counter() - t0
     snap.at = time.time()
     return snap
+
+
+def data_version(reader: Reader) -> tuple:
+    """What a write changes: the row counts of the tables a run grows, and of other engines' counts."""
+    return (*reader.data_version(), reader.summary(engine_counts_rows))
 
 
 class DerivedMetrics:
@@ -100,7 +114,7 @@ class DerivedMetrics:
     def refresh(self) -> bool:
         """Probe the data version; recompute when it changed. True when a new snapshot was made."""
         try:
-            v = Reader(self.db).data_version()
+            v = data_version(Reader(self.db))
             self.seen_version = v
             if v == self.snapshot.version and self.snapshot.at:
                 return False
@@ -240,6 +254,21 @@ def families(snap: Snapshot) -> list:
                 trim_ratio.add_metric(lv + ["lo"], 1.0 - float(run["util_hi"]))
                 trim_ratio.add_metric(lv + ["hi"], 1.0 - float(run["util_lo"]))
         _put(lost, lv, ((est.get("planner") or {}).get("summary") or {}).get("accepted_drafts_lost"))
+    for rid, e in snap.engines.items():
+        lv = [rid]
+        est_err.add_metric(lv, 0.0)
+        f = e["figures"]
+        drafts.add_metric(lv, float(f["drafts"]))
+        draft_tok.add_metric(lv, float(f["draft_tokens"]))
+        acc_tok.add_metric(lv, float(f["accepted"]))
+        for k, v in enumerate(f["accepted_per_pos"]):
+            acc_pos.add_metric(lv + [str(k)], float(v))
+            if e["engine"] == "vllm" and f["draft_tokens"] == f["drafts"] * e["gamma"]:  # every draft verified in full
+                ver_pos.add_metric(lv + [str(k)], float(f["drafts"]))
+        _put(realized, lv, f["mean_acceptance_length"])
+        _put(iw_rate, lv, f["draft_acceptance_rate"])
+        for k, v in enumerate(f.get("binned_ece") or []):
+            _put(ece, lv + ["binned-bin-centre", "before", str(k), "point"], v)
     for rid, w, n in snap.windows:
         by_window.add_metric([rid, str(w)], float(n))
     return [drafts, draft_tok, acc_tok, acc_pos, ver_pos, trimmed, by_window, trimmed_blocks, info, realized, ceiling,

@@ -93,6 +93,13 @@ def ingest_engine_files(store, paths: Iterable[str | Path], run_id: Optional[str
     return total
 
 
+def engine_counts_rows(con) -> int:
+    """Rows of ``engine_counts`` (-1: no such table): part of a store's data version."""
+    if not has_engine_counts(con):
+        return -1
+    return int(con.execute(f"SELECT count(*) FROM {quote_ident(ENGINE_COUNTS.name)}").fetchone()[0])
+
+
 def has_engine_counts(con) -> bool:
     """Whether the store holds the ``engine_counts`` table (a store no engine file was ingested into has none)."""
     return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",

@@ -27,6 +27,7 @@ DEFINITIONS = ("draft: one (request, verify step) with draft tokens; accepted: a
                "mean_acceptance_length = 1 + accepted / drafts (bonus included); draft_acceptance_rate = accepted / "
                "draft tokens verified; per_position_acceptance[k] = drafts that accepted 0-based position k / all "
                "drafts; accepted_histogram[a] = drafts that accepted exactly a drafts")
+COUNTED_ENGINES = ("vllm", "tensorrt-llm")  # runs whose figures come from engine_counts, not the estimators
 NOT_IDENTIFIED = {
     "vllm": ["the uncapped ceiling, utilization and any counterfactual tail: no windows or block outcomes are "
              "recorded, only totals", "calibration: no confidences", "per-request and per-workload figures: the "
@@ -39,7 +40,7 @@ NOT_IDENTIFIED = {
 
 
 def _counts(store: Any, run_id: str) -> pd.DataFrame:
-    return store.query_df(f"SELECT rank, metric, position, bin, value FROM {ENGINE_COUNTS.name} "
+    return store.query_df(f"SELECT source, rank, metric, position, bin, value FROM {ENGINE_COUNTS.name} "
                           "WHERE run_id = ?", [run_id])
 
 
@@ -72,7 +73,9 @@ def engine_figures(store: Any, run_id: str) -> dict:
         raise KeyError(f"no run {run_id!r}")
     engine, K, arm = str(run.engine.iat[0]), int(run.gamma.iat[0]), str(run.arm.iat[0])
     df = _counts(store, run_id)
-    tot = df.groupby(["metric", "position", "bin"])["value"].sum()
+    # the counters are cumulative: two dumps of one server (sources) hold the later one's counts as the
+    # larger, so a cell is its largest value over the sources, then the ranks (DP engines) are summed
+    tot = df.groupby(["rank", "metric", "position", "bin"])["value"].max().groupby(["metric", "position", "bin"]).sum()
     get = lambda m, p=-1, b=-1: int(tot.get((m, p, b), 0))  # noqa: E731
     notes: list[str] = []
     if engine == "vllm":
@@ -109,10 +112,12 @@ def engine_figures(store: Any, run_id: str) -> dict:
 
 
 def _binned_ece(df: pd.DataFrame, K: int) -> list | None:
-    att = df[df.metric == "calib_attempts"].groupby(["position", "bin"])["value"].sum()
+    cell = lambda m: (df[df.metric == m].groupby(["rank", "position", "bin"])["value"].max()  # noqa: E731
+                      .groupby(["position", "bin"]).sum())
+    att = cell("calib_attempts")
     if att.empty:
         return None
-    acc = df[df.metric == "calib_accepted"].groupby(["position", "bin"])["value"].sum()
+    acc = cell("calib_accepted")
     nb = int(df[df.metric == "calib_num_bins"]["value"].max())  # (ranks of one run share it)
     out = []
     for k in range(K):
