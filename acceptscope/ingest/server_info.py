@@ -363,6 +363,13 @@ class ServerInfoIngestor(PayloadReader):
         assignment: dict[int, Rank] = {}
         if not restart and self.ranks:
             assignment, restart = match_states(self.ranks, states, same_server)
+            if restart and same_server:  # the same process cannot go back: a malformed poll, not a restart
+                batch.reject(make_reject(src, line, "$", f"poll does not continue the server's records (same "
+                                         f"startup_time {startup!r}; e.g. a transient malformed ring): poll rejected, "
+                                         "not counted as a restart", None, self.run_id))
+                for s in states:
+                    s.release()
+                return
         elif not self.ranks and startup is not None and not isinstance(startup, bool) \
                 and isinstance(startup, (int, float)) and self.epoch_of.get(float(startup), self.epoch) != self.epoch:
             self.epoch = self.epoch_of[float(startup)]  # the first document: the epoch placed for it

@@ -19,6 +19,10 @@ ring per DP rank (``deque(maxlen=200_000)``), exported whole on every
   writer is behind), so memory stays bounded whatever the server produces;
 * a server that stops answering is counted (``down_polls``); when it answers
   again with another ``startup_time`` the ingestor sees the restart;
+* the server behind the URL is pinned by its launch fields at the first good poll
+  (:mod:`acceptscope.ingest.identity`): a poll from a server with other launch fields (a swap, two
+  servers alternating behind one address) is refused with one reject row, never ingested as a
+  restart of this run, and its ring is never cleared (``identity_changes``);
 * every request has a total deadline (``timeout_s``, and never past ``until``: the
   capture's hard stop) and a body-size cap (``max_bytes``) through
   :func:`acceptscope.live.http.fetch`: a server that trickles a body or headers, or
@@ -35,6 +39,7 @@ from typing import Any, Callable, Optional
 import msgspec
 import requests
 
+from acceptscope.ingest.identity import ServerIdentity, identity_from_bytes
 from acceptscope.ingest.rejects import make_reject
 from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.live.http import DEFAULT_MAX_BYTES, DeadlineExceeded, Redirected, ResponseTooLarge, fetch
@@ -85,6 +90,7 @@ class PollStats:
     last_error: str | None = None
     ranks_seen: int = 0
     last_clear_poll: int | None = None
+    identity_changes: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -128,6 +134,7 @@ class ServerInfoPoller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._observers: list[Callable[[Any], None]] = []
+        self.identity: Optional[ServerIdentity] = None  # the server this run captures (first good poll)
 
     def observe(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(batch)`` after every ingested poll (session uses it for run metadata)."""
@@ -152,6 +159,13 @@ class ServerInfoPoller:
         self.stats.polls += 1
         self.stats.payload_bytes += len(body)
         self.stats.max_payload_bytes = max(self.stats.max_payload_bytes, len(body))
+        refused = self._identity_refusal(body)
+        if refused is not None:  # another server answers at this address: not this run's records
+            self.stats.identity_changes += 1
+            self.stats.rejects += 1
+            self.stats.last_error = refused
+            self.sink({"rejects": [make_reject(self.url, poll_no, "$", refused, None, self.run_id)]})
+            return None
         sizes = ring_sizes(body)  # cheap: records stay undecoded
         n_records = max(sizes) if sizes else 0
         if sizes is not None:
@@ -176,6 +190,25 @@ class ServerInfoPoller:
         for fn in self._observers:
             fn(batch)
         return batch
+
+    def _identity_refusal(self, body: bytes) -> Optional[str]:
+        """Why this poll is another server's (None: it is this run's server, or carries no launch fields)."""
+        ident = identity_from_bytes(body)  # (the records are skipped, not decoded)
+        if ident is None or not ident.args:
+            return None  # unreadable or bare: the ingestor rejects what it cannot read, by field
+        if self.identity is None:
+            self.identity = ident
+            return None
+        old = self.identity
+        if ident.server_key == old.server_key and (ident.mode is None or old.mode is None or ident.mode == old.mode):
+            return None
+        diff = [f"{k} {old.fields.get(k)!r} -> {ident.fields.get(k)!r}"
+                for k in sorted(set(old.fields) | set(ident.fields)) if old.fields.get(k) != ident.fields.get(k)]
+        if ident.mode != old.mode:
+            diff.append(f"mode {old.mode!r} -> {ident.mode!r}")
+        what = "; ".join(diff[:4]) + (f"; +{len(diff) - 4} more" if len(diff) > 4 else "")
+        return (f"server identity changed behind {self.base_url} ({what[:300]}): poll refused, not stored as a restart "
+                "of this run (capture that server with its own attach)")
 
     def _clear(self) -> bool:
         try:
