@@ -44,7 +44,8 @@ import pyarrow.dataset as ds
 
 from acceptscope import schema
 from acceptscope.outputs import atomic_write, fsync_dir
-from acceptscope.store import Store, _q, duck_type, fetch_arrow_reader
+from acceptscope.store import Store, fetch_arrow_reader
+from acceptscope.store_sql import duck_type, quote_ident
 
 MANIFEST = "_acceptscope_export.json"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -179,7 +180,7 @@ def export_parquet(
     if run_ids is None:
         runs: list[str | None] = sorted(known)
         for t in chosen:  # telemetry may exist for runs without a runs row (e.g. file ingest)
-            ids = store.query_df(f"SELECT DISTINCT run_id FROM {_q(t.name)} WHERE run_id IS NOT NULL")["run_id"]
+            ids = store.query_df(f"SELECT DISTINCT run_id FROM {quote_ident(t.name)} WHERE run_id IS NOT NULL")["run_id"]
             runs.extend(i for i in ids if i not in runs)
         runs.append(None)  # rows without a run (only rejects can have them)
     else:
@@ -191,7 +192,7 @@ def export_parquet(
     # one short connection finds which (table, run) pairs have rows; only those get a connection of their own
     with store.connect(read_only=True) as con:
         present = {
-            t.name: {r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {_q(t.name)}").fetchall()}
+            t.name: {r for (r,) in con.execute(f"SELECT DISTINCT run_id FROM {quote_ident(t.name)}").fetchall()}
             for t in chosen
         }
     token = uuid.uuid4().hex[:12]
@@ -223,8 +224,8 @@ def _export_tables(store: Store, chosen: list, runs: list, present: dict, swap: 
             staged = swap.stage(t.name)
             if run in present[t.name]:
                 where = "run_id IS NULL" if run is None else "run_id = ?"
-                order = ", ".join(_q(k) for k in t.key)
-                sql = f"SELECT * FROM {_q(t.name)} WHERE {where} ORDER BY {order}"
+                order = ", ".join(quote_ident(k) for k in t.key)
+                sql = f"SELECT * FROM {quote_ident(t.name)} WHERE {where} ORDER BY {order}"
                 rows = _write(lambda: store.connect(read_only=True), t, sql, None if run is None else [run], staged,
                               token)
                 written[t.name] += rows
@@ -241,13 +242,13 @@ def _export_hash_tables(store: Store, ids: list, swap: _Swap, token: str,
     for t in hash_tables():
         ref = HASH_TABLES[t.name]
         hashes = sorted(h for h in store.query_df(
-            f"SELECT DISTINCT {_q(ref)} AS h FROM runs WHERE {_q(ref)} IS NOT NULL "
+            f"SELECT DISTINCT {quote_ident(ref)} AS h FROM runs WHERE {quote_ident(ref)} IS NOT NULL "
             "AND run_id IN (SELECT UNNEST(?))", [ids])["h"]) if ids else []
         written[t.name] = 0
         for h in hashes:
             staged = swap.stage(t.name)
-            order = ", ".join(_q(k) for k in t.key)
-            sql = f"SELECT * FROM {_q(t.name)} WHERE table_hash = ? ORDER BY {order}"
+            order = ", ".join(quote_ident(k) for k in t.key)
+            sql = f"SELECT * FROM {quote_ident(t.name)} WHERE table_hash = ? ORDER BY {order}"
             rows = _write(lambda: store.connect(read_only=True), t, sql, [h], staged, token)
             swap.replace(t.name, h, "table_hash")
             written[t.name] += rows

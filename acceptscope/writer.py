@@ -53,7 +53,7 @@ file 203 vs 291 MB; the PK flush grows with the table (first/last 10 flushes
 1,058 -> 1,306 ms) while the index-free one stays flat (671 -> 688 ms).
 
 The index-free design (key semi-join, pruned by zone maps, then a plain
-append; see ``acceptscope/store.py``) wins everywhere, needs no in-memory
+append; see ``acceptscope/store_dedupe.py``) wins everywhere, needs no in-memory
 index and keeps arrival order, so it is the default
 (``Store(primary_keys=False)``). Opening the file per flush (so other
 processes can read between flushes) costs x1.9-6.3 against a held connection;

@@ -97,7 +97,8 @@ def child(kind: str, dump: str, jsonl: str, db: str) -> None:
     from acceptscope import schema
     from acceptscope.ingest import ingest_paths
     from acceptscope.ingest.server_info import ServerInfoIngestor
-    from acceptscope.store import Store, create_table_sql
+    from acceptscope.store import Store
+    from acceptscope.store_sql import create_table_sql
     from bench.support.memory import status_mb  # (PYTHONPATH: the tree's root, see _run_child)
 
     import pyarrow  # noqa: F401

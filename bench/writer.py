@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import duckdb  # noqa: E402
 
 from acceptscope import schema  # noqa: E402
-from acceptscope.store import Store, insert_new_rows  # noqa: E402
+from acceptscope.store import Store  # noqa: E402
+from acceptscope.store_dedupe import insert_new_rows  # noqa: E402
 from bench.support import synthetic as H  # noqa: E402
 
 

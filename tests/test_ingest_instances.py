@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from acceptscope import store as store_mod
+from acceptscope import store_lock
 from acceptscope.ingest import ingest_paths
 from acceptscope.ingest.synth import make_server_info
 from acceptscope.store import Store
@@ -18,8 +18,8 @@ from acceptscope.store import Store
 def opens(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Every read-write or read-only open of a store file in this process (the real open runs)."""
     seen: list[bool] = []
-    real = store_mod._connect
-    monkeypatch.setattr(store_mod, "_connect", lambda *a, **k: seen.append(True) or real(*a, **k))
+    real = store_lock.connect_file
+    monkeypatch.setattr(store_lock, "connect_file", lambda *a, **k: seen.append(True) or real(*a, **k))
     return seen
 
 

@@ -209,7 +209,7 @@ def test_arrival_order_is_kept(store: Store) -> None:
 
 def test_bulk_path_probe_sees_only_rows_inside_the_batch_key_box(store: Store) -> None:
     """The semi-join is skipped exactly when no stored row lies in the batch's key box."""
-    from acceptscope.store import _key_ranges, _may_collide
+    from acceptscope.store_dedupe import _key_ranges, _may_collide
 
     t = schema.REQUEST_STEPS
     first = H.request_steps(800, start_forward_ct=0)
@@ -237,7 +237,7 @@ def test_bulk_path_probe_sees_only_rows_inside_the_batch_key_box(store: Store) -
 
 def test_dedupe_batch_packed_keys_and_group_by_fallback_agree() -> None:
     """The packed-int64 uniqueness check and the Arrow group-by keep the same (first) rows."""
-    from acceptscope.store import _packed_keys, dedupe_batch
+    from acceptscope.store_dedupe import _packed_keys, dedupe_batch
 
     t = schema.REQUEST_STEPS
     data = H.request_steps(600, seed=4)

@@ -183,11 +183,11 @@ def test_append_many_is_validated_and_flushed_as_one_unit(store: Store, backgrou
 def test_close_then_shares_the_last_flush_connection(store: Store, monkeypatch: pytest.MonkeyPatch,
                                                      background: bool) -> None:
     """close(then=...): the buffered rows and the caller's closing writes go through ONE open of the file."""
-    from acceptscope import store as store_mod
+    from acceptscope import store_lock
 
     opens: list[bool] = []
-    real = store_mod._connect
-    monkeypatch.setattr(store_mod, "_connect", lambda *a, **k: opens.append(True) or real(*a, **k))
+    real = store_lock.connect_file
+    monkeypatch.setattr(store_lock, "connect_file", lambda *a, **k: opens.append(True) or real(*a, **k))
     w = store.writer(flush_interval_s=3600, background=background)
     w.append("runs", [H.run_row()])
     w.append("steps", H.steps(5))

@@ -52,7 +52,7 @@ from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.ingest.sps import parse_sps_table
 from acceptscope.ingest.sps_profile import ingest_profile_file
 from acceptscope.ingest.sts_table import parse_sts_table
-from acceptscope.store import usable_cpus
+from acceptscope.store_lock import usable_cpus
 
 __all__ = ["ingest_paths", "ingest_file", "IngestBatch", "ArrowRows", "detect", "format_reject", "iter_files",
            "tune_allocator_for_bulk_ingest"]
