@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from datetime import datetime, timezone
 from typing import Any, Optional
 
@@ -13,13 +11,6 @@ from acceptscope.ingest.rejects import safe_text
 from acceptscope.ingest.server_info_records import ARG_KEYS
 
 __all__ = ["run_row_from_server_info", "run_row"]
-
-
-def _sha256_file(path: Any) -> Optional[str]:
-    if not path or not isinstance(path, str) or not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _started_at(startup_time: Any) -> Optional[datetime]:
@@ -41,9 +32,12 @@ def run_row_from_server_info(
 ) -> dict:
     """The ``runs`` row of an SGLang run from a /server_info response, one state, or a bare dump.
 
-    arm = the dump's ``mode``; gamma = its ``gamma``; target/draft model and the
-    STS/SPS file hashes come from the server args (``server_args`` overrides what
-    the payload carries). Raises ValueError when the payload has no DSpark dump.
+    arm = the dump's ``mode``; gamma = its ``gamma``; target/draft model come from the server args
+    (``server_args`` overrides what the payload carries). The STS/SPS table paths the server names are
+    recorded as names only (``config_json``): they are paths on the server's disk, never opened here
+    (issue 30: a remote peer made us read a 2 GB local file); ``sts_hash`` / ``sps_hash`` are linked
+    when the user ingests the table itself (:mod:`acceptscope.ingest.links`). Raises ValueError when the
+    payload has no DSpark dump.
     """
     top = payload if isinstance(payload, dict) else {}
     state = top
@@ -71,8 +65,6 @@ def run_row_from_server_info(
 
 def run_row(run_id, *, mode, gamma, vndt, components, simulate_acc_len, args, startup_time, source,
              audit_group=None) -> dict:
-    sts_path = args.get("speculative_dspark_confidence_sts_path")
-    sps_path = args.get("speculative_dspark_sps_table_path")
     config = {
         "engine": "sglang",
         "mode": mode,
@@ -92,11 +84,12 @@ def run_row(run_id, *, mode, gamma, vndt, components, simulate_acc_len, args, st
         "temperature": None,
         "target_model": args.get("model_path"),
         "draft_model": args.get("speculative_draft_model_path"),
-        "sts_hash": _sha256_file(sts_path),
-        "sps_hash": _sha256_file(sps_path),
+        "sts_hash": None,  # linked from a table the user hands us, never from the path the server names
+        "sps_hash": None,
         "started_at": _started_at(startup_time),
         "config_json": json.dumps(config, sort_keys=True, default=str),
         "source": source if source in schema.SOURCES else "file",
         "audit_group": audit_group,
+        "role": schema.run_role(mode, audit_group),  # a served arm is production; cap-accept replays it (audit)
     }
 
