@@ -229,3 +229,52 @@ def test_exporter_serves_engine_runs(tmp_path):
     assert get("acceptscope_run_info", run_id="vllm-run", engine="vllm", gen_ai_provider_name="vllm") == [1.0]
     assert get("acceptscope_spec_decode_num_drafts_total", run_id="syn-native")  # the native run still estimated
     assert get("acceptscope_exporter_errors_total") == [0.0]
+
+
+def aiperf_lines(rs) -> tuple[list[dict], dict]:
+    """AIPerf's MetricRecordInfo lines for these blocks' requests (plus a warmup record and a failed one)."""
+    lines, want = [], {}
+    for i, (rid, g) in enumerate(rs.groupby("rid", sort=True)):
+        s, a, p = len(g), int(g["correct_drafts"].sum()), int(g["window"].sum())
+        want[f"req-{rid}"] = (s, a, p)
+        lines.append({"metadata": {"session_num": i, "x_request_id": f"req-{rid}", "turn_index": 0,
+                                   "request_start_ns": 10**18, "request_end_ns": 10**18 + 2 * 10**9,
+                                   "worker_id": "w0", "record_processor_id": "rp0", "benchmark_phase": "profiling"},
+                      "metrics": {"request_latency": {"value": 2000.0, "unit": "ms"},
+                                  "spec_decode_steps": {"value": s, "unit": "count"},
+                                  "spec_decode_accepted_draft_tokens": {"value": a, "unit": "tokens"},
+                                  "spec_decode_draft_tokens": {"value": p, "unit": "tokens"},
+                                  "spec_decode_acceptance_length": {"value": 1 + a / s, "unit": "ratio"}}})
+    warm = json.loads(json.dumps(lines[0]))
+    warm["metadata"].update(benchmark_phase="warmup", x_request_id="warm")
+    failed = {"metadata": {**lines[0]["metadata"], "x_request_id": "failed"}, "metrics": {},
+              "error": {"code": 500, "type": "Internal Server Error", "message": "boom"}}
+    return lines + [warm, failed], want
+
+
+def test_aiperf_profile_export_exact_and_bad_lines_alone(tmp_path):
+    rs, gamma = _rows(seed=7)
+    lines, want = aiperf_lines(rs)
+    bad = [{"metadata": {**lines[0]["metadata"], "x_request_id": "neg"},
+            "metrics": {**lines[0]["metrics"], "spec_decode_steps": {"value": -1, "unit": "count"}}},
+           {"metadata": {**lines[0]["metadata"], "x_request_id": "over"},
+            "metrics": {**lines[0]["metrics"], "spec_decode_accepted_draft_tokens": {"value": 10**6, "unit": "tokens"}}}]
+    f = tmp_path / "profile_export.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines + bad) + "\n{not json\n")
+    assert detect_engine(f) == "aiperf_profile_export"
+    st = Store(tmp_path / "s.duckdb")
+    b = ingest_engine_files(st, [f], run_id="ai")
+    n = len(lines)
+    assert sorted((r["line"], r["field"]) for r in b.rejects) == [
+        (n + 1, "metrics.spec_decode_steps.value"), (n + 2, "metrics.spec_decode_accepted_draft_tokens.value"),
+        (n + 3, "$")]
+    got = st.query_df("SELECT rid, spec_verify_ct, spec_num_correct_drafts, spec_num_proposed_drafts FROM requests")
+    assert {r.rid: (r.spec_verify_ct, r.spec_num_correct_drafts, r.spec_num_proposed_drafts)
+            for r in got.itertuples()} == want  # warmup and failed records are not requests of the run
+    fig = engine_figures(st, "ai")
+    c = rs["correct_drafts"].to_numpy()
+    assert fig["figures"]["mean_acceptance_length"] == pytest.approx(1 + c.mean(), abs=1e-12)
+    assert fig["figures"]["draft_acceptance_rate"] == pytest.approx(c.sum() / rs["window"].sum(), abs=1e-12)
+    assert fig["figures"]["per_position_acceptance"] is None and "per-position" in fig["not_identified"][0]
+    assert json.loads(st.query_df("SELECT config_json FROM runs").config_json.iat[0])["not_stored"] == {
+        "warmup": 1, "error": 1, "no_spec_decode": 0}

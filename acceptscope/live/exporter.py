@@ -261,7 +261,7 @@ def families(snap: Snapshot) -> list:
         drafts.add_metric(lv, float(f["drafts"]))
         draft_tok.add_metric(lv, float(f["draft_tokens"]))
         acc_tok.add_metric(lv, float(f["accepted"]))
-        for k, v in enumerate(f["accepted_per_pos"]):
+        for k, v in enumerate(f["accepted_per_pos"] or []):
             acc_pos.add_metric(lv + [str(k)], float(v))
             if e["engine"] == "vllm" and f["draft_tokens"] == f["drafts"] * e["gamma"]:  # every draft verified in full
                 ver_pos.add_metric(lv + [str(k)], float(f["drafts"]))

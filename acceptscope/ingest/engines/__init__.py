@@ -8,8 +8,9 @@ alone with file, line and field, as for SGLang (``acceptscope.ingest.rejects``).
 What lands where:
 
 * ``runs``: one row per producer run (``engine`` = vllm | tensorrt-llm, ``source`` = file);
-* ``requests``: per-request totals where the producer keeps them (TensorRT-LLM ``per_request``:
-  verify steps -> ``spec_verify_ct``, accepted drafts -> ``spec_num_correct_drafts``);
+* ``requests``: per-request totals where the producer keeps them (TensorRT-LLM ``per_request``, AIPerf's
+  records: verify steps -> ``spec_verify_ct``, accepted drafts -> ``spec_num_correct_drafts``, proposed
+  drafts -> ``spec_num_proposed_drafts`` where recorded);
 * ``engine_counts`` (:data:`acceptscope.ingest.engines.records.ENGINE_COUNTS`): every run-level counter cell, as written;
 * ``rejects``: the records that could not be read.
 
@@ -17,7 +18,8 @@ What each engine's data identifies is :func:`acceptscope.ingest.engines.identify
 
 Kinds (:func:`detect_engine`): ``vllm_metrics`` (a Prometheus text exposition holding
 ``vllm:spec_decode_*`` samples: ``*.prom`` / ``*.txt`` / ``*.metrics``), ``trtllm_accept_stats``
-(``dflash_accept_stats_rank<r>.json``).
+(``dflash_accept_stats_rank<r>.json``), ``aiperf_profile_export`` (``profile_export.jsonl``, or a JSONL whose
+first records hold ``"metadata"`` and ``"spec_decode_steps"``).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from typing import Iterable, Optional
 
 from acceptscope.schema import as_arrow
 from acceptscope.ingest.detect import run_id_for
-from acceptscope.ingest.engines import trtllm, vllm
+from acceptscope.ingest.engines import aiperf, trtllm, vllm
 from acceptscope.ingest.engines.records import ENGINE_COUNTS, EngineBatch
 from acceptscope.store_sql import create_table_sql, quote_ident
 
-ENGINE_KINDS = ("vllm_metrics", "trtllm_accept_stats")
+ENGINE_KINDS = ("vllm_metrics", "trtllm_accept_stats", "aiperf_profile_export")
 TEXT_SUFFIXES = (".prom", ".txt", ".metrics")
 HEAD_BYTES = 64 * 1024
 
@@ -41,6 +43,12 @@ def detect_engine(path: str | Path) -> Optional[str]:
     p = Path(path)
     if p.name.startswith("dflash_accept_stats_rank") and p.name.endswith(".json"):
         return "trtllm_accept_stats"
+    if p.name.endswith(".jsonl"):
+        with open(p, "rb") as f:
+            head = f.read(HEAD_BYTES)
+        if p.name.endswith("profile_export.jsonl") or (b'"spec_decode_steps"' in head and b'"metadata"' in head):
+            return "aiperf_profile_export"
+        return None
     if p.name.endswith(TEXT_SUFFIXES):
         with open(p, "rb") as f:
             head = f.read(HEAD_BYTES)
@@ -57,6 +65,8 @@ def parse_engine_file(path: str | Path, kind: str, run_id: Optional[str] = None)
         return vllm.parse_prometheus_text(p.read_bytes(), source=str(p), run_id=rid)
     if kind == "trtllm_accept_stats":
         return trtllm.parse_accept_stats(p.read_bytes(), source=str(p), run_id=rid)
+    if kind == "aiperf_profile_export":
+        return aiperf.parse_profile_export(p.read_bytes(), source=str(p), run_id=rid)
     b = EngineBatch()
     b.reject(str(p), 0, "$", f"not an engine file this reader knows (kind {kind!r}; known: {list(ENGINE_KINDS)})",
              None, rid)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from acceptscope.ingest.engines.aiperf import SOURCE_VERSION as AIPERF_SOURCE
 from acceptscope.ingest.engines.records import ENGINE_COUNTS
 from acceptscope.ingest.engines.trtllm import SOURCE_VERSION as TRTLLM_SOURCE
 from acceptscope.ingest.engines.vllm import SOURCE_VERSION as VLLM_SOURCE
@@ -27,7 +28,7 @@ DEFINITIONS = ("draft: one (request, verify step) with draft tokens; accepted: a
                "mean_acceptance_length = 1 + accepted / drafts (bonus included); draft_acceptance_rate = accepted / "
                "draft tokens verified; per_position_acceptance[k] = drafts that accepted 0-based position k / all "
                "drafts; accepted_histogram[a] = drafts that accepted exactly a drafts")
-COUNTED_ENGINES = ("vllm", "tensorrt-llm")  # runs whose figures come from engine_counts, not the estimators
+COUNTED_ENGINES = ("vllm", "tensorrt-llm", "aiperf")  # runs whose figures come from engine_counts, not the estimators
 NOT_IDENTIFIED = {
     "vllm": ["the uncapped ceiling, utilization and any counterfactual tail: no windows or block outcomes are "
              "recorded, only totals", "calibration: no confidences", "per-request and per-workload figures: the "
@@ -36,6 +37,9 @@ NOT_IDENTIFIED = {
                      "trimmed by confidence_threshold is counted as rejected, so per-position acceptance is a lower "
                      "bound of the untrimmed one", "the cost model: no step times",
                      "held-out calibration and STS: only binned counts (bin centres, not mean confidences)"],
+    "aiperf": ["per-position acceptance and the accepted-draft histogram: a record holds per-request totals "
+               "(AIPerf pools the histogram into profile_export_aiperf.json)", "the draft length k (gamma is a "
+               "lower bound)", "the ceiling, utilization, calibration and cost model"],
 }
 
 
@@ -72,7 +76,8 @@ def engine_figures(store: Any, run_id: str) -> dict:
     if run.empty:
         raise KeyError(f"no run {run_id!r}")
     engine, K, arm = str(run.engine.iat[0]), int(run.gamma.iat[0]), str(run.arm.iat[0])
-    df = _counts(store, run_id)
+    df = _counts(store, run_id) if engine in ("vllm", "tensorrt-llm") else pd.DataFrame(
+        columns=["source", "rank", "metric", "position", "bin", "value"])
     # the counters are cumulative: two dumps of one server (sources) hold the later one's counts as the
     # larger, so a cell is its largest value over the sources, then the ranks (DP engines) are summed
     tot = df.groupby(["rank", "metric", "position", "bin"])["value"].max().groupby(["metric", "position", "bin"]).sum()
@@ -97,6 +102,16 @@ def engine_figures(store: Any, run_id: str) -> dict:
             c["binned_ece"] = calib
             identifies.append("binned calibration per position (TensorRT-LLM's ECE: attempts-weighted |bin centre - "
                               "empirical rate|)")
+    elif engine == "aiperf":
+        q = store.query_df("SELECT spec_verify_ct s, spec_num_correct_drafts a, spec_num_proposed_drafts p "
+                           "FROM requests WHERE run_id = ?", [run_id])
+        c = {"drafts": int(q.s.sum()), "draft_tokens": int(q.p.sum()), "accepted": int(q.a.sum()),
+             "accepted_per_pos": [], "accepted_histogram": None, "requests": len(q)}
+        ok = q[q.s > 0]
+        c["per_request_mean_acceptance_length"] = float((1 + ok.a / ok.s).mean()) if len(ok) else None
+        identifies = ["per-request verify steps, accepted and proposed draft tokens", "mean acceptance length "
+                      "(token-weighted, and AIPerf's per-request mean)", "draft acceptance rate"]
+        source = AIPERF_SOURCE
     else:
         raise ValueError(f"run {run_id!r} is an {engine!r} run: its figures come from the estimators")
     d = c["drafts"]
@@ -104,7 +119,7 @@ def engine_figures(store: Any, run_id: str) -> dict:
         **c,
         "mean_acceptance_length": 1 + c["accepted"] / d if d else None,
         "draft_acceptance_rate": c["accepted"] / c["draft_tokens"] if c["draft_tokens"] else None,
-        "per_position_acceptance": [x / d for x in c["accepted_per_pos"]] if d else None,
+        "per_position_acceptance": [x / d for x in c["accepted_per_pos"]] if d and c["accepted_per_pos"] else None,
     }
     return {"run_id": run_id, "engine": engine, "gamma": K, "format_source": source, "identifies": identifies,
             "not_identified": NOT_IDENTIFIED[engine], "notes": notes, "figures": figures,
