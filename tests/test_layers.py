@@ -121,30 +121,66 @@ def _in_functions(tree: ast.AST) -> set[int]:
     return out
 
 
-def imports(root: Path, path: Path, *, in_function_only: bool = False) -> list[tuple[int, str, bool]]:
-    """(line, imported module, at module top?) for every import statement in ``path``
-    (only those inside a function with ``in_function_only``)."""
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import statements under ``if TYPE_CHECKING:`` (read by type checkers, never run)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in (getattr(test, "id", None), getattr(test, "attr", None)):
+            out |= {id(n) for s in node.body for n in ast.walk(s) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return out
+
+
+def _parse(root: Path, path: Path) -> tuple[ast.Module, str]:
+    """The file's syntax tree and the package its relative imports resolve against."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     me = module_name(root, path)
-    pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    return tree, me if path.name == "__init__.py" else me.rpartition(".")[0]
+
+
+def _from_base(node: ast.ImportFrom, pkg: str) -> str:
+    """The absolute module a ``from ... import`` reads from (relative levels resolved against ``pkg``)."""
+    base = node.module or ""
+    if node.level:
+        anchor = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+    return base
+
+
+def is_module(root: Path, name: str) -> bool:
+    """Whether the dotted ``name`` is a module or package of the tree (not a name inside one)."""
+    p = root / name.replace(".", "/")
+    return p.with_suffix(".py").exists() or p.is_dir()
+
+
+def imports(root: Path, path: Path, *, in_function_only: bool = False,
+            runtime_only: bool = False) -> list[tuple[int, str, bool]]:
+    """(line, imported module, at module top?) for every import statement in ``path``
+    (only those inside a function with ``in_function_only``; none under ``if TYPE_CHECKING:`` with
+    ``runtime_only``)."""
+    tree, pkg = _parse(root, path)
     top = {id(n) for n in tree.body}
     inner = _in_functions(tree) if in_function_only else None
+    skip = _type_checking_only(tree) if runtime_only else set()
     out = []
     for node in ast.walk(tree):
-        if inner is not None and id(node) not in inner:
+        if (inner is not None and id(node) not in inner) or id(node) in skip:
             continue
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name, id(node) in top) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
+            base = _from_base(node, pkg)
             # `from pkg import mod` imports pkg.mod when mod is a module
             names = [f"{base}.{a.name}" for a in node.names]
-            out += [(node.lineno, n if (root / n.replace(".", "/")).with_suffix(".py").exists()
-                     or (root / n.replace(".", "/")).is_dir() else base, id(node) in top) for n in names]
+            out += [(node.lineno, n if is_module(root, n) else base, id(node) in top) for n in names]
     return out
+
+
+def from_imports(root: Path, path: Path) -> list[tuple[int, str, str]]:
+    """(line, module imported from, name) for every name of every ``from ... import`` in ``path``."""
+    tree, pkg = _parse(root, path)
+    return [(node.lineno, _from_base(node, pkg), a.name) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) for a in node.names]
 
 
 def modules(root: Path):
