@@ -171,9 +171,10 @@ def wrap(owner, name, tag):
         finally:
             phase.pop()
     setattr(owner, name, g)
-for n, t in (("_fit_estimator", "hazard fit"), ("load_run", "side tables"), ("_read_steps", "steps read"),
-             ("fit_calibration", "calibration"), ("fit_cost", "cost fit"), ("_planner_window", "planner")):
-    wrap(S, n, t)
+import acceptscope.estimators.pipeline as P
+for owner, n, t in ((S, "fit_hazards", "hazard fit"), (S, "run_side", "side tables"), (S, "read_steps", "steps read"),
+                    (P, "fit_calibration", "calibration"), (P, "fit_cost", "cost fit"), (S, "planner_window", "planner")):
+    wrap(owner, n, t)
 wrap(A.RunAccumulator, "add", "chunk")
 wrap(A.RunAccumulator, "utilization_result", "utilization")
 phase.append("ordered scan")

@@ -126,12 +126,13 @@ def normal_draws(keys: np.ndarray, i: int, seed: int = 0) -> np.ndarray:
     return ndtri(uniforms(keys, i, seed, 2))
 
 
-def cluster_weights(clusters, n_boot: int, seed: int = 0) -> np.ndarray:
+def cluster_weights(clusters, n_boot: int, seed: int = 0, start: int = 0) -> np.ndarray:
     """``(n_boot, len(clusters))`` Poisson(1) replicate weights, one draw per cluster shared by its
     rows (the request-clustered bootstrap of every estimator: hazard refits, calibration metrics,
     aggregates). ``clusters``: uint64 request keys (:func:`request_keys`), or any labels (hashed
     stably). Replicate ``i`` of a cluster depends only on (its key, ``i``, ``seed``): not on row
-    order, chunking, or which other clusters are present."""
+    order, chunking, or which other clusters are present. ``start``: the first replicate's index
+    (replicates ``start .. start + n_boot - 1``, for a bootstrap taken a block of replicates at a time)."""
     c = np.asarray(clusters)
     if c.dtype != np.uint64:
         c = pd.util.hash_array(_strings(c) if c.dtype == object else c, categorize=True)
@@ -139,7 +140,7 @@ def cluster_weights(clusters, n_boot: int, seed: int = 0) -> np.ndarray:
     uniq = np.asarray(uniq, np.uint64)
     out = np.empty((n_boot, c.size))
     for i in range(n_boot):
-        out[i] = poisson_weights(uniq, i, seed)[code]
+        out[i] = poisson_weights(uniq, start + i, seed)[code]
     return out
 
 

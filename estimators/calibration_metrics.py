@@ -114,6 +114,9 @@ def _ece_from_bins(p, y, b, nb, w=None):
     return ece_from_sums(n, sp, sy)
 
 
+REPLICATE_BLOCK = 64  # bootstrap replicates scored together (memory: this many weight rows per cluster)
+
+
 class _Prepared:
     """Fixed per-sample structure (bins, score ranks) so replicates only change weights."""
 
@@ -149,6 +152,46 @@ class _Prepared:
         out["auroc"] = float((pw * (below + 0.5 * nw)).sum() / (P * N)) if P > 0 and N > 0 else float("nan")
         return out
 
+    def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray) -> dict:
+        """:meth:`metrics` under each row of cluster weights ``Wc`` (B, n_clusters), the rows' cluster
+        codes ``clusters`` (n,) in ``0..n_clusters-1``. Why it is cheap: a replicate weighs whole
+        clusters, so every binned sum is a per-cluster sum (one bincount) times the weights (one
+        matrix product for all replicates); only the AUROC's per-score sums are taken per replicate."""
+        p, y, nb = self.p, self.y, self.nb
+        Wc = np.asarray(Wc, np.float64)
+        nc = Wc.shape[1]
+
+        def per_cluster(b, nbins, vals):  # (n_clusters, nbins) sums of vals per (cluster, bin)
+            idx = clusters * nbins + b
+            return np.bincount(idx, weights=vals, minlength=nc * nbins).reshape(nc, nbins)
+
+        ones = np.ones_like(p)
+        W = Wc @ np.bincount(clusters, minlength=nc).astype(np.float64)
+        out = {}
+        out["ece"] = ece_from_sums(*(Wc @ per_cluster(self.bw, nb, v) for v in (ones, p, y)))
+        n, sp, sy = (Wc @ per_cluster(self.bm, nb, v) for v in (ones, p, y))
+        out["ece_mass"] = ece_from_sums(n, sp, sy)
+        den = np.maximum(n, 1e-300)
+        sp, sy = sp / den, sy / den
+        term = (sp - sy) ** 2 - sy * (1 - sy) / np.maximum(n - 1, 1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["ece_debiased"] = np.sqrt(np.maximum(0.0, np.where(n > 1, n * term, 0.0).sum(1) / W))
+            out["brier"] = Wc @ np.bincount(clusters, weights=(p - y) ** 2, minlength=nc) / W
+            out["nll"] = Wc @ np.bincount(clusters, weights=-(y * np.log(p) + (1 - y) * np.log1p(-p)),
+                                          minlength=nc) / W
+        auc = np.empty(Wc.shape[0])
+        for i in range(Wc.shape[0]):
+            w = Wc[i, clusters]
+            pw = np.bincount(self.ui, weights=w * y, minlength=self.u.size)
+            nw = np.bincount(self.ui, weights=w * (1 - y), minlength=self.u.size)
+            below = np.cumsum(nw) - nw
+            P, N = pw.sum(), nw.sum()
+            auc[i] = (pw * (below + 0.5 * nw)).sum() / (P * N) if P > 0 and N > 0 else np.nan
+        out["auroc"] = auc
+        for name in METRICS:
+            out[name] = np.where(W > 0, out[name], np.nan)
+        return out
+
     def reliability(self, w=None) -> pd.DataFrame:
         """Equal-width bins: mean prediction, observed frequency, count."""
         w = np.ones_like(self.p) if w is None else w
@@ -167,22 +210,33 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
 
     ``groups``: the cluster (request key) of each row, or None for rows as their own clusters. The
     replicate weights are :func:`estimators.bootstrap.cluster_weights`' keyed draws, so the intervals
-    are the same whichever path (in memory, streamed, Spark) gathered the rows, in whatever order."""
+    are the same whichever path (in memory, streamed, Spark) gathered the rows, in whatever order.
+    Replicates are scored :data:`REPLICATE_BLOCK` at a time (:meth:`_Prepared.metrics_many`): memory
+    ``REPLICATE_BLOCK x n`` whatever ``n_boot``, and no Python loop per replicate."""
     n, G = P.shape
-    Wb = cluster_weights(np.arange(n) if groups is None else groups, n_boot, seed) if n_boot else None
-    rows = []
+    keys = np.arange(n) if groups is None else groups
     a = (1 - level) / 2
+    preps, rows = {}, {}
     for k in range(G):
         m = np.ones(n, bool) if mask is None else mask[:, k]
         if not m.any():
             continue
-        prep = _Prepared(P[m, k], Y[m, k], num_bins)
-        r = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()), "target_mean": float(prep.y.mean())}
+        prep = preps[k] = _Prepared(P[m, k], Y[m, k], num_bins)
+        r = rows[k] = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()),
+                       "target_mean": float(prep.y.mean())}
         r.update(prep.metrics())
-        if Wb is not None:
-            reps = [prep.metrics(Wb[b, m]) for b in range(n_boot)]
+    if n_boot and preps:
+        code, uniq = pd.factorize(np.asarray(keys))
+        reps = {k: {name: [] for name in METRICS} for k in preps}
+        for start in range(0, n_boot, REPLICATE_BLOCK):
+            Wc = cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - start), seed, start=start)
+            for k, prep in preps.items():
+                got = prep.metrics_many(code if mask is None else code[mask[:, k]], Wc)
+                for name in METRICS:
+                    reps[k][name].append(got[name])
+        for k, r in rows.items():
             for name in METRICS:
-                v = np.array([x[name] for x in reps])
+                v = np.concatenate(reps[k][name])
                 v = v[np.isfinite(v)]
                 if not v.size:
                     r[f"{name}_lo"] = r[f"{name}_hi"] = np.nan
@@ -193,8 +247,7 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
                 if name.startswith("ece"):
                     lo = max(lo, 0.0)
                 r[f"{name}_lo"], r[f"{name}_hi"] = lo, hi
-        rows.append(r)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([rows[k] for k in sorted(rows)])
 
 
 def reliability_table(P: np.ndarray, Y: np.ndarray, num_bins: int = 15) -> pd.DataFrame:

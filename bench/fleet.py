@@ -1,0 +1,154 @@
+"""A fleet of runs: ``acceptscope estimate --db S --json`` over a real main-job audit replicated to ~2M
+request-steps, whole process, side by side for several checkouts (issue 29's bar-style check).
+
+Why: production stores hold many runs; what ``estimate`` costs per run (its fixed cost: side tables,
+hazard fit, calibration comparison, cost fit) and whether its memory follows the rows or the number of
+runs decide whether a fleet of small runs is cheap. The store is the main job's own audit
+(``acceptscope audit --engine reference --workload math,chat,poetry``), every run grown *inside DuckDB*
+by copies of its requests (``rid.<copy>``) in later decode steps (``forward_ct`` shifted by whole
+copies), so its mix of arms, workloads and run sizes stays the real one.
+
+Each measurement is a child process running the CLI; it reports wall and CPU seconds (user + system,
+``getrusage``) and ``VmHWM`` (peak RSS). ``--tree NAME=PATH`` (repeatable) runs the same commands with
+another checkout's code alone on the path (``git worktree add /tmp/before <commit>``), in turns, so a
+noisy machine affects every tree alike; ratios are printed against the first tree.
+
+Usage::
+
+    .venv/bin/python bench/fleet.py --workdir /tmp/fleet --rows 2000000 \\
+        --tree before=/tmp/wt-before --tree after=. [--repeats 1] [--single-rows 125000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+_CHILD = r"""
+import atexit, json, resource, sys, time
+t0 = time.perf_counter()
+def _report():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+    sys.stderr.write("FLEET " + json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": ru.ru_utime + ru.ru_stime,
+                                            "peak_mb": int(hwm) / 1024}) + "\n")
+atexit.register(_report)
+sys.argv = ["acceptscope"] + json.loads(sys.argv[1])
+from acceptscope.cli import main
+main()
+"""
+
+RUN_TABLES = ("request_steps", "steps", "requests", "sts_samples")  # grown per copy; other tables are per run
+
+
+def build(source: Path, db: Path, rows: int) -> dict:
+    """Copy ``source`` to ``db`` and grow every run by whole copies of its requests to ~``rows`` in all."""
+    import duckdb
+
+    shutil.copyfile(source, db)
+    con = duckdb.connect(str(db))
+    con.execute("SET memory_limit='2GB'")
+    have = con.execute("SELECT count(*) FROM request_steps").fetchone()[0]
+    copies = max(1, math.ceil(rows / max(have, 1)))
+    tables = [t for t in RUN_TABLES if con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = 'run_id'", [t]).fetchone()[0]]
+    for t in tables:
+        cols = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                                          [t]).fetchall()}
+        con.execute(f"CREATE TEMP TABLE base_{t} AS SELECT * FROM {t}")
+        span = con.execute("SELECT coalesce(max(forward_ct), 0) + 1 FROM steps").fetchone()[0]
+        repl = []
+        if "rid" in cols:
+            repl.append("rid || '.' || c.i AS rid")
+        if "forward_ct" in cols:
+            repl.append(f"forward_ct + c.i * {span} AS forward_ct")
+        if not repl:
+            continue
+        con.execute(f"INSERT INTO {t} SELECT s.* REPLACE ({', '.join(repl)}) FROM base_{t} s, range(1, {copies}) c(i)")
+    con.execute("CHECKPOINT")
+    out = dict(copies=copies, request_steps=con.execute("SELECT count(*) FROM request_steps").fetchone()[0],
+               runs=con.execute("SELECT count(DISTINCT run_id) FROM request_steps").fetchone()[0])
+    biggest = con.execute("SELECT run_id, count(*) n FROM request_steps GROUP BY 1 ORDER BY 2 DESC LIMIT 1").fetchone()
+    out.update(biggest_run=biggest[0], biggest_rows=biggest[1])
+    con.close()
+    return out
+
+
+def measure(tree: Path, args: list[str], timeout: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), COLUMNS="100")
+    try:
+        r = subprocess.run([PY, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, timeout=timeout,
+                           env=env, cwd=tree)
+    except subprocess.TimeoutExpired:
+        return {"rc": "timeout"}
+    line = [x for x in r.stderr.splitlines() if x.startswith("FLEET ")]
+    out = json.loads(line[-1][6:]) if line else {}
+    out["rc"] = r.returncode
+    if r.returncode != 0:
+        out["error"] = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else r.stdout[-300:]
+    else:
+        try:
+            out["runs_estimated"] = len(json.loads(r.stdout))
+        except json.JSONDecodeError:
+            out["runs_estimated"] = None
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--source", type=Path, help="a main-job audit database (default: run the main job into the workdir)")
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout (repeatable; default: this one)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=3600)
+    a = ap.parse_args()
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    source = a.source
+    if source is None:
+        source = a.workdir / "audit.duckdb"
+        if not source.exists():
+            subprocess.run([PY, "-c", "from acceptscope.cli import main; main()", "audit", "--engine", "reference",
+                            "--workload", "math,chat,poetry", "--db", str(source), "--out", str(a.workdir / "r.html")],
+                           check=True, cwd=ROOT)
+    db = a.workdir / "fleet.duckdb"
+    info = build(source, db, a.rows)
+    print(json.dumps({"store": info}), flush=True)
+    trees = [tuple(t.split("=", 1)) for t in a.tree] or [("this", str(ROOT))]
+    cases = {"all runs": ["estimate", "--db", str(db), "--json"],
+             "biggest run alone": ["estimate", "--db", str(db), "--run", info["biggest_run"], "--json"]}
+    rows = []
+    for rep in range(a.repeats):
+        for case, args in cases.items():
+            for name, path in trees:
+                m = measure(Path(path).resolve(), args, a.timeout)
+                m.update(tree=name, case=case, repeat=rep)
+                rows.append(m)
+                print(json.dumps(m), flush=True)
+    print(f"\n{'case':<20} {'tree':<10} {'CPU s':>8} {'wall s':>8} {'peak MB':>8} {'rs/CPU-s':>10}  vs {trees[0][0]}")
+    for case in cases:
+        base = None
+        for name, _ in trees:
+            got = [r for r in rows if r["case"] == case and r["tree"] == name and r["rc"] == 0]
+            if not got:
+                print(f"{case:<20} {name:<10} failed: {[r.get('error') for r in rows if r['case'] == case and r['tree'] == name]}")
+                continue
+            cpu = min(r["cpu_seconds"] for r in got)
+            wall = min(r["seconds"] for r in got)
+            peak = max(r["peak_mb"] for r in got)
+            n = info["request_steps"] if case == "all runs" else info["biggest_rows"]
+            base = base or cpu
+            print(f"{case:<20} {name:<10} {cpu:8.1f} {wall:8.1f} {peak:8.0f} {n / cpu:10.0f}  x{base / cpu:.2f}")
+
+
+if __name__ == "__main__":
+    main()
