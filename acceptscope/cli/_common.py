@@ -19,7 +19,7 @@ EXTRAS = {
     "engine": ("torch", "transformers", "safetensors", "tokenizers"),
     "app": ("streamlit", "plotly", "jinja2"),
     "report": ("plotly", "jinja2"),  # the HTML report: the part of [app] it needs
-    "live": ("requests", "prometheus_client"),
+    "live": ("prometheus_client",),
     "spark": ("pyspark",),
 }
 

@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
-import requests
-
 # the one prompt loader and its Prompt / WorkloadError (re-exported for the live CLI and tests)
 from acceptscope.domain.workloads import WORKLOAD_DIR, Prompt, WorkloadError, load_prompts  # noqa: F401
 from acceptscope.ingest.meta_info import parse_responses
+from acceptscope.live.http import fetch
 
 
 class TargetRefused(ValueError):
@@ -65,6 +64,7 @@ class DriveConfig:
     max_requests: int = 1000
     max_seconds: float = 600.0
     request_timeout_s: float = 300.0
+    max_response_bytes: int = 64 << 20  # one response's body, decoded (a gzip bomb is refused at the cap)
     loopback_only: bool = False
     ignore_eos: bool = False
     model: str = "default"
@@ -112,18 +112,11 @@ class Driver:
         self.base_url = check_target(cfg.base_url, cfg.loopback_only)
         self.on_rows = on_rows
         self.on_rejects = on_rejects
-        self._local = threading.local()
         self._stop = threading.Event()
+        self._until: float | None = None  # monotonic hard stop of the run: no request outlives --max-seconds
 
     def stop(self) -> None:
         self._stop.set()
-
-    def _session(self) -> requests.Session:
-        s = getattr(self._local, "s", None)
-        if s is None:
-            s = requests.Session()
-            self._local.s = s
-        return s
 
     def _rid(self, level: int, p: Prompt) -> str:
         prefix = self.cfg.rid_prefix or self.cfg.run_id
@@ -160,8 +153,8 @@ class Driver:
             }
             if cfg.top_p is not None:
                 body["top_p"] = cfg.top_p
-        r = self._session().post(self.base_url + path, json=body, timeout=cfg.request_timeout_s, allow_redirects=False)
-        r.raise_for_status()
+        r = fetch(self.base_url + path, method="POST", json=body, deadline_s=cfg.request_timeout_s,
+                  max_bytes=cfg.max_response_bytes, until=self._until)  # raises on HTTP >= 400
         latency = time.monotonic() - t0
         batch = parse_responses(r.content, source=f"{self.base_url}{path}#{rid}", run_id=cfg.run_id, workload=p.workload)
         rows = batch.rows("requests")
@@ -177,6 +170,7 @@ class Driver:
         res = DriveResult()
         t_start = time.monotonic()
         deadline = t_start + self.cfg.max_seconds
+        self._until = deadline
         for level in self.cfg.concurrency:
             level = int(level)
             lt0 = time.monotonic()

@@ -1,13 +1,16 @@
-"""One bounded HTTP request: a total deadline, a response-size cap, redirects named as redirects.
+"""The one HTTP client of acceptscope: every request (polls, ``/generate``, the OpenAI API, readiness,
+SPS profiling, metrics scrapes) has a total deadline, a body cap and a decompressed-size cap.
 
-Why not ``requests`` here: its ``timeout`` bounds each socket read, not the request, so a server
-that trickles a body (or headers) forever holds the caller forever, and ``r.content`` reads a body
-of any size whole. :func:`fetch` runs one request over :mod:`http.client` with a watchdog that
-shuts the socket down at the deadline (so a read blocked in the header phase ends too), reads the
-body in pieces against ``max_bytes`` (a declared ``Content-Length`` above it is refused before
-reading), and never follows a redirect. Its errors subclass ``requests.RequestException`` (the
-``ConnectionError`` / ``Timeout`` ones where they mean the same), so callers that caught requests'
-errors keep working.
+Why not ``requests``: its ``timeout`` bounds each socket read, not the request, so a server that
+trickles a body (or headers) forever holds the caller forever (and interpreter exit waited on the
+worker thread blocked in ``r.content`` after ``--max-seconds``); ``r.content`` reads a body of any
+size whole, and decompresses it whole (a 1 MB gzip body expanding to 1 GB peaked at 3.3 GB).
+:func:`fetch` runs one request over :mod:`http.client` with a watchdog that shuts the socket down at
+the deadline (so a read blocked in the header phase ends too: no thread outlives the deadline or
+``until``), reads the body in pieces against ``max_bytes`` (a declared ``Content-Length`` above it is
+refused before reading), decompresses a gzip/deflate body (it asks for none; a server may send one
+anyway) a piece at a time against the same cap, and never follows a redirect. Every error is a
+:class:`FetchError`.
 """
 
 from __future__ import annotations
@@ -17,21 +20,24 @@ import json as _json
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
-
-import requests
 
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB: a full 200k-record ring of 8 DP ranks is ~1 GB of JSON
 _CHUNK = 1 << 20
 
 
-class FetchError(requests.RequestException):
+class FetchError(Exception):
     """The request did not produce a usable response."""
 
 
-class DeadlineExceeded(FetchError, requests.Timeout):
+class FetchConnectionError(FetchError, ConnectionError):
+    """The server could not be reached (refused, unknown host)."""
+
+
+class DeadlineExceeded(FetchError, TimeoutError):
     """The whole request (connect, headers, body) took longer than its deadline."""
 
 
@@ -43,8 +49,44 @@ class Redirected(FetchError):
     """The server answered with a redirect; it is reported, not followed."""
 
 
-class HTTPStatusError(FetchError, requests.HTTPError):
+class HTTPStatusError(FetchError):
     """An HTTP status >= 400."""
+
+
+class _Body:
+    """A response body read against a cap on its decoded size (gzip / deflate decoded a piece at a time)."""
+
+    def __init__(self, what: str, encoding: str, max_bytes: int):
+        self.what, self.max_bytes, self.n = what, max_bytes, 0
+        enc = (encoding or "identity").strip().lower()
+        if enc in ("identity", ""):
+            self.dec = None
+        elif enc in ("gzip", "x-gzip", "deflate"):
+            self.dec = zlib.decompressobj(47)  # gzip or zlib header, detected
+        else:
+            raise FetchError(f"{what}: Content-Encoding {encoding!r} is not supported")
+        self.chunks: list[bytes] = []
+
+    def _keep(self, data: bytes) -> None:
+        self.n += len(data)
+        if self.n > self.max_bytes:
+            raise ResponseTooLarge(f"{self.what}: body over the {self.max_bytes:,}-byte cap (read {self.n:,} bytes "
+                                   "so far, decoded; raise it with --max-response-mb)")
+        self.chunks.append(data)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.dec is None:
+            return self._keep(chunk)
+        data = chunk
+        while data:
+            out = self.dec.decompress(data, self.max_bytes - self.n + 1)  # never more than the cap allows
+            self._keep(out)
+            data = self.dec.unconsumed_tail
+
+    def content(self) -> bytes:
+        if self.dec is not None:
+            self._keep(self.dec.flush(self.max_bytes - self.n + 1))
+        return b"".join(self.chunks)
 
 
 @dataclass
@@ -64,8 +106,8 @@ class Response:
 def fetch(url: str, *, method: str = "GET", json: Any = None, deadline_s: float = 60.0,
           max_bytes: int = DEFAULT_MAX_BYTES, until: Optional[float] = None) -> Response:
     """``method url`` within ``deadline_s`` seconds in all (and before monotonic time ``until``,
-    when given), reading at most ``max_bytes`` of body. Raises a :class:`FetchError` subclass,
-    or ``requests.ConnectionError`` when the server cannot be reached."""
+    when given), reading at most ``max_bytes`` of body (decoded). Raises a :class:`FetchError` subclass
+    (:class:`FetchConnectionError` when the server cannot be reached)."""
     t0 = time.monotonic()
     end = t0 + max(deadline_s, 0.0)
     if until is not None:
@@ -105,7 +147,7 @@ def fetch(url: str, *, method: str = "GET", json: Any = None, deadline_s: float 
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
         except (ConnectionRefusedError, socket.gaierror) as e:
-            raise requests.ConnectionError(f"{what}: {type(e).__name__}: {e}") from None
+            raise FetchConnectionError(f"{what}: {type(e).__name__}: {e}") from None
         if 300 <= resp.status < 400:
             raise Redirected(f"{what}: HTTP {resp.status} redirect to {resp.getheader('Location')!r}, not followed "
                              "(give the server's own URL)")
@@ -113,7 +155,7 @@ def fetch(url: str, *, method: str = "GET", json: Any = None, deadline_s: float 
         if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
             raise ResponseTooLarge(f"{what}: body of {int(declared):,} bytes declared, over the "
                                    f"{max_bytes:,}-byte cap (raise it with --max-response-mb)")
-        chunks: list[bytes] = []
+        out = _Body(what, resp.getheader("Content-Encoding") or "", max_bytes)
         n = 0
         while True:
             left = end - time.monotonic()
@@ -125,20 +167,15 @@ def fetch(url: str, *, method: str = "GET", json: Any = None, deadline_s: float 
             if not chunk:
                 break
             n += len(chunk)
-            if n > max_bytes:
-                raise ResponseTooLarge(f"{what}: body over the {max_bytes:,}-byte cap (read {n:,} bytes so far; "
-                                       "raise it with --max-response-mb)")
-            chunks.append(chunk)
+            out.feed(chunk)
         if fired.is_set():
             raise DeadlineExceeded(f"{what}: body not complete after {budget:.1f}s ({n:,} bytes read)")
         if resp.status >= 400:
             raise HTTPStatusError(f"{what}: HTTP {resp.status} {resp.reason}")
-        return Response(resp.status, b"".join(chunks), dict(resp.getheaders()))
+        return Response(resp.status, out.content(), dict(resp.getheaders()))
     except FetchError:
         raise
-    except requests.ConnectionError:
-        raise
-    except (OSError, http.client.HTTPException, ValueError) as e:
+    except (OSError, http.client.HTTPException, ValueError, zlib.error) as e:
         if fired.is_set() or isinstance(e, (socket.timeout, TimeoutError)):
             raise DeadlineExceeded(f"{what}: no complete response within {budget:.1f}s") from None
         raise FetchError(f"{what}: {type(e).__name__}: {e}") from None

@@ -33,8 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import requests
-
+from acceptscope.live.http import FetchError, fetch
 from acceptscope.schema import ARMS
 
 INFO_COMPONENTS = ("core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs")
@@ -308,30 +307,25 @@ def wait_ready(base_url: str, timeout_s: float, *, proc: subprocess.Popen | None
     """Poll ``/health`` until 200, then return ``/server_info``; raise ServerStartError on timeout or exit."""
     deadline = time.monotonic() + timeout_s
     last = "no response"
-    with requests.Session() as s:
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise ServerStartError(f"server process exited with code {proc.returncode} before becoming ready")
-            try:
-                r = s.get(base_url + "/health", timeout=5, allow_redirects=False)
-                if r.status_code == 200:
-                    info = s.get(base_url + "/server_info", timeout=30, allow_redirects=False)
-                    if info.status_code == 200:
-                        return info.json()
-                    last = f"/server_info HTTP {info.status_code}"
-                else:
-                    last = f"/health HTTP {r.status_code}"
-            except requests.RequestException as e:
-                last = type(e).__name__
-            time.sleep(interval_s)
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ServerStartError(f"server process exited with code {proc.returncode} before becoming ready")
+        try:  # (the one bounded client: no request runs past the readiness deadline)
+            r = fetch(base_url + "/health", deadline_s=5, max_bytes=1 << 20, until=deadline)
+            if r.status == 200:
+                return fetch(base_url + "/server_info", deadline_s=30, until=deadline).json()
+            last = f"/health HTTP {r.status}"
+        except (FetchError, ValueError) as e:
+            last = type(e).__name__
+        time.sleep(interval_s)
     raise ServerStartError(f"{base_url} not ready after {timeout_s:.0f}s (last: {last})")
 
 
 def health(base_url: str, timeout_s: float = 5.0) -> bool:
     """True when ``/health`` answers 200."""
     try:
-        return requests.get(base_url + "/health", timeout=timeout_s, allow_redirects=False).status_code == 200
-    except requests.RequestException:
+        return fetch(base_url + "/health", deadline_s=timeout_s, max_bytes=1 << 20).status == 200
+    except FetchError:
         return False
 
 

@@ -37,12 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import msgspec
-import requests
 
 from acceptscope.ingest.identity import ServerIdentity, identity_from_bytes
 from acceptscope.ingest.rejects import make_reject
 from acceptscope.ingest.server_info import ServerInfoIngestor
-from acceptscope.live.http import DEFAULT_MAX_BYTES, DeadlineExceeded, Redirected, ResponseTooLarge, fetch
+from acceptscope.live.http import DEFAULT_MAX_BYTES, DeadlineExceeded, FetchError, Redirected, ResponseTooLarge, fetch
 
 CLEAR_BODY = {"server_args": {"dspark_clear_info_records": True}}
 
@@ -147,7 +146,7 @@ class ServerInfoPoller:
         t0 = time.monotonic()
         try:
             body = fetch(self.url, deadline_s=self.timeout_s, max_bytes=self.max_bytes, until=self.until).content
-        except requests.RequestException as e:
+        except FetchError as e:
             self.stats.down_polls += 1
             self.stats.last_error = f"{type(e).__name__}: {e}"
             if isinstance(e, (ResponseTooLarge, Redirected, DeadlineExceeded)):  # the server answered, badly
@@ -214,7 +213,7 @@ class ServerInfoPoller:
         try:
             out = fetch(self.base_url + "/set_internal_state", method="POST", json=CLEAR_BODY,
                         deadline_s=self.timeout_s, max_bytes=1 << 20, until=self.until).json()
-        except (requests.RequestException, ValueError) as e:
+        except (FetchError, ValueError) as e:
             self.stats.clear_failures += 1
             self.stats.last_error = f"clear failed: {type(e).__name__}: {e}"
             return False

@@ -15,10 +15,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from acceptscope.live.http import fetch
+from acceptscope.live.http import FetchError, fetch
 
 SPEC_PREFIX = "sglang:spec_"
 
@@ -66,7 +65,7 @@ class MetricsScraper:
         try:
             r = fetch(self.url, deadline_s=self.timeout_s, max_bytes=64 << 20, until=self.until)
             samples = parse_metrics(r.text, self.prefix)
-        except (requests.RequestException, ValueError) as e:
+        except (FetchError, ValueError) as e:
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
             return []

@@ -26,14 +26,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-import requests
 
 from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
 from acceptscope.ingest.rejects import make_reject
 from acceptscope.ingest.server_info import RING_CAPACITY, ServerInfoIngestor, run_row_from_server_info
 from acceptscope.ingest.sts_shards import load_shard, parse_sts_shard
 from acceptscope.live.driver import DriveConfig, DriveResult, Driver, Prompt, check_target
-from acceptscope.live.http import fetch
+from acceptscope.live.http import FetchError, fetch
 from acceptscope.live.launcher import ServerProcess
 from acceptscope.live.poller import ServerInfoPoller
 from acceptscope.live.prometheus_scrape import MetricsScraper
@@ -221,7 +220,7 @@ def fetch_server_info(base_url: str, timeout_s: float = 60.0, *, max_bytes: int 
     try:
         info = fetch(base_url.rstrip("/") + "/server_info", deadline_s=timeout_s, max_bytes=max_bytes,
                      until=until).json()
-    except (requests.RequestException, ValueError, RecursionError) as e:
+    except (FetchError, ValueError, RecursionError) as e:
         raise CaptureError(f"{base_url}/server_info: {type(e).__name__}: {e}") from None
     if not isinstance(info, dict):
         raise CaptureError(f"{base_url}/server_info: expected a JSON object, got {type(info).__name__}")

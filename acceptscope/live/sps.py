@@ -34,13 +34,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import requests
 
 from acceptscope.domain.sps import SpsTable1D, table_from_obj, write_sps
 from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.server_info import ServerInfoIngestor
 from acceptscope.ingest.sps_profile import ingest_profile_file
-from acceptscope.live.http import fetch
+from acceptscope.live.http import FetchError, fetch
 from acceptscope.live.launcher import SGLangUnavailable
 from acceptscope.outputs import atomic_file, atomic_write
 
@@ -151,16 +150,16 @@ class SweepResult:
     manifest: dict = field(default_factory=dict)
 
 
-def _post(s: requests.Session, url: str, body: Any, timeout: float) -> Any:
-    r = fetch(url, method="POST", json=body, deadline_s=timeout, max_bytes=16 << 20)  # (s: kept for callers)
+def _post(url: str, body: Any, timeout: float) -> Any:
+    r = fetch(url, method="POST", json=body, deadline_s=timeout, max_bytes=16 << 20)
     try:
         return r.json()
     except ValueError:
         return r.text
 
 
-def _set_frac(s: requests.Session, base: str, frac: float | None, timeout: float) -> None:
-    out = _post(s, base + "/set_internal_state", {"server_args": {"dspark_force_budget_frac": frac}}, timeout)
+def _set_frac(base: str, frac: float | None, timeout: float) -> None:
+    out = _post(base + "/set_internal_state", {"server_args": {"dspark_force_budget_frac": frac}}, timeout)
     outs = out if isinstance(out, list) else [out]
     if not outs or not all(bool(o.get("updated")) if isinstance(o, dict) else bool(o) for o in outs):
         raise RuntimeError(f"server refused dspark_force_budget_frac={frac}: {out}")
@@ -187,84 +186,83 @@ def sps_sweep(cfg: SweepConfig, sink: Callable[[dict[str, Any]], None],
     base = cfg.base_url.rstrip("/")
     say = progress or (lambda m: None)
     res = SweepResult()
-    with requests.Session() as s:
-        info = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
-        states = info.get("internal_states") or []
-        dumps = [st.get("dspark_info_record") for st in states if isinstance(st, dict)]
-        if info.get("speculative_algorithm") != "DSPARK" or not dumps or not all(dumps):
-            raise RuntimeError(f"{base}: not a DSpark server with the info dump on every rank")
-        comps = set(dumps[0].get("components") or [])
-        if not {"core", "step_cpu_time"} <= comps:
-            raise RuntimeError(f"{base}: info dump components {sorted(comps)} lack core,step_cpu_time "
-                               "(SGLANG_DSPARK_ENABLE_SPS_RECORD=1)")
-        modes = {d.get("mode") for d in dumps}
-        if cfg.fracs and not modes <= {"compact", "cap-accept"}:
-            raise RuntimeError(f"{base}: forced-budget (off-diagonal) cells need compact or cap-accept, server runs {modes}")
-        vndt = int(dumps[0]["verify_num_draft_tokens"])
-        ranks = len(states)
-        ing = ServerInfoIngestor(cfg.run_id, "live")
-        ing.feed(info, source=base + "/server_info", line=0)  # watermarks: older records are not this sweep's
-        rng = random.Random(cfg.seed)
-        cells = [(rep, bs, frac) for rep in range(cfg.repeats) for bs in cfg.batch_sizes for frac in (cfg.fracs or [None])]
-        poll_no = 1
-        try:
-            for rep, bs, frac in cells:
-                say(f"cell repeat={rep} bs/rank={bs} frac={frac}")
-                if cfg.fracs:
-                    _set_frac(s, base, frac, cfg.http_timeout_s)
-                try:
-                    _post(s, base + "/flush_cache", None, cfg.http_timeout_s)
-                except requests.RequestException:
-                    pass
-                n_req = bs * ranks
-                body = {"input_ids": [[rng.randrange(cfg.vocab_low, cfg.vocab_high) for _ in range(cfg.input_len)] for _ in range(n_req)],
-                        "sampling_params": {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens, "ignore_eos": True},
-                        "stream": False}
-                load = threading.Thread(target=lambda: _quiet_post(base + "/generate", body, cfg.round_timeout_s + 60), daemon=True)
-                t0 = time.monotonic()
-                load.start()
-                rows: list[dict] = []
-                reached = False
-                while time.monotonic() - t0 < cfg.round_timeout_s:
-                    time.sleep(cfg.poll_interval_s)
-                    try:
-                        payload = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
-                    except (requests.RequestException, ValueError, RecursionError):
-                        continue
-                    batch = ing.feed(payload, source=base + "/server_info", line=poll_no)
-                    poll_no += 1
-                    rows.extend(batch.rows("steps"))
-                    if _steady(rows, bs, ranks) >= WARMUP_STEPS + cfg.min_steady_steps:
-                        reached = True
-                        break
-                _post(s, base + "/abort_request", {"abort_all": True}, cfg.http_timeout_s)
-                load.join(timeout=30)
-                # the steps between the last poll and the abort belong to this cell, not the next one
+    info = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
+    states = info.get("internal_states") or []
+    dumps = [st.get("dspark_info_record") for st in states if isinstance(st, dict)]
+    if info.get("speculative_algorithm") != "DSPARK" or not dumps or not all(dumps):
+        raise RuntimeError(f"{base}: not a DSpark server with the info dump on every rank")
+    comps = set(dumps[0].get("components") or [])
+    if not {"core", "step_cpu_time"} <= comps:
+        raise RuntimeError(f"{base}: info dump components {sorted(comps)} lack core,step_cpu_time "
+                           "(SGLANG_DSPARK_ENABLE_SPS_RECORD=1)")
+    modes = {d.get("mode") for d in dumps}
+    if cfg.fracs and not modes <= {"compact", "cap-accept"}:
+        raise RuntimeError(f"{base}: forced-budget (off-diagonal) cells need compact or cap-accept, server runs {modes}")
+    vndt = int(dumps[0]["verify_num_draft_tokens"])
+    ranks = len(states)
+    ing = ServerInfoIngestor(cfg.run_id, "live")
+    ing.feed(info, source=base + "/server_info", line=0)  # watermarks: older records are not this sweep's
+    rng = random.Random(cfg.seed)
+    cells = [(rep, bs, frac) for rep in range(cfg.repeats) for bs in cfg.batch_sizes for frac in (cfg.fracs or [None])]
+    poll_no = 1
+    try:
+        for rep, bs, frac in cells:
+            say(f"cell repeat={rep} bs/rank={bs} frac={frac}")
+            if cfg.fracs:
+                _set_frac(base, frac, cfg.http_timeout_s)
+            try:
+                _post(base + "/flush_cache", None, cfg.http_timeout_s)
+            except FetchError:
+                pass
+            n_req = bs * ranks
+            body = {"input_ids": [[rng.randrange(cfg.vocab_low, cfg.vocab_high) for _ in range(cfg.input_len)] for _ in range(n_req)],
+                    "sampling_params": {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens, "ignore_eos": True},
+                    "stream": False}
+            load = threading.Thread(target=lambda: _quiet_post(base + "/generate", body, cfg.round_timeout_s + 60), daemon=True)
+            t0 = time.monotonic()
+            load.start()
+            rows: list[dict] = []
+            reached = False
+            while time.monotonic() - t0 < cfg.round_timeout_s:
+                time.sleep(cfg.poll_interval_s)
                 try:
                     payload = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
-                    rows.extend(ing.feed(payload, source=base + "/server_info", line=poll_no).rows("steps"))
-                    poll_no += 1
-                except (requests.RequestException, ValueError, RecursionError):
-                    res.failures.append(f"repeat={rep} bs/rank={bs} frac={frac}: closing poll failed; "
-                                        "the next cell may start with this cell's last steps")
-                wall = time.monotonic() - t0
-                rnd, recs = _summarise(cfg, rows, rep, bs, frac, ranks, vndt)
-                if rnd is None:
-                    res.failures.append(f"repeat={rep} bs/rank={bs} frac={frac}: too few aligned steps with step_cpu_ms")
+                except (FetchError, ValueError, RecursionError):
                     continue
-                rnd["load_info"] = {"num_requests": n_req, "max_new_tokens": cfg.max_new_tokens,
-                                    "wall_seconds": round(wall, 3), "reached_target": reached}
-                res.rounds.append(rnd)
-                res.records += len(recs)
-                if cfg.out:
-                    res.record_rows.extend(recs)
-                sink({"sps_profile_records": recs, "sps_profile_rounds": [_round_row(cfg.run_id, rnd)]})
-        finally:
-            if cfg.fracs:
-                try:
-                    _set_frac(s, base, None, cfg.http_timeout_s)
-                except (requests.RequestException, RuntimeError):
-                    res.failures.append("could not reset dspark_force_budget_frac to null")
+                batch = ing.feed(payload, source=base + "/server_info", line=poll_no)
+                poll_no += 1
+                rows.extend(batch.rows("steps"))
+                if _steady(rows, bs, ranks) >= WARMUP_STEPS + cfg.min_steady_steps:
+                    reached = True
+                    break
+            _post(base + "/abort_request", {"abort_all": True}, cfg.http_timeout_s)
+            load.join(timeout=30)
+            # the steps between the last poll and the abort belong to this cell, not the next one
+            try:
+                payload = fetch(base + "/server_info", deadline_s=cfg.http_timeout_s).json()
+                rows.extend(ing.feed(payload, source=base + "/server_info", line=poll_no).rows("steps"))
+                poll_no += 1
+            except (FetchError, ValueError, RecursionError):
+                res.failures.append(f"repeat={rep} bs/rank={bs} frac={frac}: closing poll failed; "
+                                    "the next cell may start with this cell's last steps")
+            wall = time.monotonic() - t0
+            rnd, recs = _summarise(cfg, rows, rep, bs, frac, ranks, vndt)
+            if rnd is None:
+                res.failures.append(f"repeat={rep} bs/rank={bs} frac={frac}: too few aligned steps with step_cpu_ms")
+                continue
+            rnd["load_info"] = {"num_requests": n_req, "max_new_tokens": cfg.max_new_tokens,
+                                "wall_seconds": round(wall, 3), "reached_target": reached}
+            res.rounds.append(rnd)
+            res.records += len(recs)
+            if cfg.out:
+                res.record_rows.extend(recs)
+            sink({"sps_profile_records": recs, "sps_profile_rounds": [_round_row(cfg.run_id, rnd)]})
+    finally:
+        if cfg.fracs:
+            try:
+                _set_frac(base, None, cfg.http_timeout_s)
+            except (FetchError, RuntimeError):
+                res.failures.append("could not reset dspark_force_budget_frac to null")
     try:
         res.table = diagonal_table(res.rounds)
     except ValueError as e:
@@ -290,9 +288,10 @@ def sps_sweep(cfg: SweepConfig, sink: Callable[[dict[str, Any]], None],
 
 
 def _quiet_post(url: str, body: Any, timeout: float) -> None:
+    """The load of one cell (its answer is not read): bounded like every request, so the thread ends by ``timeout``."""
     try:
-        requests.post(url, json=body, timeout=timeout)
-    except requests.RequestException:
+        fetch(url, method="POST", json=body, deadline_s=timeout, max_bytes=64 << 20)
+    except FetchError:
         pass  # aborted load batches may end without a clean response
 
 

@@ -8,6 +8,7 @@ Modes, per request path or for every request:
 * ``huge``: 200 without Content-Length, then megabytes of JSON-looking bytes as fast as the client reads;
 * ``huge-declared``: 200 declaring a 2 GiB Content-Length, then a trickle;
 * ``redirect``: 302 to ``/elsewhere``;
+* ``gzip-bomb``: 200 with ``Content-Encoding: gzip``: about 1 MB on the wire that decodes to 1 GiB;
 * ``poison``: 200 with ``body`` in which one value was made poisonous (the caller passes that body).
 
 ``plan`` maps a path to a list of modes taken in order (the last repeats), so a server can answer
@@ -21,6 +22,19 @@ import socket
 import socketserver
 import threading
 import time
+import zlib
+
+_BOMB: dict[int, bytes] = {}
+
+
+def gzip_bomb(size: int = 1 << 30) -> bytes:
+    """``size`` zero bytes, gzip-compressed (~1 MB per GiB; made once per size, in pieces)."""
+    if size not in _BOMB:
+        c = zlib.compressobj(9, zlib.DEFLATED, 31)
+        piece = bytes(1 << 20)
+        parts = [c.compress(piece) for _ in range(size >> 20)]
+        _BOMB[size] = b"".join(parts) + c.flush()
+    return _BOMB[size]
 
 
 class HostileServer:
@@ -83,6 +97,10 @@ class HostileServer:
         if mode in ("ok", "poison"):
             sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                          b"Connection: close\r\n\r\n" % len(self.body) + self.body)
+        elif mode == "gzip-bomb":
+            bomb = gzip_bomb()
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(bomb) + bomb)
         elif mode == "redirect":
             sock.sendall(b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
         elif mode == "slow-body":
