@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from acceptscope.estimators.synthetic import compact_view, simulate
 from acceptscope.ingest.engines import (detect_engine, has_engine_counts, ingest_engine_files, parse_engine_file,
                                         write_engine_batch)
-from acceptscope.ingest.engines.identify import engine_figures
+from acceptscope.ingest.engines.identify import compare, engine_figures
 from acceptscope.live.exporter import MetricsExporter
 from acceptscope.live.prometheus_scrape import parse_metrics
 from acceptscope.store import Store
@@ -278,3 +278,29 @@ def test_aiperf_profile_export_exact_and_bad_lines_alone(tmp_path):
     assert fig["figures"]["per_position_acceptance"] is None and "per-position" in fig["not_identified"][0]
     assert json.loads(st.query_df("SELECT config_json FROM runs").config_json.iat[0])["not_stored"] == {
         "warmup": 1, "error": 1, "no_spec_decode": 0}
+
+
+def test_same_blocks_through_every_format_compare_equal(tmp_path):
+    """One run's blocks, stored natively and written as vLLM counters, TensorRT-LLM stats and AIPerf records:
+    the figures the engines share agree, and what one cannot identify is None."""
+    rs, gamma = _rows(seed=9)
+    st = Store(tmp_path / "s.duckdb")
+    t = simulate(n_requests=30, seed=9).tables
+    st.append({**t, "request_steps": rs})  # the native run (window = gamma)
+    native = str(t["runs"]["run_id"].iloc[0])
+    text, _ = vllm_dump(rs, gamma)
+    (tmp_path / "v.prom").write_bytes(text)
+    (tmp_path / "dflash_accept_stats_rank0.json").write_text(json.dumps(trtllm_snapshot(rs, gamma)))
+    lines, _ = aiperf_lines(rs)
+    (tmp_path / "profile_export.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    for name, rid in (("v.prom", "vllm"), ("dflash_accept_stats_rank0.json", "trt"), ("profile_export.jsonl", "ai")):
+        ingest_engine_files(st, [tmp_path / name], run_id=rid)
+    df = compare(st, [native, "vllm", "trt", "ai"]).set_index("run_id")
+    for col in ("mean_acceptance_length", "draft_acceptance_rate", "fixed_gamma_rate"):
+        assert df[col].to_numpy(float) == pytest.approx([df.loc[native, col]] * 4, abs=1e-12), col
+    for rid in ("vllm", "trt"):
+        assert df.loc[rid, "per_position_acceptance"] == pytest.approx(df.loc[native, "per_position_acceptance"], abs=1e-12)
+        assert df.loc[rid, "accepted_histogram"] == df.loc[native, "accepted_histogram"]
+    assert df.loc["vllm", "per_position_given_verified"] == pytest.approx(df.loc[native, "per_position_given_verified"])
+    assert df.loc["trt", "per_position_given_verified"] is None  # the verify width is not recorded
+    assert df.loc["ai", "per_position_acceptance"] is None and df.loc["ai", "accepted_histogram"] is None

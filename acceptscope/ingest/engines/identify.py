@@ -23,11 +23,14 @@ from acceptscope.ingest.engines.aiperf import SOURCE_VERSION as AIPERF_SOURCE
 from acceptscope.ingest.engines.records import ENGINE_COUNTS
 from acceptscope.ingest.engines.trtllm import SOURCE_VERSION as TRTLLM_SOURCE
 from acceptscope.ingest.engines.vllm import SOURCE_VERSION as VLLM_SOURCE
+from acceptscope.runs_table import read_runs
 
 DEFINITIONS = ("draft: one (request, verify step) with draft tokens; accepted: accepted draft tokens, bonus excluded; "
                "mean_acceptance_length = 1 + accepted / drafts (bonus included); draft_acceptance_rate = accepted / "
-               "draft tokens verified; per_position_acceptance[k] = drafts that accepted 0-based position k / all "
-               "drafts; accepted_histogram[a] = drafts that accepted exactly a drafts")
+               "draft tokens verified; fixed_gamma_rate = accepted / (gamma x drafts) (SGLang's spec_accept_rate); "
+               "per_position_acceptance[k] = drafts that accepted 0-based position k / all drafts; "
+               "per_position_given_verified[k] = the same / drafts whose window reached k; accepted_histogram[a] = "
+               "drafts that accepted exactly a drafts")
 COUNTED_ENGINES = ("vllm", "tensorrt-llm", "aiperf")  # runs whose figures come from engine_counts, not the estimators
 NOT_IDENTIFIED = {
     "vllm": ["the uncapped ceiling, utilization and any counterfactual tail: no windows or block outcomes are "
@@ -72,7 +75,7 @@ def _from_per_position(d: int, t: int, a: int, per_pos: list[int]) -> tuple[dict
 
 def engine_figures(store: Any, run_id: str) -> dict:
     """The figures one engine run's counts identify, summed over its ranks (see the module docstring)."""
-    run = store.query_df("SELECT engine, gamma, arm FROM runs WHERE run_id = ?", [run_id])
+    run = read_runs(store.query_df, [run_id], ["engine", "gamma", "arm"])
     if run.empty:
         raise KeyError(f"no run {run_id!r}")
     engine, K, arm = str(run.engine.iat[0]), int(run.gamma.iat[0]), str(run.arm.iat[0])
@@ -143,3 +146,43 @@ def _binned_ece(df: pd.DataFrame, K: int) -> list | None:
                 n += x
         out.append(num / n if n else None)
     return out
+
+
+def native_counts(store: Any, run_id: str, gamma: int) -> dict:
+    """The same counts for an SGLang or reference-engine run, from its request-steps (draft tokens verified =
+    Σ window: a trimmed draft was never verified)."""
+    q = store.query_df('SELECT "window" w, correct_drafts c, count(*) n FROM request_steps WHERE run_id = ? '
+                       "GROUP BY ALL", [run_id])
+    w, c, n = (q[k].to_numpy().astype(int) for k in ("w", "c", "n"))
+    h = [int(n[c == a].sum()) for a in range(gamma + 1)]
+    out = _from_histogram(h, gamma)
+    out["draft_tokens"] = int((w * n).sum())
+    out["verified_per_pos"] = [int(n[w > k].sum()) for k in range(gamma)]
+    return out
+
+
+def compare(store: Any, run_ids: list[str]) -> pd.DataFrame:
+    """Runs of any engines side by side on the figures they share (:data:`DEFINITIONS`); a figure an engine's
+    data does not identify is None, never filled in."""
+    runs = store.query_df("SELECT run_id, engine, gamma, arm FROM runs WHERE run_id IN (SELECT UNNEST(?))", [list(run_ids)])
+    rows = []
+    for rid, engine, gamma, arm in runs.itertuples(index=False):
+        if engine in COUNTED_ENGINES:
+            c = engine_figures(store, rid)["figures"]
+            given = c["accepted_per_pos"] and engine == "vllm" and c["draft_tokens"] == c["drafts"] * gamma
+            verified = [c["drafts"]] * int(gamma) if given else None
+        else:
+            c = native_counts(store, rid, int(gamma))
+            verified = c["verified_per_pos"]
+        d = c["drafts"]
+        rows.append({
+            "run_id": rid, "engine": engine, "arm": arm, "gamma": int(gamma), "drafts": d,
+            "mean_acceptance_length": 1 + c["accepted"] / d if d else None,
+            "draft_acceptance_rate": c["accepted"] / c["draft_tokens"] if c["draft_tokens"] else None,
+            "fixed_gamma_rate": c["accepted"] / (gamma * d) if d else None,
+            "per_position_acceptance": [x / d for x in c["accepted_per_pos"]] if d and c["accepted_per_pos"] else None,
+            "per_position_given_verified": ([a / v if v else None for a, v in zip(c["accepted_per_pos"], verified)]
+                                            if verified and c["accepted_per_pos"] else None),
+            "accepted_histogram": c.get("accepted_histogram"),
+        })
+    return pd.DataFrame(rows)
