@@ -43,12 +43,19 @@ def _decimals_as_float(t: pa.Table) -> pa.Table:
     return t
 
 
-def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None) -> list[str]:
-    """Explicit runs, else one audit group's runs, else the newest audit group, else every run."""
+def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: str | None = None,
+                roles: Sequence[str] | None = None) -> list[str]:
+    """Explicit runs, else one audit group's runs, else the newest audit group, else every run; ``roles``
+    (``schema.ROLES``) keeps only the runs playing one of them."""
     try:
         runs = reader.runs()
     except duckdb.CatalogException:
         raise ValueError(f"{reader.path}: not an acceptscope telemetry database (it has no runs table)") from None
+    if roles:
+        unknown = sorted(set(roles) - set(schema.ROLES))
+        if unknown:
+            raise KeyError(f"unknown role(s): {', '.join(unknown)}; known: {', '.join(schema.ROLES)}")
+        runs = runs[runs["role"].isin(list(roles))]
     if runs.empty:
         return []
     if run_ids:
@@ -77,7 +84,7 @@ class Reader:
     def __init__(self, path: str | Path | Store, *, lock_timeout_s: float = 10.0):
         self.path = Path(path.path if isinstance(path, Store) else path)
         if not self.path.exists():
-            raise FileNotFoundError(f"{self.path}: no such DuckDB file")
+            raise FileNotFoundError(f"{self.path}: no such database file")
         self.lock_timeout_s = lock_timeout_s
 
     def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
@@ -107,8 +114,8 @@ class Reader:
 
     # -- runs -------------------------------------------------------------
     def runs(self) -> pd.DataFrame:
-        """All runs with their size, newest first."""
-        return self.summary(summaries.runs)
+        """All runs with their size and role, newest first."""
+        return schema.with_roles(self.summary(summaries.runs))
 
     def run_summary(self, run_ids: Sequence[str], workloads: Sequence[str] | None = None) -> pd.DataFrame:
         """Headline numbers per run: accept length, window, ceiling, utilization, throughput.

@@ -45,6 +45,9 @@ import pandas as pd
 import pyarrow as pa
 
 ARMS = ("compact", "cap-accept", "static")
+# what a run is for (runs.role): a served arm, the cap-accept arm that replays it, an audit's STS
+# calibration split, a point of an audit's throughput curve
+ROLES = ("production", "audit", "calibration", "curve")
 ENGINES = ("reference", "sglang")
 SOURCES = ("live", "file")
 
@@ -114,6 +117,8 @@ RUNS = Table(
         _c("audit_group", pa.string(), "id shared by the arms of one audit (NULL: standalone run)"),
         _c("completed_at", pa.timestamp("us", tz="UTC"),
            "when the command writing the run (run, audit, ingest, live) finished it; NULL: still running or killed"),
+        _c("role", pa.string(), "production | audit | calibration | curve (see run_role; NULL in a file from "
+           "before schema version 7 until its first read-write open)"),
     ),
     key=("run_id",),
     doc="One row per run (one arm of one engine configuration).",
@@ -425,8 +430,37 @@ TABLES: dict[str, Table] = {t.name: t for t in ALL_TABLES}
 # (acceptscope.summaries), so a dashboard panel reads kilobytes, not millions of rows.
 # Not part of the record model: exports and row counts leave them out.
 # ---------------------------------------------------------------------------
-SCHEMA_VERSION = 6  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
-# sum_request_keys; 4: + sum_run_rids; 5: + sum_key_pairs, sum_pairs; 6: + sum_request_page, sum_page_runs
+SCHEMA_VERSION = 7  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
+# sum_request_keys; 4: + sum_run_rids; 5: + sum_key_pairs, sum_pairs; 6: + sum_request_page, sum_page_runs;
+# 7: runs.role (filled by ROLE_SQL for the runs already in the file)
+
+
+def run_role(arm: str | None, audit_group: str | None = None) -> str:
+    """The role of a run, from what every writer knows (issue 31: the calibration split was stored as arm
+    cap-accept and taken for the audit arm). An audit puts its STS calibration split in audit group
+    ``<group>/calibration`` and its curve points in ``<group>/curve``; otherwise cap-accept (the arm that
+    replays production with the ceiling observed) is the audit arm and every other arm is production."""
+    g = audit_group or ""
+    if g.endswith("/calibration"):
+        return "calibration"
+    if g.endswith("/curve"):
+        return "curve"
+    return "audit" if arm == "cap-accept" else "production"
+
+
+# run_role in SQL over the runs table: fills runs.role of a file written before version 7
+ROLE_SQL = ("CASE WHEN audit_group LIKE '%/calibration' THEN 'calibration' WHEN audit_group LIKE '%/curve' "
+            "THEN 'curve' WHEN arm = 'cap-accept' THEN 'audit' ELSE 'production' END")
+
+
+def with_roles(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with every ``role`` set (a file not yet migrated, or a writer that left it NULL: run_role)."""
+    if runs.empty and "role" in runs.columns:
+        return runs
+    derived = [run_role(a, g if isinstance(g, str) else None)
+               for a, g in zip(runs["arm"], runs["audit_group"] if "audit_group" in runs else [None] * len(runs))]
+    have = runs["role"] if "role" in runs.columns else pd.Series([None] * len(runs), index=runs.index, dtype=object)
+    return runs.assign(role=[r if isinstance(r, str) else d for r, d in zip(have, derived)])
 
 STORE_META = Table(
     "store_meta",

@@ -71,7 +71,7 @@ def main() -> None:
     db = db_path()
     st.title("acceptscope")
     if not Path(db).exists():
-        st.error(f"{plain(db)}: no such DuckDB file. Start with `acceptscope dashboard --db FILE`.")
+        st.error(f"{plain(db)}: no such database file. Start with `acceptscope dashboard --db FILE`.")
         return
     reader = Reader(db)
     version = reader.data_version()
@@ -84,7 +84,7 @@ def main() -> None:
         st.caption(f"database: {plain(db)}")
         if runs.empty:
             st.info("No runs yet.")
-        labels = {r.run_id: f"{r.arm} · {r.run_id}" for r in runs.itertuples(index=False)}
+        labels = {r.run_id: f"{r.role} ({r.arm}) · {r.run_id}" for r in runs.itertuples(index=False)}
         picked = st.multiselect("runs", list(labels), default=default_selection(reader, runs),
                                 format_func=labels.get, key="runs")
         wl = load(db, version, "window_distribution", tuple(picked)) if picked else None

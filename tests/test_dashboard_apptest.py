@@ -120,7 +120,7 @@ def test_live_refresh_sees_new_runs(audit, tmp_path, monkeypatch):
     assert Reader(work).data_version() != before
     at.run()
     assert not at.exception
-    assert "compact · late-run" in at.multiselect(key="runs").options  # options are the formatted labels
+    assert "production (compact) · late-run" in at.multiselect(key="runs").options  # options are the formatted labels
 
 
 def test_missing_file_is_a_clear_error(tmp_path, monkeypatch):
@@ -129,4 +129,4 @@ def test_missing_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCEPTSCOPE_DB", str(tmp_path / "nope.duckdb"))
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception
-    assert any("no such DuckDB file" in e.value for e in at.error)
+    assert any("no such database file" in e.value for e in at.error)

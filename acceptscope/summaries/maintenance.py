@@ -249,6 +249,8 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
             stale = sorted(done | set(todo))
         stale = own(lambda: pairs.ensure_pairs(con, v, stale))  # new in version 5: sum_key_pairs
         stale = own(lambda: pages.ensure_pages(con, v, stale))  # new in version 6: sum_request_page
+        if v < 7:  # runs.role is new in version 7: each stored run's role from its arm and audit group
+            own(lambda: con.execute(f"UPDATE {schema.RUNS.name} SET role = {schema.ROLE_SQL} WHERE role IS NULL"))
 
         def finish() -> None:
             record_version(con)

@@ -37,6 +37,11 @@ class Ctx:
         m = self.runs.set_index("run_id")["arm"]
         return str(m.get(run_id, "?"))
 
+    def role_of(self, run_id: str) -> str:
+        """production | audit | calibration | curve (acceptscope.schema.ROLES)."""
+        m = self.runs.set_index("run_id")["role"] if "role" in self.runs else {}
+        return str(m.get(run_id, "?"))
+
     def whole_run_note(self, what: str) -> str | None:
         """With a workload filter on: the caption of a view that cannot be split by workload."""
         if not self.workloads:

@@ -12,8 +12,8 @@ TITLE = "Regime vs blog"
 
 def render(ctx) -> None:
     st.header(TITLE)
-    src = [r for r in ctx.run_ids if ctx.arm_of(r) == "cap-accept"] or \
-          [r for r in ctx.run_ids if ctx.arm_of(r) == "compact"]
+    src = [r for r in ctx.run_ids if ctx.role_of(r) == "audit"] or \
+          [r for r in ctx.run_ids if ctx.role_of(r) == "production"]
     if not src:
         st.info("Select a cap-accept or compact run.")
         return
