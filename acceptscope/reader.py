@@ -22,7 +22,8 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema, summaries
-from acceptscope.store import Store, fetch_arrow, open_read_only
+from acceptscope.store import Store, fetch_arrow
+from acceptscope.store_lock import open_read_only
 
 RS = schema.REQUEST_STEPS.name
 REQ = schema.REQUESTS.name

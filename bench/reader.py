@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from acceptscope.reader import Reader  # noqa: E402
-from acceptscope.store import Store, open_read_only  # noqa: E402
+from acceptscope.store import Store  # noqa: E402
+from acceptscope.store_lock import open_read_only  # noqa: E402
 from acceptscope.figures.tables import reliability_bins  # noqa: E402
 from acceptscope.estimators.synthetic import simulate  # noqa: E402
 
