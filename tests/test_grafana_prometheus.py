@@ -26,7 +26,10 @@ import pytest
 import requests
 from plotly.subplots import make_subplots
 
+from acceptscope.ingest.engines import ingest_engine_files
+from acceptscope.ingest.engines.identify import engine_figures
 from acceptscope.store import Store
+from tests.test_ingest_engines import aiperf_lines, trtllm_snapshot, vllm_dump
 from tests.test_live_exporter import audit  # noqa: F401 - the module fixture (audit database, estimate --json)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,11 +66,34 @@ def _wait(fn, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _with_engine_runs(db: Path, work: Path) -> tuple[Path, dict]:
+    """A copy of the audit with three more runs: its static arm's blocks as vLLM's counters, its compact arm's
+    as TensorRT-LLM's accept stats, its cap-accept arm's as AIPerf records (tests/test_ingest_engines.py's
+    writers); returns the copy and each engine run's figures."""
+    copy = work / "engines.duckdb"
+    shutil.copy(db, copy)
+    st = Store(copy)
+    runs = st.query_df("SELECT run_id, arm, gamma FROM runs WHERE audit_group NOT LIKE '%/%'")
+    rows = lambda arm: st.query_df("SELECT * FROM request_steps WHERE run_id = ?",  # noqa: E731
+                                   [runs[runs.arm == arm].run_id.iat[0]])
+    gamma = int(runs.gamma.iat[0])
+    (work / "vllm.prom").write_bytes(vllm_dump(rows("static"), gamma)[0])
+    (work / "dflash_accept_stats_rank0.json").write_text(json.dumps(trtllm_snapshot(rows("compact"), gamma)))
+    (work / "profile_export.jsonl").write_text("\n".join(json.dumps(x) for x in aiperf_lines(rows("cap-accept"))[0]))
+    figs = {}
+    for name, rid in (("vllm.prom", "engine-vllm"), ("dflash_accept_stats_rank0.json", "engine-trtllm"),
+                      ("profile_export.jsonl", "engine-aiperf")):
+        assert not ingest_engine_files(st, [work / name], run_id=rid).rejects
+        figs[rid] = engine_figures(st, rid)
+    return copy, figs
+
+
 @pytest.fixture(scope="module")
 def prom(audit, tmp_path_factory):  # noqa: F811
     exe = _prometheus()
-    db, est = audit
+    _, est = audit
     work = tmp_path_factory.mktemp("prom")
+    db, figs = _with_engine_runs(audit[0], work)
     ex_port, prom_port = _free_port(), _free_port()
     cli = Path(sys.executable).with_name("acceptscope")
     exporter = subprocess.Popen([str(cli), "live", "export-metrics", "--db", str(db), "--port", str(ex_port),
@@ -90,7 +116,7 @@ def prom(audit, tmp_path_factory):  # noqa: F811
     try:
         _wait(lambda: query("acceptscope_exporter_up_to_date == 1"), 300, "the exporter's first snapshot in Prometheus")
         time.sleep(2.5)  # one more scrape: every series of that snapshot is in
-        yield query, est, db
+        yield query, est, figs, db
     finally:
         for p in (server, exporter):
             p.terminate()
@@ -102,22 +128,47 @@ def prom(audit, tmp_path_factory):  # noqa: F811
 
 def _targets() -> list[tuple[dict, dict]]:
     d = json.loads(DASHBOARD.read_text())
-    return [(p, t) for p in d["panels"] for t in p["targets"]]
+    return [(p, t) for p in d["panels"] for t in p.get("targets", [])]
 
 
-def _expected(est: dict, windows, expr: str, lab: dict) -> float:
-    """The estimators' value of one sample of one panel query."""
+def _counts_of(est: dict, figs: dict, rid: str) -> dict:
+    """A run's shared counts: from estimate --json (SGLang / reference) or its engine figures (other engines)."""
+    if rid in figs:
+        f, gamma = figs[rid]["figures"], figs[rid]["gamma"]
+        full = figs[rid]["engine"] == "vllm" and f["draft_tokens"] == f["drafts"] * gamma
+        return {"drafts": f["drafts"], "accepted": f["accepted"], "tokens": f["draft_tokens"],
+                "acc_pos": f["accepted_per_pos"], "ver_pos": [f["drafts"]] * gamma if full else None,
+                "realized": f["mean_acceptance_length"]}
+    e = est[rid]
+    run = [g for g in e["utilization"]["by_group"] if g["by"] == "run"][0]
+    pos = e["utilization"]["by_position"]
+    return {"drafts": run["n"], "accepted": sum(p["accepted"] for p in pos), "tokens": sum(p["verified"] for p in pos),
+            "acc_pos": [p["accepted"] for p in pos], "ver_pos": [p["verified"] for p in pos],
+            "realized": e["tail"]["summary"]["mean_accept_length"]}
+
+
+def _expected(est: dict, figs: dict, windows, expr: str, lab: dict) -> float:
+    """The estimators' (or, for another engine's run, its counts') value of one sample of one panel query."""
+    c = _counts_of(est, figs, lab["run_id"])
+    if expr.startswith("(1 + acceptscope_spec_decode_num_accepted_tokens_total"):
+        return 1 + c["accepted"] / c["drafts"]
+    if expr.startswith("(acceptscope_spec_decode_num_accepted_tokens_total"):
+        return c["accepted"] / c["tokens"]
+    if expr.startswith("(acceptscope_spec_decode_num_accepted_tokens_per_pos_total"):
+        return c["acc_pos"][int(lab["position"])] / c["drafts"]
+    if "accepted_tokens_per_pos" in expr:
+        k = int(lab["position"])
+        return c["acc_pos"][k] / c["ver_pos"][k]
+    if "by_window" in expr:
+        return windows[(lab["run_id"], int(lab["window"]))] / c["drafts"]
+    if expr.startswith("acceptscope_realized"):
+        return c["realized"]
+    if lab["run_id"] in figs and expr.startswith("acceptscope_calibration_ece"):  # TensorRT-LLM's binned ECE
+        return figs[lab["run_id"]]["figures"]["binned_ece"][int(lab["position"])]
     e = est[lab["run_id"]]
     run = [g for g in e["utilization"]["by_group"] if g["by"] == "run"][0]
-    if "accepted_tokens_per_pos" in expr:
-        p = [p for p in e["utilization"]["by_position"] if str(p["position"]) == lab["position"]][0]
-        return p["accepted"] / p["verified"]
-    if "by_window" in expr:
-        return windows[(lab["run_id"], int(lab["window"]))] / run["n"]
     if expr.startswith("acceptscope_utilization"):
         return run[{"point": "utilization", "lo": "util_lo", "hi": "util_hi"}[lab["bound"]]]
-    if expr.startswith("acceptscope_realized"):
-        return e["tail"]["summary"]["mean_accept_length"]
     if expr.startswith("acceptscope_ceiling"):
         agg = [a for a in e["tail"]["aggregate"] if a["group"] == "all"][0]
         return agg[{"point": "mean_ceiling", "lo": "lo", "hi": "hi"}[lab["bound"]]] + 1.0
@@ -145,7 +196,7 @@ def test_dashboard_is_importable_json():
 
 
 def test_every_panel_query_returns_the_estimators_values(prom, tmp_path):
-    query, est, db = prom
+    query, est, figs, db = prom
     windows = {(r, int(w)): int(n) for r, w, n in Store(db, read_only=True).query_df(
         'SELECT run_id, "window", count(*) n FROM request_steps GROUP BY ALL').itertuples(index=False)}
     drawn = []
@@ -156,13 +207,16 @@ def test_every_panel_query_returns_the_estimators_values(prom, tmp_path):
         n = 0
         for s in res:
             lab = s["metric"]
-            if "error" in est.get(lab.get("run_id"), {"error": 1}):
+            if lab.get("run_id") not in figs and "error" in est.get(lab.get("run_id"), {"error": 1}):
                 continue
             got = float(s["value"][1])
-            want = _expected(est, windows, target["expr"], lab)
+            want = _expected(est, figs, windows, target["expr"], lab)
             assert abs(got - want) <= TOL, (panel["title"], lab, got, want)
             n += 1
         assert n, f"panel {panel['title']!r}: no sample of an estimated run"
+        if panel["id"] > 100:  # the side-by-side row: every engine on the figures it identifies
+            need = {"reference", "vllm", "tensorrt-llm"} | ({"aiperf"} if panel["id"] != 103 else set())
+            assert need <= {s["metric"].get("engine") for s in res}, panel["title"]
         drawn.append((panel, target, res))
     png = _render(drawn, tmp_path / "grafana-panels.png")
     if png is not None and os.environ.get("ACCEPTSCOPE_GRAFANA_PNG"):
