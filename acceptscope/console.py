@@ -16,11 +16,28 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.markup import escape
+from rich.text import Text
 
 __all__ = ["console", "plain", "safe", "one_line"]
 
-console = Console(stderr=True, soft_wrap=True)
+
+
+class _SafeConsole(Console):
+    """A console whose every string (messages, table cells) has its control characters shown as ``?``
+    and that prints a string that is not valid markup as plain text instead of raising ``MarkupError``:
+    the safety net under :func:`safe`, for a site that forgot it."""
+
+    def render_str(self, text: str, **kw) -> Text:  # type: ignore[override]
+        text = plain(text, keep_newlines=True)
+        try:
+            return super().render_str(text, **kw)
+        except MarkupError:
+            return super().render_str(text, **dict(kw, markup=False))
+
+
+console = _SafeConsole(stderr=True, soft_wrap=True)
 
 # C0 and C1 controls, DEL, and the bidirectional overrides/isolates that reorder what a terminal shows
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -31,8 +48,9 @@ def plain(text: object, keep_newlines: bool = False) -> str:
     """``text`` with every control character (ESC, BEL, CR, bidi overrides; newlines unless kept) and
     lone surrogate shown as ``?``: safe to print to a terminal as is."""
     s = text if isinstance(text, str) else str(text)
-    if keep_newlines:
-        return "\n".join(_SURROGATE.sub("?", _CONTROL.sub("?", part)) for part in s.split("\n"))
+    if keep_newlines:  # (and tabs)
+        return "\n".join("\t".join(_SURROGATE.sub("?", _CONTROL.sub("?", p)) for p in part.split("\t"))
+                         for part in s.split("\n"))
     return _SURROGATE.sub("?", _CONTROL.sub("?", s))
 
 

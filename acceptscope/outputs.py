@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-__all__ = ["atomic_write", "atomic_file", "fsync_dir", "strict", "dumps_strict"]
+__all__ = ["atomic_write", "atomic_file", "fsync_dir", "strict", "dumps_strict", "plain_links", "plain_link_text"]
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -105,3 +106,44 @@ def strict(obj: Any) -> Any:
 def dumps_strict(obj: Any, indent: int | None = 2, sort_keys: bool = False) -> str:
     """Strict JSON text (RFC 8259: no ``NaN``/``Infinity``) of ``obj`` (see :func:`strict`)."""
     return json.dumps(strict(obj), indent=indent, sort_keys=sort_keys, allow_nan=False)
+
+
+# plotly renders a subset of HTML in every text of a figure (names, titles, tick labels, hover text):
+# an ``<a href>`` inside a run id or workload became a live link in the report and the dashboard
+_LINK = re.compile(r"<(\s*/?\s*a\b)", re.IGNORECASE)
+
+
+def plain_link_text(text: str) -> str:
+    """``text`` with every ``<a ...>`` / ``</a>`` tag shown as text in a plotly figure (``&lt;a ...``)."""
+    return _LINK.sub(r"&lt;\1", text)
+
+
+def _unlink(obj: Any) -> tuple[Any, bool]:
+    if isinstance(obj, str):
+        new = plain_link_text(obj) if "<" in obj else obj
+        return new, new is not obj
+    if isinstance(obj, dict):
+        changed = False
+        out = {}
+        for k, v in obj.items():
+            out[k], c = _unlink(v)
+            changed |= c
+        return (out if changed else obj), changed
+    if isinstance(obj, (list, tuple)) or getattr(obj, "dtype", None) == object:
+        items = [_unlink(v) for v in obj]
+        if any(c for _, c in items):
+            return [v for v, _ in items], True
+    return obj, False
+
+
+def plain_links(fig: Any) -> Any:
+    """Every link tag in a plotly figure's data and layout shown as plain text (in place); returns ``fig``.
+
+    The one place figures are made link-free: the figure modules' layout helpers and the report call it."""
+    spec = fig.to_plotly_json()
+    new, changed = _unlink(spec)
+    if changed:
+        for trace, data in zip(fig.data, new["data"]):
+            trace.update(data, overwrite=True)
+        fig.update_layout(new["layout"], overwrite=True)
+    return fig

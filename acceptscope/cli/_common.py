@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from acceptscope.console import console  # noqa: F401 - re-exported for the command modules
+from acceptscope.console import plain, safe
 from acceptscope.outputs import dumps_strict
 from acceptscope.exit_codes import EXIT_FAILURE, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE  # noqa: F401
 
@@ -99,16 +100,16 @@ def print_run_table(title: str, columns: tuple[str, ...] | list[str], rows: dict
         for c in columns:
             t.add_column(c, overflow="fold")
         for rid, cells in rows.items():
-            t.add_row(rid, *cells)
+            t.add_row(safe(rid), *(safe(c) for c in cells))
         console.print(t)
         return
     console.print(title, markup=False, highlight=False, soft_wrap=True)
     for rid, cells in rows.items():
-        console.print(f"\n{rid}", style="bold", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"\n{plain(rid)}", style="bold", markup=False, highlight=False, soft_wrap=True)
         t = Table(show_header=False, box=None, padding=(0, 2))
         t.add_column("metric", no_wrap=True)
         t.add_column("value", overflow="fold")
         for c, v in zip(columns, cells):
             if v:
-                t.add_row(c, v)
+                t.add_row(safe(c), safe(v))
         console.print(t)

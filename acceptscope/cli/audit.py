@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from acceptscope.console import safe
 from acceptscope.cli._common import (EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, check_names, console, emit_json,
                                      print_run_table, require_extra)
 
@@ -138,10 +139,10 @@ def register(app: typer.Typer) -> None:
             try:
                 res = run_audit(cfg, progress=progress, stage=lambda s: console.log(s))
             except (ValueError, FileNotFoundError) as e:
-                console.print(f"[red]{e}[/red]")
+                console.print(f"[red]{safe(e)}[/red]")
                 raise typer.Exit(EXIT_USAGE)
             except RuntimeError as e:
-                console.print(f"[red]{e}[/red]")
+                console.print(f"[red]{safe(e)}[/red]")
                 raise typer.Exit(EXIT_FAILURE)
         _print(res)
         if json_out:

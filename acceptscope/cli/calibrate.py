@@ -16,6 +16,7 @@ from acceptscope.cli._common import (
     emit_json,
     open_store_read_only,
 )
+from acceptscope.console import plain
 from acceptscope.outputs import atomic_write
 
 HELP = """Fit Sequential Temperature Scaling for a run and write SGLang's STS JSON.
@@ -90,10 +91,15 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             console.print(f"{db} run {run!r}: {e}", style="red", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_NO_DATA)
-        tr, te = d.split(seed=seed)
         extra_fits = None if in_force is None else {"in-force": [float(x) for x in in_force]}
-        with console.status("fitting and scoring on the held-out split"):
-            res = compare(tr, te, n_boot=n_boot, seed=seed, extra_fits=extra_fits)
+        try:  # too few requests to split into a fit and a held-out part: cannot estimate, like no data
+            tr, te = d.split(seed=seed)
+            with console.status("fitting and scoring on the held-out split"):
+                res = compare(tr, te, n_boot=n_boot, seed=seed, extra_fits=extra_fits)
+        except ValueError as e:
+            console.print(f"{plain(db)} run {plain(repr(run))}: cannot calibrate: {plain(e)}", style="red",
+                          markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_NO_DATA)
             final = StsCalibrator(method).fit(d.z, d.y)
         summ = res.summary()
         held = summ.set_index("method")

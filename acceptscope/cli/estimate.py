@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.progress import Progress
 
+from acceptscope.console import safe
 from acceptscope.cli._common import (
     EXIT_NO_DATA,
     EXIT_USAGE,
@@ -88,14 +89,14 @@ def register(app: typer.Typer) -> None:
         except duckdb.Error as e:
             raise unreadable_db(db, e) from None
         if hazards_from is not None and hazards_from not in set(runs.run_id):
-            console.print(f"[red]{db}: no run {hazards_from!r} for --hazards-from[/red]")
+            console.print(f"[red]{safe(db)}: no run {safe(repr(hazards_from))} for --hazards-from[/red]")
             raise typer.Exit(EXIT_USAGE)
         ids = [run] if run else runs.run_id.tolist()
         if run and run not in set(runs.run_id):
-            console.print(f"[red]{db}: no run {run!r} (runs: {', '.join(runs.run_id) or 'none'})[/red]")
+            console.print(f"[red]{safe(db)}: no run {safe(repr(run))} (runs: {safe(', '.join(runs.run_id) or 'none')})[/red]")
             raise typer.Exit(EXIT_NO_DATA)
         if not ids:
-            console.print(f"[yellow]{db}: no runs[/yellow]")
+            console.print(f"[yellow]{safe(db)}: no runs[/yellow]")
             raise typer.Exit(EXIT_NO_DATA)
         incomplete = set(store.incomplete_runs(ids))
         for rid in ids:
@@ -118,7 +119,7 @@ def register(app: typer.Typer) -> None:
                     out[rid]["complete"] = rid not in incomplete
                 ids = []
             for rid in ids:
-                prog.update(task, description=f"estimating {rid}")
+                prog.update(task, description=f"estimating {safe(rid)}")
                 try:
                     out[rid] = to_jsonable(run_all(store, rid, n_boot=n_boot, seed=seed, hazards_from=hazards_from))
                 except (ValueError, KeyError) as e:
@@ -142,17 +143,17 @@ def register(app: typer.Typer) -> None:
 
 def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, seed: int) -> dict:
     if not lake.is_dir():
-        console.print(f"[red]{lake}: no such lake directory[/red]")
+        console.print(f"[red]{safe(lake)}: no such lake directory[/red]")
         raise typer.Exit(EXIT_USAGE)
     require_extra("estimate --lake", "spark")
     from acceptscope.estimators.spark import estimate_lake  # here, not at the top: pyspark is the optional [spark] extra
     try:
         out = estimate_lake(lake, [run] if run else None, master=master, n_boot=n_boot, seed=seed)
     except (FileNotFoundError, KeyError) as e:
-        console.print(f"[red]{lake}: {e}[/red]")
+        console.print(f"[red]{safe(lake)}: {safe(e)}[/red]")
         raise typer.Exit(EXIT_NO_DATA if isinstance(e, KeyError) else EXIT_USAGE)
     if not out:
-        console.print(f"[yellow]{lake}: no runs[/yellow]")
+        console.print(f"[yellow]{safe(lake)}: no runs[/yellow]")
         raise typer.Exit(EXIT_NO_DATA)
     return out
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn
 
+from acceptscope.console import safe
 from acceptscope.cli._common import EXIT_NO_DATA, EXIT_USAGE, DbOption, JsonOption, console, emit_json
 
 
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
         try:
             store = Store(db, read_only=True)
         except ValueError as e:
-            console.print(f"[red]{e}[/red]")
+            console.print(f"[red]{safe(e)}[/red]")
             raise typer.Exit(EXIT_USAGE)
         n_tables = len(table) if table else len(exportable_tables())
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -50,7 +51,7 @@ def register(app: typer.Typer) -> None:
             seen: set[str] = set()
 
             def progress(name: str, rows: int) -> None:
-                prog.update(task, description=f"{name}: {rows} rows")
+                prog.update(task, description=f"{safe(name)}: {rows} rows")
                 if name not in seen:
                     seen.add(name)
                     prog.advance(task)
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
             try:
                 summary = export_parquet(store, None if all_runs else runs, parquet, tables=table, progress=progress)
             except KeyError as e:
-                console.print(f"[red]{e.args[0]}[/red]")
+                console.print(f"[red]{safe(e.args[0])}[/red]")
                 raise typer.Exit(EXIT_NO_DATA if "not in" in str(e) else EXIT_USAGE)
         total = sum(summary["tables"].values())
         if json_out:

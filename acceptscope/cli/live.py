@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 from rich.progress import Progress
 
+from acceptscope.console import plain, safe
 from acceptscope.cli._common import EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json, require_extra
 
 HELP = """Real SGLang 0.5.23 DSpark servers: launch arms, attach, drive traffic, capture live.
@@ -93,10 +94,10 @@ def launch(
     try:
         warnings = spec.validate()
     except LaunchConfigError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_USAGE)
     for w in warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {safe(w)}")
     entry_argv = entry.split() if entry else None
     if dry_run:
         out = {"argv": spec.argv(entry_argv), "env": spec.env(), "url": spec.base_url, "warnings": warnings}
@@ -108,14 +109,14 @@ def launch(
     proc = ServerProcess(spec, log_dir, entry=entry_argv)
     try:
         proc.start()
-        with console.status(f"waiting for {spec.base_url}/health (logs: {proc.stderr_path})"):
+        with console.status(f"waiting for {safe(spec.base_url)}/health (logs: {safe(proc.stderr_path)})"):
             proc.wait_ready(ready_timeout)
     except SGLangUnavailable as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_FAILURE)
     except ServerStartError as e:
         proc.stop()
-        console.print(f"[red]{e}[/red]")
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_FAILURE)
     console.print(f"[green]ready[/green] {spec.base_url} ({arm}); logs in {proc.log_dir}")
     if json_out:
@@ -175,6 +176,7 @@ def attach(
     if workload is None and duration is None:
         console.print("[red]give --workload (drive traffic) or --duration (capture only)[/red]")
         raise typer.Exit(EXIT_USAGE)
+    existed = db.exists()
     try:
         prompts = load_prompts(workload, num_prompts) if workload else None
         drive = DriveConfig(base_url=url, run_id="", api=api, concurrency=_split_ints(concurrency) or [1],
@@ -184,27 +186,51 @@ def attach(
                             clear=clear, clear_threshold_records=clear_threshold, estimator_path=estimator_jsonl,
                             sts_stem=sts_stem, duration_s=duration, loopback_only=loopback_only,
                             http_timeout_s=http_timeout, max_response_bytes=int(max_response_mb * (1 << 20)))
-        with console.status(f"capturing {url} into {db}"):
+        with console.status(f"capturing {safe(url)} into {safe(db)}"):
             summary = capture(Store(db), cfg, prompts, drive)
     except (WorkloadError, TargetRefused, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
+        _discard_if_empty(db, existed)
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_USAGE)
     except CaptureError as e:
-        console.print(f"[red]{e}[/red]")
+        _discard_if_empty(db, existed)
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_FAILURE)
+    except BaseException:
+        _discard_if_empty(db, existed)
+        raise
     d = summary.as_dict()
     no_poll = not d["polls"].get("polls") and d["polls"].get("down_polls")
     if json_out:
         emit_json(d)
     else:
-        console.print(f"run {summary.run_id} ({summary.arm}, gamma {summary.gamma}): "
+        console.print(f"run {safe(summary.run_id)} ({summary.arm}, gamma {summary.gamma}): "
                       f"{d['sink']['rows']} rows; gaps {summary.gaps or 'none'}; rejects {summary.rejects}")
         for w in summary.warnings:
-            console.print(f"[yellow]warning:[/yellow] {w}")
+            console.print(f"[yellow]warning:[/yellow] {safe(w)}")
     if no_poll:  # every poll failed (server down, too slow, too large, redirected): nothing was captured
-        console.print(f"no poll of {url}/server_info succeeded ({d['polls']['down_polls']} failed; last: "
-                      f"{d['polls'].get('last_error')})", style="red", markup=False, soft_wrap=True)
+        _discard_if_empty(db, existed)
+        console.print(plain(f"no poll of {url}/server_info succeeded ({d['polls']['down_polls']} failed; last: "
+                            f"{d['polls'].get('last_error')})"), style="red", markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _discard_if_empty(db: Path, existed: bool) -> None:
+    """Remove the database file a failed attach created, when it holds no row (no empty file is left behind)."""
+    if existed or not db.exists():
+        return
+    from acceptscope.store import Store
+
+    try:
+        empty = not any(Store(db, read_only=True).counts().values())
+    except Exception:  # noqa: BLE001 - unreadable: not ours to judge; leave it
+        return
+    if empty:
+        for p in (db, Path(str(db) + ".wal"), Path(str(db) + ".ingest.lock")):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
 
 
 @live.command("drive", help="""Send a workload to a server and record per-request meta_info in `requests`.
@@ -238,7 +264,7 @@ def drive_cmd(
                           max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                           max_requests=max_requests, max_seconds=max_seconds, loopback_only=loopback_only)
     except (WorkloadError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_USAGE)
     store = Store(db)
     total = min(max_requests, len(prompts) * len(cfg.concurrency))
@@ -252,7 +278,7 @@ def drive_cmd(
         try:
             res = Driver(cfg, on_rows=on_rows, on_rejects=lambda rows: store.append({"rejects": rows})).run(prompts)
         except TargetRefused as e:
-            console.print(f"[red]{e}[/red]")
+            console.print(f"[red]{safe(e)}[/red]")
             raise typer.Exit(EXIT_USAGE)
     if json_out:
         emit_json(res.summary())
@@ -327,7 +353,7 @@ def sps_profile(
     try:
         base = check_target(url, loopback_only)
     except TargetRefused as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_USAGE)
     if sglang:
         cmd = SglangProfilerCommand(base_url=base, out=out or "dspark_sps.json", fracs=_split_floats(fracs),
@@ -344,7 +370,7 @@ def sps_profile(
         try:
             code = cmd.run()
         except SGLangUnavailable as e:
-            console.print(f"[red]{e}[/red]")
+            console.print(f"[red]{safe(e)}[/red]")
             raise typer.Exit(EXIT_FAILURE)
         if code != 0:
             console.print(f"[red]SGLang profiler exited {code}[/red]")
@@ -372,7 +398,7 @@ def sps_profile(
             with console.status("profiling") as st:
                 res = sps_sweep(cfg, sink.put, progress=lambda m: st.update(m))
         except RuntimeError as e:
-            console.print(f"[red]{e}[/red]")
+            console.print(f"[red]{safe(e)}[/red]")
             raise typer.Exit(EXIT_FAILURE)
     summary = {"run_id": rid, "rounds": res.rounds, "table": res.table, "failures": res.failures}
     if json_out:

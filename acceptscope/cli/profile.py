@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.progress import Progress
 
+from acceptscope.console import safe
 from acceptscope.cli._common import EXIT_USAGE, JsonOption, console, emit_json, require_extra
 
 
@@ -84,7 +85,7 @@ def register(app: typer.Typer) -> None:
                                      context_len=context_len, mbin=mbin, monotone=monotone, gamma=gamma, threads=threads,
                                      progress=lambda: prog.advance(task))
             except (FileNotFoundError, ValueError) as e:
-                console.print(f"[red]{e}[/red]")
+                console.print(f"[red]{safe(e)}[/red]")
                 raise typer.Exit(EXIT_USAGE)
         if json_out:
             emit_json(res)
@@ -122,13 +123,13 @@ def _gpu_profile(device, shape, from_measurements, out, batch_sizes, fracs, step
             gp.get_shape(shape)
             gp.main(argv)
         except (ValueError, RuntimeError) as e:
-            console.print(f"[red]{e}[/red]")
+            console.print(f"[red]{safe(e)}[/red]")
             raise typer.Exit(EXIT_USAGE)
         doc = json.loads(cells_path.read_text(encoding="utf-8"))
     try:
         man = profiler.write_measured_profile(doc, out, shape=shape, mbin=mbin if mbin != 16 else 32)
     except ValueError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(f"[red]{safe(e)}[/red]")
         raise typer.Exit(EXIT_USAGE)
     if json_out:
         emit_json({k: v for k, v in man.items() if k != "cells"})

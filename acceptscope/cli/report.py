@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 
+from acceptscope.console import safe
 from acceptscope.cli._common import (EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, DbOption, JsonOption, console,
                                      emit_json, require_extra, unreadable_db)
 
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]{db}: no such DuckDB file[/red]")
             raise typer.Exit(EXIT_USAGE)
         th = Thresholds(ece=ece_threshold, utilization=util_threshold)
-        with console.status(f"rendering report of {db} ..."):
+        with console.status(f"rendering report of {safe(db)} ..."):
             try:
                 res = write_report(db, out, run_ids=run or None, audit_group=audit_group, thresholds=th,
                                    use_estimators=not no_estimators)
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[red]{e.args[0]}[/red]")
                 raise typer.Exit(EXIT_USAGE)
             except ValueError as e:
-                console.print(f"[red]{e}[/red]")
+                console.print(f"[red]{safe(e)}[/red]")
                 raise typer.Exit(EXIT_USAGE)
             except LookupError as e:
                 console.print(f"[yellow]{e}[/yellow]")

@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from acceptscope.console import safe
 from acceptscope.cli._common import EXIT_USAGE, JsonOption, check_names, console, emit_json, require_extra
 
 ENGINE_HELP = "Serving engine: 'reference' (embedded PyTorch DSpark engine). Use `acceptscope live`/`ingest` for SGLang."
@@ -85,12 +86,12 @@ def register(app: typer.Typer) -> None:
             try:
                 summary = run_engine(cfg, progress=on_progress)
             except (FileNotFoundError, ValueError) as e:
-                console.print(f"[red]{e}[/red]")
+                console.print(f"[red]{safe(e)}[/red]")
                 raise typer.Exit(EXIT_USAGE)
         if json_out:
             emit_json(summary.to_dict())
             return
-        t = Table(title=f"run {summary.run_id} ({summary.arm}, gamma {summary.gamma})")
+        t = Table(title=f"run {safe(summary.run_id)} ({summary.arm}, gamma {summary.gamma})")
         t.add_column("workload")
         t.add_column("requests", justify="right")
         t.add_column("tokens", justify="right")

@@ -27,6 +27,7 @@ from acceptscope import summaries
 from acceptscope.figures.estimates import thin, thinned_note
 from acceptscope.reader import RUNS, Reader
 from acceptscope.estimators.calibration_metrics import ece
+from acceptscope.outputs import plain_links
 
 ARM_COLORS = {"compact": "#1f77b4", "cap-accept": "#d62728", "static": "#2ca02c"}
 WILSON_Z = 1.96
@@ -35,7 +36,7 @@ WILSON_Z = 1.96
 def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
     fig.update_layout(title=title, height=height, template="plotly_white",
                       margin=dict(l=50, r=20, t=60, b=40), legend=dict(orientation="h", y=-0.18))
-    return fig
+    return plain_links(fig)  # run ids and workloads are data: a link in one shows as text
 
 
 def wilson(k: np.ndarray, n: np.ndarray, z: float = WILSON_Z) -> tuple[np.ndarray, np.ndarray]:
