@@ -315,9 +315,11 @@ def _est_figs(c: _Ctx, name: str, section: str, prefer: Sequence[str | None]) ->
 
 
 def _runs_section(c: _Ctx) -> None:
-    c.page.add("runs", _table(c.summary, ["run_id", "arm", "engine", "gamma", "requests_seen", "blocks",
-                                          "mean_window", "mean_acc_len", "ceiling_accept_len", "utilization",
-                                          "in_window_accept_rate", "mean_cap_trim", "tokens_per_s"]))
+    role = c.summary["run_id"].map(schema.with_roles(c.runs).set_index("run_id")["role"])  # schema.ROLES
+    c.page.add("runs", _table(c.summary.assign(role=role), ["run_id", "role", "arm", "engine", "gamma", "requests_seen",
+                                                            "blocks", "mean_window", "mean_acc_len",
+                                                            "ceiling_accept_len", "utilization",
+                                                            "in_window_accept_rate", "mean_cap_trim", "tokens_per_s"]))
     c.page.note("runs", "accept length counts the bonus token; ceiling = mean(uncapped correct drafts + 1), "
                 "observed only in cap-accept and static; utilization = Σ accept length / Σ ceiling, each arm "
                 "against its own observed ceiling (the compact arm's is estimated in the utilization section).")
@@ -335,10 +337,12 @@ def _runs_section(c: _Ctx) -> None:
 def _regime_sections(c: _Ctx) -> None:
     """Per-workload windows / utilization next to the SGLang blog's, and the compact-vs-static curve."""
     src = c.audit or c.compact
+    cmp = R.blog_comparison(c.reader.regime_by_workload([src])) if src is not None else None
     if src is None:
         c.page.note("regime", "needs a compact or cap-accept run.")
+    elif cmp.empty or "workload" not in cmp:  # a run whose steps hold no request: nothing per workload
+        c.page.note("regime", f"run {src} holds no request-steps: no windows or utilization per workload.")
     else:
-        cmp = R.blog_comparison(c.reader.regime_by_workload([src]))
         if c.compact and c.audit:
             cw = c.reader.regime_by_workload([c.compact]).set_index("workload")["mean_window"]
             cmp.insert(4, "compact_mean_window", cmp["workload"].map(cw))

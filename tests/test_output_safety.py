@@ -142,3 +142,27 @@ def test_failed_attach_leaves_no_database(tmp_path):
     r = _cli("live", "attach", "--url", "http://127.0.0.1:9", "--duration", "1", "--db", str(db))
     assert r.returncode != 0
     assert not list(tmp_path.glob("attach.duckdb*"))
+
+
+def test_report_on_a_run_without_requests_and_on_a_full_disk(tmp_path):
+    """A run whose steps hold 0 requests still reports (strict JSON); a report that cannot be written
+    (``ulimit -f``: the disk-full path) is one line, exit != 0, and the old report stays whole."""
+    doc = make_server_info(ranks=1, n_steps=6, bs=1, gamma=4, seed=3)
+    for rec in doc["internal_states"][0]["dspark_info_record"]["records"]:
+        rec.update(reqs=[], bs=0, num_running_reqs=0)
+    dump = tmp_path / "zero.json"
+    dump.write_bytes(msgspec.json.encode(doc))
+    db = tmp_path / "z.duckdb"
+    assert _cli("ingest", str(dump), "--db", str(db)).returncode == 0
+    out = tmp_path / "z.html"
+    r = _cli("report", "--db", str(db), "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    _strict(r.stdout)
+    good = out.read_bytes()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100")
+    code = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536)); from acceptscope.cli import main; main()")
+    r = subprocess.run([sys.executable, "-c", code, "report", "--db", str(db), "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("acceptscope: "), r.stderr
+    assert "Traceback" not in r.stderr and out.read_bytes() == good
