@@ -44,6 +44,7 @@ import pyarrow.dataset as ds
 
 from acceptscope import schema
 from acceptscope.outputs import atomic_write, fsync_dir
+from acceptscope.runs_table import read_runs
 from acceptscope.store import Store, fetch_arrow_reader
 from acceptscope.store_sql import duck_type, quote_ident
 
@@ -176,7 +177,7 @@ def export_parquet(
         if bad:
             raise KeyError(f"not exportable (no run_id column or unknown): {bad}; exportable: {sorted(names)}")
         chosen = [t for t in chosen if t.name in set(tables)]
-    known = set(store.query_df("SELECT run_id FROM runs")["run_id"])
+    known = set(read_runs(store.query_df, columns=["run_id"])["run_id"])
     if run_ids is None:
         runs: list[str | None] = sorted(known)
         for t in chosen:  # telemetry may exist for runs without a runs row (e.g. file ingest)

@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema, summaries
+from acceptscope.runs_table import read_runs
 from acceptscope.store import Store, fetch_arrow
 from acceptscope.store_lock import open_read_only
 
@@ -79,6 +80,12 @@ def select_runs(reader: Any, run_ids: Sequence[str] | None = None, audit_group: 
     return list(runs["run_id"])
 
 
+def runs_with_sizes(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every run (``runs_table.read_runs``, newest first) with its size (``summaries.run_sizes``)."""
+    runs = read_runs(lambda sql, params: con.execute(sql, params).df(), newest_first=True)
+    return runs.merge(summaries.run_sizes(con), on="run_id", how="left")
+
+
 class Reader:
     """Short read-only queries against one telemetry file (never keeps a connection open)."""
 
@@ -116,7 +123,7 @@ class Reader:
     # -- runs -------------------------------------------------------------
     def runs(self) -> pd.DataFrame:
         """All runs with their size and role, newest first."""
-        return schema.with_roles(self.summary(summaries.runs))
+        return self.summary(runs_with_sizes)
 
     def run_summary(self, run_ids: Sequence[str], workloads: Sequence[str] | None = None) -> pd.DataFrame:
         """Headline numbers per run: accept length, window, ceiling, utilization, throughput.

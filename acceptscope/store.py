@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema, store_lock, summaries
+from acceptscope.runs_table import read_runs
 from acceptscope.schema import as_arrow  # noqa: F401 - re-exported: callers import it from here
 from acceptscope.store_dedupe import insert_new_rows
 from acceptscope.store_lock import LockStats, check_not_truncated, file_state
@@ -198,7 +199,7 @@ class Store:
     def incomplete_runs(self, run_ids: Any = None) -> list[str]:
         """Runs (of ``run_ids``, default all) without a completion mark. A file written before the
         mark existed has no ``completed_at`` column: nothing is known, nothing is reported."""
-        return incomplete_runs(self.query_df(f"SELECT * FROM {quote_ident(schema.RUNS.name)}"), run_ids)
+        return incomplete_runs(read_runs(self.query_df), run_ids)
 
     def append(self, tables: Mapping[str, Any]) -> dict[str, int]:
         """Append data to several tables in one transaction; duplicates by natural key are ignored.
@@ -296,7 +297,7 @@ class Store:
 
     def runs(self) -> pd.DataFrame:
         """Every run, oldest first, each with its ``role`` (schema.ROLES)."""
-        return schema.with_roles(self.query_df("SELECT * FROM runs ORDER BY started_at, run_id"))
+        return read_runs(self.query_df)
 
     def counts(self, run_id: str | None = None) -> dict[str, int]:
         """Rows per table (only tables with a ``run_id`` column when ``run_id`` is given)."""

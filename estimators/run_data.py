@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema
+from acceptscope.runs_table import read_runs
 from acceptscope.store import Store, fetch_arrow
 from acceptscope.domain.sps import parse_sps
 from acceptscope.ingest.links import named_tables
@@ -31,7 +32,7 @@ RUN_KEYS = ("arm", "engine", "gamma", "temperature", "sts_hash", "sps_hash")  # 
 def load_run(store, run_id: str, skip: tuple = ()) -> dict[str, Any]:
     """The tables of one run (plus the run row and its SPS/STS tables when recorded); tables in
     ``skip`` are left out (the streaming pass reads ``request_steps`` itself)."""
-    runs = store.query_df("SELECT * FROM runs WHERE run_id = ?", [run_id])
+    runs = read_runs(store.query_df, [run_id])
     if runs.empty:
         raise KeyError(f"run {run_id!r} not in {store.path}")
     out = {"run": runs.iloc[0].to_dict()}
@@ -130,8 +131,8 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
     a given confidence differs with it), so the mixes may differ, but a temperature ``other``
     never served would be predicted from other temperatures' hazards (T = 0.7 from T = 1 biased
     aggregates by ~0.06 drafts on the reference engine)."""
-    runs = store.query_df("SELECT run_id, gamma, sts_hash, temperature FROM runs WHERE run_id IN (?, ?)",
-                          [run_id, other]).set_index("run_id")
+    runs = read_runs(store.query_df, [run_id, other], ["run_id", "gamma", "sts_hash", "temperature"]
+                     ).set_index("run_id")
     if other not in runs.index:
         return [f"run {other!r} is not in {store.path}"]
     a, b = runs.loc[run_id], runs.loc[other]

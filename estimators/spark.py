@@ -54,6 +54,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from scipy.optimize import minimize_scalar
 
 from acceptscope import schema
+from acceptscope.runs_table import read_runs
 from acceptscope.store import incomplete_runs
 from acceptscope.estimators.accumulator import RunAccumulator
 from acceptscope.estimators.calibration import LOG_T_BOUNDS, calibration_data
@@ -167,7 +168,7 @@ class LakeStore:
         return df
 
     def runs(self) -> pd.DataFrame:
-        return self.query_df("SELECT * FROM runs ORDER BY started_at, run_id")
+        return read_runs(self.query_df)
 
     def read_arrow(self, name: str, run_id: str | Sequence[str] | None = None,
                    columns: Sequence[str] | None = None) -> pa.Table:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # numpy models of SGLang's tables and rules, the prompt sets and the data locations: no torch, no store
     ("domain", ("acceptscope.domain",)),
     ("store", ("acceptscope.store", "acceptscope.store_lock", "acceptscope.store_dedupe", "acceptscope.store_sql",
+               "acceptscope.runs_table",
                "acceptscope.writer", "acceptscope.reader", "acceptscope.summaries")),
     ("ingest+engine", ("acceptscope.ingest", "acceptscope.engine", "acceptscope.live", "acceptscope.export")),
     ("estimators", ("acceptscope.estimators", "acceptscope.audit_sampling", "acceptscope.parity")),

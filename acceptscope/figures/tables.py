@@ -25,7 +25,8 @@ from plotly.subplots import make_subplots
 
 from acceptscope import summaries
 from acceptscope.figures.estimates import thin, thinned_note
-from acceptscope.reader import RUNS, Reader
+from acceptscope.reader import Reader
+from acceptscope.runs_table import read_runs
 from acceptscope.estimators.calibration_metrics import ece
 from acceptscope.outputs import plain_links
 
@@ -257,5 +258,4 @@ def fig_confidence_heatmap(steps: pd.DataFrame, rid: str) -> go.Figure:
 
 
 def runs_in(reader: Reader, run_ids: Sequence[str]) -> pd.DataFrame:
-    return reader.df(f'SELECT run_id, arm, engine, gamma, audit_group FROM "{RUNS}" '
-                     "WHERE run_id IN (SELECT unnest(?))", [list(run_ids)])
+    return read_runs(reader.df, run_ids, ["run_id", "arm", "engine", "gamma", "audit_group"])

@@ -88,6 +88,7 @@ from acceptscope.ingest.server_info_records import (
     loads_lenient,
 )
 from acceptscope.ingest.server_info_run import run_row, run_row_from_server_info
+from acceptscope.runs_table import read_runs
 
 __all__ = [
     "ServerInfoIngestor",
@@ -217,7 +218,7 @@ class ServerInfoIngestor(PayloadReader):
         self._step_ct.set_many(named["rid"].tolist(), named["n"].astype(int).tolist())
         self._pool_ct = {r.rid: int(r.n) for r in pool.itertuples()}
         self._pool_prefix = {r.rid: int(r.p) for r in pool.itertuples()}
-        runs = store.query_df("SELECT arm, gamma, config_json FROM runs WHERE run_id = ?", [self.run_id])
+        runs = read_runs(store.query_df, [self.run_id], ["arm", "gamma", "config_json"])
         if not runs.empty:
             self.run_emitted = True
             self.arm = self.arm or runs["arm"].iloc[0]

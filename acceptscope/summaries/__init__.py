@@ -44,8 +44,8 @@ from acceptscope.summaries.pages import (PAGE_TAIL_MIN, PAGE_TAIL_SHARE, page_li
                                          request_count, requests, sort_pages)
 from acceptscope.summaries.pairs import (MAX_PAIRS_PER_GROUP, pair_totals, per_request, per_request_columns,
                                          per_request_sql)
-from acceptscope.summaries.panels import (position_acceptance, regime_by_workload, reliability_bins, run_summary,
-                                          runs, step_costs, throughput_curve, utilization_by_workload,
+from acceptscope.summaries.panels import (position_acceptance, regime_by_workload, reliability_bins, run_sizes,
+                                          run_summary, step_costs, throughput_curve, utilization_by_workload,
                                           window_distribution)
 
 __all__ = [
@@ -53,6 +53,6 @@ __all__ = [
     "REBUILD_MEMORY", "RELIABILITY_BINS", "SUMMARISED", "add", "agg_sql", "check_version", "ensure", "max_list_len",
     "page_limit", "page_of_requests", "page_tails", "pair_totals", "per_request", "per_request_columns",
     "per_request_sql", "position_acceptance", "present", "rebuild", "record_version", "regime_by_workload",
-    "reliability_bins", "request_count", "requests", "run_summary", "runs", "schema_version", "sort_pages",
+    "reliability_bins", "request_count", "requests", "run_sizes", "run_summary", "schema_version", "sort_pages",
     "stale_runs", "step_costs", "throughput_curve", "utilization_by_workload", "window_distribution",
 ]

@@ -163,16 +163,16 @@ def throughput_curve(con: duckdb.DuckDBPyConnection, audit_group: str) -> pd.Dat
         ORDER BY q.workload, batch, r.arm""", [ids, audit_group])
 
 
-def runs(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """All runs with their size (requests, request-steps), newest first."""
+def run_sizes(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every run's size: ``n_requests`` and ``n_blocks`` (request-steps), 0 for a run without any. The runs'
+    own rows are ``acceptscope.runs_table``'s (``Reader.runs`` joins the two)."""
     ids = [r[0] for r in con.execute(f"SELECT run_id FROM {RUNS}").fetchall()]
     cells = freshness.source(con, schema.SUM_CELLS, ids)
     return query_df(con, f"""
-        SELECT r.*, coalesce(q.n_requests, 0) AS n_requests, coalesce(s.n_blocks, 0) AS n_blocks
+        SELECT r.run_id, coalesce(q.n_requests, 0) AS n_requests, coalesce(s.n_blocks, 0) AS n_blocks
         FROM {RUNS} r
         LEFT JOIN (SELECT run_id, count(*) AS n_requests FROM {REQ} GROUP BY run_id) q USING (run_id)
-        LEFT JOIN (SELECT run_id, sum(n)::BIGINT AS n_blocks FROM {cells} c GROUP BY run_id) s USING (run_id)
-        ORDER BY r.started_at DESC NULLS LAST, r.run_id""")
+        LEFT JOIN (SELECT run_id, sum(n)::BIGINT AS n_blocks FROM {cells} c GROUP BY run_id) s USING (run_id)""")
 
 
 def step_costs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], max_rows_per_run: int | None = None,

@@ -164,7 +164,7 @@ def native_counts(store: Any, run_id: str, gamma: int) -> dict:
 def compare(store: Any, run_ids: list[str]) -> pd.DataFrame:
     """Runs of any engines side by side on the figures they share (:data:`DEFINITIONS`); a figure an engine's
     data does not identify is None, never filled in."""
-    runs = store.query_df("SELECT run_id, engine, gamma, arm FROM runs WHERE run_id IN (SELECT UNNEST(?))", [list(run_ids)])
+    runs = read_runs(store.query_df, run_ids, ["run_id", "engine", "gamma", "arm"])
     rows = []
     for rid, engine, gamma, arm in runs.itertuples(index=False):
         if engine in COUNTED_ENGINES:
