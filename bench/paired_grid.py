@@ -315,8 +315,10 @@ def child_estimate(jobs: list[dict]) -> None:
         out = {"key": job["key"]}
         try:
             est = to_jsonable(run_all(Store(job["db"], read_only=True), "c", n_boot=200, seed=0))
-            out["headline"] = rep.headline(est)
-            out["tail_summary"] = {k: v for k, v in est["tail"].get("summary", {}).items() if k != "hazard"}
+            # what the scorer reads (rep.headline), kept raw so a re-score reads it afresh
+            out["estimate"] = {"tail": {k: v for k, v in est["tail"].items() if k != "blocks"},
+                               "utilization": {"by_group": [x for x in est["utilization"]["by_group"]
+                                                            if x["by"] == "run"]}}
             if job.get("audit"):
                 si = audit_sampling.infer_runs(Reader(job["db"]), "c", "a", n_boot=2000, seed=job["sample_seed"])
                 out["sampling"] = si.to_dict()
@@ -386,9 +388,9 @@ def score_rows(cfgs: list[dict], workdir: Path, commit: str, sdir: Path, truth_k
 
         e = load("compact")
         row["compact"] = ({"error": "not estimated"} if e is None else {"error": e["error"]} if "error" in e
-                          else rep.score(truth, e["headline"], truth_key))
-        if e and "headline" in e:
-            row["compact"]["hazard_note"] = e["headline"].get("hazard_note", "")
+                          else rep.score(truth, rep.headline(e["estimate"]), truth_key))
+        if e and "estimate" in e:
+            row["compact"]["hazard_note"] = rep.headline(e["estimate"]).get("hazard_note", "")
             row["compact"]["estimate_s"] = e["seconds"]
         row["audits"] = []
         for f in c["fractions"]:
@@ -396,11 +398,10 @@ def score_rows(cfgs: list[dict], workdir: Path, commit: str, sdir: Path, truth_k
             if a is None or "error" in a:
                 row["audits"].append({"fraction": f, "n_audited": 0, "error": (a or {}).get("error", "not estimated")})
                 continue
-            si = a.get("sampling")
+            si, hl = a.get("sampling"), rep.headline(a["estimate"])
             row["audits"].append({"fraction": f, "n_audited": si["n_audited"] if si else 0,
-                                  "tail": rep.score(truth, a["headline"], truth_key),
+                                  "tail": {**rep.score(truth, hl, truth_key), "hazard_note": hl.get("hazard_note", "")},
                                   "sampling": rep.score_sampling(truth, si, truth_key) if si else None})
-            row["audits"][-1]["tail"]["hazard_note"] = a["headline"].get("hazard_note", "")
         rows.append(row)
     return rows
 

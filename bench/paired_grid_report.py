@@ -82,11 +82,27 @@ def _num(x) -> Optional[float]:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
+def _siblings(obj: dict, path: str, want=None) -> list[dict]:
+    """``<name>_lo`` / ``<name>_hi`` pairs of one dict (``want``: a pattern the name must match)."""
+    out = []
+    for key in obj:
+        m = re.match(r"(.*?)_?(lo|lower|min)$", str(key), re.I)
+        if not m or _num(obj[key]) is None or (want is not None and not want.search(m.group(1))):
+            continue
+        for hk in (m.group(1) + s for s in ("_hi", "_upper", "_max", "hi", "upper", "max")):
+            if hk in obj and _num(obj[hk]) is not None:
+                name = m.group(1) or path.rsplit(".", 1)[-1]
+                out.append({"path": f"{path}.{name}" if m.group(1) else path, "lo": _num(obj[key]), "hi": _num(obj[hk])})
+                break
+    return out
+
+
 def find_bounds(obj: Any, path: str = "") -> list[dict]:
     """Every (lo, hi) pair the estimate JSON holds under a key that says bounds / identified.
 
     The format is the estimator's to choose; this accepts a dict with lo/hi-like keys, a
-    two-number list, or ``<name>_lo`` / ``<name>_hi`` siblings, and names each by its JSON path."""
+    two-number list, or ``<name>_lo`` / ``<name>_hi`` siblings (under such a key, or named so
+    themselves), and names each by its JSON path."""
     out: list[dict] = []
     if isinstance(obj, dict):
         for key, v in obj.items():
@@ -95,13 +111,7 @@ def find_bounds(obj: Any, path: str = "") -> list[dict]:
                 out.extend(_pairs(v, p))
             elif isinstance(v, (dict, list)):
                 out.extend(find_bounds(v, p))
-        for key in obj:
-            m = re.match(r"(.*(?:bound|identified).*?)_?(lo|lower|min)$", str(key), re.I)
-            if m:
-                for hk in (m.group(1) + s for s in ("_hi", "_upper", "_max", "hi", "upper", "max")):
-                    if hk in obj and _num(obj[key]) is not None and _num(obj[hk]) is not None:
-                        out.append({"path": f"{path}.{m.group(1)}", "lo": _num(obj[key]), "hi": _num(obj[hk])})
-                        break
+        out.extend(_siblings(obj, path, BOUND_KEY))
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             out.extend(find_bounds(v, f"{path}[{i}]"))
@@ -116,9 +126,10 @@ def _pairs(v: Any, path: str) -> list[dict]:
         hi = next((_num(v[k]) for k in HI_KEYS if k in v and _num(v[k]) is not None), None)
         if lo is not None and hi is not None:
             return [{"path": path, "lo": lo, "hi": hi}]
-        out = []
+        out = _siblings(v, path)
         for k, x in v.items():
-            out.extend(_pairs(x, f"{path}.{k}"))
+            if isinstance(x, (dict, list)):
+                out.extend(_pairs(x, f"{path}.{k}"))
         return out
     if isinstance(v, list):
         return [p for i, x in enumerate(v) for p in _pairs(x, f"{path}[{i}]")]
@@ -126,14 +137,15 @@ def _pairs(v: Any, path: str) -> list[dict]:
 
 
 def bound_target(path: str) -> Optional[str]:
-    """Which truth a bound speaks of, from its JSON path: utilization or mean ceiling (drafts)."""
-    p = path.lower()
-    if "util" in p:
-        return "utilization"
-    if "accept_len" in p or "accept_length" in p:
-        return "accept_length"
-    if "tail" in p or "ceiling" in p or "aggregate" in p:
-        return "mean_ceiling"
+    """Which truth a bound speaks of, from its JSON path (its own name first, then where it sits):
+    utilization, accept length, or mean ceiling (drafts)."""
+    for part in (path.lower().rsplit(".", 1)[-1], path.lower()):
+        if "util" in part:
+            return "utilization"
+        if "accept_len" in part:
+            return "accept_length"
+        if any(w in part for w in ("ceiling", "tail", "aggregate")):
+            return "mean_ceiling"
     return None
 
 

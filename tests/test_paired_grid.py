@@ -100,17 +100,24 @@ def test_a_pair_that_did_not_commit_the_same_tokens_is_counted(tmp_path, report)
 def test_bounds_are_found_in_any_shape_and_scored_against_their_truth(report):
     est = {"tail": {"aggregate": [{"mean_ceiling": 2.0, "lo": 1.9, "hi": 2.1,
                                    "bounds": {"lo": 1.0, "hi": 3.5}}],
-                    "summary": {"notes": ["hazards fitted on this run"]}},
+                    "summary": {"notes": ["hazards fitted on this run"],
+                                "identified": {"mean_ceiling_lo": 2.2, "mean_ceiling_hi": 2.6}}},
            "utilization": {"by_group": [{"by": "run", "utilization": 0.8, "util_lo": 0.78, "util_hi": 0.82,
-                                         "identified_lo": 0.5, "identified_hi": 0.79}]}}
+                                         "identified_lo": 0.5, "identified_hi": 0.79,
+                                         "ceiling_bound_lo": 2.4, "ceiling_bound_hi": 2.45}]}}
     h = report.headline(est)
     paths = {b["path"] for b in h["bounds"]}
-    assert paths == {"tail.aggregate[0].bounds", "utilization.run.identified"}
+    assert paths == {"tail.aggregate[0].bounds", "tail.summary.identified.mean_ceiling", "utilization.run.identified",
+                     "utilization.run.ceiling_bound"}
     truth = {"mean_ceiling": 2.5, "utilization": 0.81}
     s = report.score(truth, h)
     assert not s["covers"] and s["width"] == pytest.approx(0.2) and s["util_covers"]
-    got = {b["target"]: b["contains"] for b in s["bounds"]}
-    assert got == {"mean_ceiling": True, "utilization": False} and s["bounds_contain"] is False
+    got = {b["path"]: (b["target"], b["contains"]) for b in s["bounds"]}
+    assert got == {"tail.aggregate[0].bounds": ("mean_ceiling", True),
+                   "tail.summary.identified.mean_ceiling": ("mean_ceiling", True),
+                   "utilization.run.identified": ("utilization", False),
+                   "utilization.run.ceiling_bound": ("mean_ceiling", False)}
+    assert s["bounds_contain"] is False
 
 
 def test_summary_pools_configurations_and_fits_the_width_curve(report):
