@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import requests
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from typer.testing import CliRunner
 
+from acceptscope.cli import app
 from acceptscope.estimators.synthetic import compact_view, simulate
 from acceptscope.ingest.engines import (detect_engine, has_engine_counts, ingest_engine_files, parse_engine_file,
                                         write_engine_batch)
@@ -304,3 +306,29 @@ def test_same_blocks_through_every_format_compare_equal(tmp_path):
     assert df.loc["vllm", "per_position_given_verified"] == pytest.approx(df.loc[native, "per_position_given_verified"])
     assert df.loc["trt", "per_position_given_verified"] is None  # the verify width is not recorded
     assert df.loc["ai", "per_position_acceptance"] is None and df.loc["ai", "accepted_histogram"] is None
+
+
+def test_acceptscope_ingest_routes_engine_files(tmp_path):
+    """`acceptscope ingest` detects the three formats (one registry of kinds) and stores them: the counts in
+    engine_counts, the rest through the ingest writer; TensorRT-LLM's rank files make one run per directory."""
+    rs, gamma = _rows(seed=11)
+    (tmp_path / "vllm.prom").write_bytes(vllm_dump(rs, gamma)[0])
+    stats = tmp_path / "trt-run"
+    stats.mkdir()
+    rids = sorted(rs["rid"].unique())
+    for r in (0, 1):
+        (stats / f"dflash_accept_stats_rank{r}.json").write_text(
+            json.dumps(trtllm_snapshot(rs[rs["rid"].isin(rids[r::2])], gamma, rank=r)))
+    (tmp_path / "profile_export.jsonl").write_text("\n".join(json.dumps(x) for x in aiperf_lines(rs)[0]))
+    (tmp_path / "notes.txt").write_text("not a metrics dump\n")
+    db = tmp_path / "s.duckdb"
+    r = CliRunner().invoke(app, ["ingest", "--db", str(db), str(tmp_path / "vllm.prom"), str(stats),
+                                 str(tmp_path / "profile_export.jsonl"), str(tmp_path / "notes.txt")])
+    assert r.exit_code == 0, r.output[-2000:]
+    st = Store(db, read_only=True)
+    runs = st.query_df("SELECT run_id, engine FROM runs ORDER BY run_id")
+    assert dict(runs.itertuples(index=False)) == {"profile_export": "aiperf", "trt-run": "tensorrt-llm", "vllm": "vllm"}
+    c = rs["correct_drafts"].to_numpy()
+    for rid in ("vllm", "trt-run", "profile_export"):
+        f = engine_figures(st, rid)["figures"]
+        assert f["drafts"] == len(rs) and f["accepted"] == c.sum(), rid

@@ -43,6 +43,7 @@ from acceptscope.ingest import epochs, stream
 from acceptscope.ingest import sts_shards as sts  # noqa: F401  (``from acceptscope.ingest import sts``)
 from acceptscope.ingest.batch import ArrowRows, IngestBatch
 from acceptscope.ingest.detect import detect
+from acceptscope.ingest.engines import ENGINE_KINDS, engine_ingest_batch
 from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
 from acceptscope.ingest.identity import SERVER_SIDE_KINDS, assign_runs
 from acceptscope.ingest.links import link_run_tables
@@ -270,6 +271,8 @@ def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = No
         return ingest_profile_file(path, kind, run_id=run_id)
     if kind == "responses":
         return parse_responses(path.read_bytes(), source=str(path), run_id=run_id)
+    if kind in ENGINE_KINDS:
+        return engine_ingest_batch(path, kind, run_id, ctx.store)
     b = IngestBatch()
     b.reject(make_reject(str(path), 0, "$", f"unrecognised artifact (kind {kind!r}); see acceptscope.ingest.detect",
                          None, run_id))

@@ -3,7 +3,10 @@
 Rules, first match wins (names are checked before content):
 
 1. ``*.pt`` -> ``sts_shard`` (``{stem}.{k}.pt``).
-2. ``*.manifest.json`` -> ``sps_profile_manifest``; ``*.records.jsonl`` ->
+2. Other engines (:mod:`acceptscope.ingest.engines`): ``dflash_accept_stats_rank*.json`` ->
+   ``trtllm_accept_stats``; ``*profile_export.jsonl`` -> ``aiperf_profile_export``; ``*.prom`` /
+   ``*.txt`` / ``*.metrics`` holding ``vllm:spec_decode_`` -> ``vllm_metrics`` (else ``skip``).
+   ``*.manifest.json`` -> ``sps_profile_manifest``; ``*.records.jsonl`` ->
    ``sps_profile_records``; ``*.rounds.jsonl`` -> ``sps_profile_rounds``.
 3. Other ``.json`` / ``.jsonl`` / ``.ndjson`` files: the first 64 KiB are searched
    for key names (with their quotes):
@@ -15,6 +18,7 @@ Rules, first match wins (names are checked before content):
    ``"sample_batch_tokens"`` or ``"bias_seconds"`` -> ``sps_table``;
    ``"temperatures"`` -> ``sts_table``;
    ``"eos_end"``, or ``"rid"`` with ``"fct"`` -> ``estimator_jsonl``;
+   ``"spec_decode_steps"`` and ``"metadata"`` -> ``aiperf_profile_export``;
    ``"meta_info"`` / ``"spec_tokens_details"`` / ``"sglext"`` -> ``responses``.
 4. An empty (or whitespace-only) file with those extensions is ``empty``: listed, not
    rejected (SGLang's estimator writes one for a greedy-only run).
@@ -38,7 +42,12 @@ KINDS = (
     "sps_profile_rounds",
     "sps_profile_manifest",
     "responses",
+    # other engines (acceptscope.ingest.engines)
+    "vllm_metrics",
+    "trtllm_accept_stats",
+    "aiperf_profile_export",
 )
+ENGINE_TEXT_SUFFIXES = (".prom", ".txt", ".metrics")  # a Prometheus text dump
 JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
 HEAD_BYTES = 64 * 1024
 
@@ -62,6 +71,8 @@ def detect_bytes(head: bytes) -> str:
         return "sts_table"
     if b'"eos_end"' in h or (b'"rid"' in h and b'"fct"' in h):
         return "estimator_jsonl"
+    if b'"spec_decode_steps"' in h and b'"metadata"' in h:
+        return "aiperf_profile_export"
     if b'"meta_info"' in h or b'"spec_tokens_details"' in h or b'"sglext"' in h:
         return "responses"
     return "unknown"
@@ -79,6 +90,13 @@ def detect(path: str | Path) -> str:
         return "sps_profile_records"
     if name.endswith(".rounds.jsonl"):
         return "sps_profile_rounds"
+    if name.startswith("dflash_accept_stats_rank") and name.endswith(".json"):
+        return "trtllm_accept_stats"
+    if name.endswith("profile_export.jsonl"):
+        return "aiperf_profile_export"
+    if name.endswith(ENGINE_TEXT_SUFFIXES):
+        with open(p, "rb") as f:
+            return "vllm_metrics" if b"vllm:spec_decode_" in f.read(HEAD_BYTES) else "skip"
     if not name.endswith(JSON_SUFFIXES):
         return "skip"
     with open(p, "rb") as f:

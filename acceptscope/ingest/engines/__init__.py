@@ -28,39 +28,30 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from acceptscope.schema import as_arrow
-from acceptscope.ingest.detect import run_id_for
+from acceptscope.ingest.batch import IngestBatch
+from acceptscope.ingest.detect import detect, run_id_for
 from acceptscope.ingest.engines import aiperf, trtllm, vllm
 from acceptscope.ingest.engines.records import ENGINE_COUNTS, EngineBatch
 from acceptscope.store_sql import create_table_sql, quote_ident
 
-ENGINE_KINDS = ("vllm_metrics", "trtllm_accept_stats", "aiperf_profile_export")
-TEXT_SUFFIXES = (".prom", ".txt", ".metrics")
-HEAD_BYTES = 64 * 1024
+ENGINE_KINDS = ("vllm_metrics", "trtllm_accept_stats", "aiperf_profile_export")  # (acceptscope.ingest.detect.KINDS)
 
 
 def detect_engine(path: str | Path) -> Optional[str]:
-    """The engine kind of a file, or None when it is not one of :data:`ENGINE_KINDS`."""
-    p = Path(path)
-    if p.name.startswith("dflash_accept_stats_rank") and p.name.endswith(".json"):
-        return "trtllm_accept_stats"
-    if p.name.endswith(".jsonl"):
-        with open(p, "rb") as f:
-            head = f.read(HEAD_BYTES)
-        if p.name.endswith("profile_export.jsonl") or (b'"spec_decode_steps"' in head and b'"metadata"' in head):
-            return "aiperf_profile_export"
-        return None
-    if p.name.endswith(TEXT_SUFFIXES):
-        with open(p, "rb") as f:
-            head = f.read(HEAD_BYTES)
-        if b"vllm:spec_decode_" in head:
-            return "vllm_metrics"
-    return None
+    """The engine kind of a file (:func:`acceptscope.ingest.detect.detect`'s rules), or None."""
+    kind = detect(path)
+    return kind if kind in ENGINE_KINDS else None
+
+
+def default_run_id(path: Path, kind: str) -> str:
+    """A run per file, named by its stem, except TensorRT-LLM's rank files: one run per stats directory."""
+    return path.parent.name or run_id_for(path) if kind == "trtllm_accept_stats" else run_id_for(path)
 
 
 def parse_engine_file(path: str | Path, kind: str, run_id: Optional[str] = None) -> EngineBatch:
     """Parse one file of a known engine kind (no store write)."""
     p = Path(path)
-    rid = run_id or run_id_for(p)
+    rid = run_id or default_run_id(p, kind)
     if kind == "vllm_metrics":
         return vllm.parse_prometheus_text(p.read_bytes(), source=str(p), run_id=rid)
     if kind == "trtllm_accept_stats":
@@ -73,23 +64,47 @@ def parse_engine_file(path: str | Path, kind: str, run_id: Optional[str] = None)
     return b
 
 
+def write_engine_counts(store, counts: list) -> int:
+    """Store ``engine_counts`` rows (the table is created when absent); rows already stored are kept."""
+    if not counts:
+        return 0
+    t = as_arrow(ENGINE_COUNTS, counts)
+    with store.connect() as con:
+        con.execute(create_table_sql(ENGINE_COUNTS, primary_key=True))
+        con.register("_engine_counts_new", t)
+        try:
+            con.execute(f"INSERT OR IGNORE INTO {quote_ident(ENGINE_COUNTS.name)} SELECT * FROM _engine_counts_new")
+        finally:
+            con.unregister("_engine_counts_new")
+    return t.num_rows
+
+
 def write_engine_batch(store, batch: EngineBatch) -> dict[str, int]:
-    """Store one batch: runs, requests and rejects through ``Store.append``; the counts into
-    ``engine_counts`` (created here when absent). Rows already stored (same key) are kept, not duplicated."""
+    """Store one batch: runs, requests and rejects through ``Store.append``, the counts into ``engine_counts``."""
     tables = {name: rows for name, rows in (("runs", batch.runs), ("requests", batch.requests),
                                             ("rejects", batch.rejects)) if rows}
     out = store.append(tables) if tables else {}
     if batch.counts:
-        t = as_arrow(ENGINE_COUNTS, batch.counts)
-        with store.connect() as con:
-            con.execute(create_table_sql(ENGINE_COUNTS, primary_key=True))
-            con.register("_engine_counts_new", t)
-            try:
-                con.execute(f"INSERT OR IGNORE INTO {quote_ident(ENGINE_COUNTS.name)} SELECT * FROM _engine_counts_new")
-            finally:
-                con.unregister("_engine_counts_new")
-        out["engine_counts"] = t.num_rows
+        out["engine_counts"] = write_engine_counts(store, batch.counts)
     return out
+
+
+def engine_ingest_batch(path: Path, kind: str, run_id: str, store) -> IngestBatch:
+    """``acceptscope ingest``'s reader of an engine file: the counts go straight to ``engine_counts`` (not a
+    record-model table, so not through the ingest writer); runs, requests and rejects ride the batch."""
+    p = Path(path)
+    if kind == "trtllm_accept_stats" and run_id == run_id_for(p):  # the planner's per-file default
+        run_id = default_run_id(p, kind)
+    eb = parse_engine_file(p, kind, run_id)
+    if store is not None and not getattr(store, "read_only", False):
+        write_engine_counts(store, eb.counts)
+    b = IngestBatch()
+    for name, rows in (("runs", eb.runs), ("requests", eb.requests)):
+        for r in rows:
+            b.add(name, r)
+    for r in eb.rejects:
+        b.reject(r)
+    return b
 
 
 def ingest_engine_files(store, paths: Iterable[str | Path], run_id: Optional[str] = None) -> EngineBatch:
