@@ -44,10 +44,10 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import pyarrow as pa
 
+# runs.role (issue 31): its values and rule live in run_roles; re-exported for the modules that read the schema
+from acceptscope.run_roles import ROLE_SQL, ROLES, run_role, with_roles  # noqa: F401
+
 ARMS = ("compact", "cap-accept", "static")
-# what a run is for (runs.role): a served arm, the cap-accept arm that replays it, an audit's STS
-# calibration split, a point of an audit's throughput curve
-ROLES = ("production", "audit", "calibration", "curve")
 ENGINES = ("reference", "sglang")
 SOURCES = ("live", "file")
 
@@ -434,33 +434,6 @@ SCHEMA_VERSION = 7  # 1: no summaries, no store_meta table; 2: summary tables + 
 # sum_request_keys; 4: + sum_run_rids; 5: + sum_key_pairs, sum_pairs; 6: + sum_request_page, sum_page_runs;
 # 7: runs.role (filled by ROLE_SQL for the runs already in the file)
 
-
-def run_role(arm: str | None, audit_group: str | None = None) -> str:
-    """The role of a run, from what every writer knows (issue 31: the calibration split was stored as arm
-    cap-accept and taken for the audit arm). An audit puts its STS calibration split in audit group
-    ``<group>/calibration`` and its curve points in ``<group>/curve``; otherwise cap-accept (the arm that
-    replays production with the ceiling observed) is the audit arm and every other arm is production."""
-    g = audit_group or ""
-    if g.endswith("/calibration"):
-        return "calibration"
-    if g.endswith("/curve"):
-        return "curve"
-    return "audit" if arm == "cap-accept" else "production"
-
-
-# run_role in SQL over the runs table: fills runs.role of a file written before version 7
-ROLE_SQL = ("CASE WHEN audit_group LIKE '%/calibration' THEN 'calibration' WHEN audit_group LIKE '%/curve' "
-            "THEN 'curve' WHEN arm = 'cap-accept' THEN 'audit' ELSE 'production' END")
-
-
-def with_roles(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` with every ``role`` set (a file not yet migrated, or a writer that left it NULL: run_role)."""
-    if runs.empty and "role" in runs.columns:
-        return runs
-    derived = [run_role(a, g if isinstance(g, str) else None)
-               for a, g in zip(runs["arm"], runs["audit_group"] if "audit_group" in runs else [None] * len(runs))]
-    have = runs["role"] if "role" in runs.columns else pd.Series([None] * len(runs), index=runs.index, dtype=object)
-    return runs.assign(role=[r if isinstance(r, str) else d for r, d in zip(have, derived)])
 
 STORE_META = Table(
     "store_meta",
