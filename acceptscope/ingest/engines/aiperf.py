@@ -30,24 +30,14 @@ static; ``config_json`` says so.
 from __future__ import annotations
 
 import json
-import math
-from typing import Any
 
-from acceptscope.ingest.engines.records import EngineBatch, run_row
+from acceptscope.ingest.engines.records import EngineBatch, json_count, run_row
 from acceptscope.ingest.rejects import INT32_MAX, INT64_MAX, decode_failure
 
 SOURCE_VERSION = ("ai-dynamo/aiperf@745695dd14c122a737a25b2747ba666538f79078 "
                   "src/aiperf/common/models/record_export_models.py; spec_decode_metrics.py@1849cd1b")
 TAGS = {"spec_decode_steps": "spec_verify_ct", "spec_decode_accepted_draft_tokens": "spec_num_correct_drafts",
         "spec_decode_draft_tokens": "spec_num_proposed_drafts"}
-
-
-def _count(v: Any, cap: int) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, float) and math.isfinite(v) and v == int(v):
-        v = int(v)
-    return v if isinstance(v, int) and 0 <= v <= cap else None
 
 
 def parse_profile_export(data: bytes, source: str, run_id: str) -> EngineBatch:
@@ -81,7 +71,7 @@ def parse_profile_export(data: bytes, source: str, run_id: str) -> EngineBatch:
         bad = None
         for tag, col in TAGS.items():
             mv = metrics.get(tag)
-            v = _count(mv.get("value"), INT32_MAX if col == "spec_verify_ct" else INT64_MAX) if isinstance(mv, dict) else None
+            v = json_count(mv.get("value"), INT32_MAX if col == "spec_verify_ct" else INT64_MAX) if isinstance(mv, dict) else None
             if v is None:
                 bad = (f"metrics.{tag}.value", f"expected a count, got {mv!r}")
                 break

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 
-from acceptscope.ingest.rejects import make_reject
+from acceptscope.ingest.rejects import INT64_MAX, make_reject
 from acceptscope.schema import Column, Table
 
 # Other engines' run-level counts. Not in schema.ALL_TABLES: a read-only open requires every table there,
@@ -58,3 +59,12 @@ def count_row(run_id: str, source: str, rank: int, metric: str, value: int, posi
     """One ``engine_counts`` cell."""
     return {"run_id": run_id, "source": source, "rank": int(rank), "metric": metric, "position": int(position),
             "bin": int(bin_), "value": int(value)}
+
+
+def json_count(v: Any, cap: int = INT64_MAX) -> int | None:
+    """A count as a JSON producer writes it (an integer >= 0, or a float holding one), else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float) and math.isfinite(v) and v == int(v):
+        v = int(v)
+    return v if isinstance(v, int) and 0 <= v <= cap else None

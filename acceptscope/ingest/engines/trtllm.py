@@ -26,24 +26,14 @@ histogram missing a bin would misstate every rate, so it goes whole, naming the 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-from acceptscope.ingest.engines.records import EngineBatch, count_row, run_row
-from acceptscope.ingest.rejects import INT32_MAX, INT64_MAX, decode_failure
+from acceptscope.ingest.engines.records import EngineBatch, count_row, json_count, run_row
+from acceptscope.ingest.rejects import INT32_MAX, decode_failure
 
 SOURCE_VERSION = ("NVIDIA/TensorRT-LLM@00e61311bf66a501595679a621645a379c9c4b82 "
                   "tensorrt_llm/_torch/speculative/accept_stats.py")
 MAX_DRAFT_LEN = 1024
-
-
-def _count(v: Any, cap: int = INT64_MAX) -> int | None:
-    """A count as the producer writes it (a JSON integer >= 0), else None."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, float) and math.isfinite(v) and v == int(v):
-        v = int(v)
-    return v if isinstance(v, int) and 0 <= v <= cap else None
 
 
 def parse_accept_stats(data: bytes, source: str, run_id: str) -> EngineBatch:
@@ -57,7 +47,7 @@ def parse_accept_stats(data: bytes, source: str, run_id: str) -> EngineBatch:
     if not isinstance(doc, dict):
         b.reject(source, 1, "$", f"expected a JSON object, got {type(doc).__name__}", doc, run_id)
         return b
-    rank, K = _count(doc.get("rank"), INT32_MAX), _count(doc.get("max_draft_len"), MAX_DRAFT_LEN)
+    rank, K = json_count(doc.get("rank"), INT32_MAX), json_count(doc.get("max_draft_len"), MAX_DRAFT_LEN)
     if rank is None or not K:
         fld = "rank" if rank is None else "max_draft_len"
         b.reject(source, 1, fld, f"{fld} {doc.get(fld)!r} is not a valid count: the file cannot be placed", None, run_id)
@@ -65,7 +55,7 @@ def parse_accept_stats(data: bytes, source: str, run_id: str) -> EngineBatch:
     b.runs.append(run_row(run_id, "tensorrt-llm", "static", K, None, {
         "format": "trtllm-accept-stats", "producer": SOURCE_VERSION, "file": source,
         "arm": "verify width not recorded; with confidence_threshold > 0 trimmed positions count as rejected"}))
-    n = _count(doc.get("num_steps"))
+    n = json_count(doc.get("num_steps"))
     if n is None:
         b.reject(source, 1, "num_steps", f"not a count: {doc.get('num_steps')!r}", None, run_id)
     else:
@@ -80,7 +70,7 @@ def _hist(b: EngineBatch, hist: Any, K: int, rank: int, source: str, run_id: str
     if not isinstance(hist, list) or len(hist) != K + 1:
         b.reject(source, 1, "accepted_draft_hist", f"expected a list of max_draft_len + 1 = {K + 1} counts", hist, run_id)
         return
-    cells = [_count(v) for v in hist]
+    cells = [json_count(v) for v in hist]
     bad = [i for i, c in enumerate(cells) if c is None]
     if bad:
         b.reject(source, 1, f"accepted_draft_hist[{bad[0]}]", f"not a count: {hist[bad[0]]!r} (the histogram is "
@@ -97,8 +87,8 @@ def _requests(b: EngineBatch, per: Any, K: int, source: str, run_id: str) -> Non
         return
     for rid, v in per.items():
         fld = f"per_request.{rid}"
-        steps = _count(v.get("steps"), INT32_MAX) if isinstance(v, dict) else None
-        acc = _count(v.get("accepted_draft")) if isinstance(v, dict) else None
+        steps = json_count(v.get("steps"), INT32_MAX) if isinstance(v, dict) else None
+        acc = json_count(v.get("accepted_draft")) if isinstance(v, dict) else None
         if steps is None or acc is None:
             b.reject(source, 1, fld + (".steps" if steps is None else ".accepted_draft"),
                      "expected {\"steps\": count, \"accepted_draft\": count}", v, run_id)
@@ -112,7 +102,7 @@ def _requests(b: EngineBatch, per: Any, K: int, source: str, run_id: str) -> Non
 def _calibration(b: EngineBatch, cc: Any, K: int, rank: int, source: str, run_id: str) -> None:
     if cc is None:
         return
-    nb = _count(cc.get("num_bins"), 1 << 16) if isinstance(cc, dict) else None
+    nb = json_count(cc.get("num_bins"), 1 << 16) if isinstance(cc, dict) else None
     if not nb:
         b.reject(source, 1, "confidence_calibration.num_bins", "not a bin count", cc, run_id)
         return
@@ -124,7 +114,7 @@ def _calibration(b: EngineBatch, cc: Any, K: int, rank: int, source: str, run_id
     for k in range(K):
         ra, rc = att[k], acc[k]
         ok = isinstance(ra, list) and isinstance(rc, list) and len(ra) == len(rc) == nb
-        cells = [(_count(x), _count(y)) for x, y in zip(ra, rc)] if ok else []
+        cells = [(json_count(x), json_count(y)) for x, y in zip(ra, rc)] if ok else []
         if not ok or any(x is None or y is None or y > x for x, y in cells):
             b.reject(source, 1, f"confidence_calibration.attempts[{k}]", f"position {k}: expected {nb} counts each, "
                      "accepted <= attempts", {"attempts": ra, "accepted": rc}, run_id)
