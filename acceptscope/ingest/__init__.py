@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Protocol, Sequence
 
 import pyarrow as pa
 from rich.markup import escape
@@ -171,10 +171,28 @@ def ingest_server_info_file(path: Path, ingestor, source: Optional[str] = None) 
     return batch
 
 
+class IngestStore(Protocol):
+    """What :func:`ingest_paths` needs of a store (:class:`acceptscope.store.Store` is one): typed here
+    instead of probed with ``hasattr``, so a store that lacks a method fails at the call, by name."""
+
+    path: Path
+    read_only: bool
+
+    def connect(self, read_only: bool = False) -> ContextManager[Any]: ...
+    def snapshot(self) -> ContextManager[Any]: ...
+    def query_arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table: ...
+    def query_df(self, sql: str, params: Sequence[Any] | None = None) -> Any: ...
+    def writer(self, **kwargs: Any) -> Any: ...
+    def created_empty(self) -> bool: ...
+    def mark_complete(self, run_ids: Any) -> None: ...
+    def update_run(self, run_id: str, values: Mapping[str, Any]) -> int: ...
+    def fill_temperatures(self, run_ids: Sequence[str]) -> int: ...
+
+
 class _Context:
     """Per-ingest state: one ServerInfoIngestor per run, the gamma/arm of every run."""
 
-    def __init__(self, store: Any, sink: Optional[Callable[[IngestBatch], None]] = None):
+    def __init__(self, store: Optional[IngestStore], sink: Optional[Callable[[IngestBatch], None]] = None):
         self.store = store
         self.sink = sink  # where server dumps hand their rows a chunk at a time (None: kept in the file's batch)
         self.ingestors: dict[str, Any] = {}
@@ -185,8 +203,8 @@ class _Context:
         if store is not None:
             # a writable store answers on a read-write connection (the read-only query nests in it): a
             # read-only open would start this process's attach host, a second DuckDB instance (~0.03 CPU-s)
-            writable = hasattr(store, "connect") and not getattr(store, "read_only", True)
-            if writable and getattr(store, "created_empty", lambda: False)():
+            writable = not store.read_only
+            if writable and store.created_empty():
                 return  # a file this Store just created, written by no one since: no run yet, no open needed
             try:
                 with store.connect() if writable else nullcontext():
@@ -235,14 +253,13 @@ class _Context:
                 self.arm[run_id] = ing.arm
 
 
-def _writable(store: Any) -> bool:
-    return store is not None and hasattr(store, "connect") and not getattr(store, "read_only", True)
+def _writable(store: Optional[IngestStore]) -> bool:
+    return store is not None and not store.read_only
 
 
-def _lock_path(store: Any) -> Optional[Path]:
+def _lock_path(store: Optional[IngestStore]) -> Optional[Path]:
     """The database file whose ingest lock a writing ingest takes (None: nothing to lock)."""
-    path = getattr(store, "path", None)
-    return Path(path) if _writable(store) and path is not None else None
+    return Path(store.path) if store is not None and _writable(store) else None
 
 
 def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = None) -> IngestBatch:
@@ -300,7 +317,7 @@ def _detect_safe(f: Path) -> str:
         return "unknown"  # (ingest_file reads it again and reports why it cannot)
 
 
-def _bulk_writer(store: Any) -> Any:
+def _bulk_writer(store: IngestStore) -> Any:
     """The store's writer, flushing by size only: a bulk ingest has no reader waiting on latency, and
     every flush opens the file, probes the keys and checkpoints (at the default 1 s interval a 200k
     request-step dump took ~10 flushes and ~1.5 CPU-s more than one). The bounds keep memory flat:
@@ -308,11 +325,8 @@ def _bulk_writer(store: Any) -> Any:
     run in the parsing thread (no flush thread: on one CPU it cannot overlap the parse and costs ~9% more
     CPU, measured at 1M request-steps); with more, a flush thread writes while the next chunk is parsed
     (~10% less wall time on 2 CPUs)."""
-    try:
-        return store.writer(flush_interval_s=3600.0, max_buffer_rows=400_000, max_buffer_bytes=160 << 20,
-                            background=usable_cpus() > 1)
-    except TypeError:  # a store whose writer takes no settings
-        return store.writer()
+    return store.writer(flush_interval_s=3600.0, max_buffer_rows=400_000, max_buffer_bytes=160 << 20,
+                        background=usable_cpus() > 1)
 
 
 def _plan(paths: Iterable[str | Path], run_id: Optional[str]) -> dict:
@@ -348,7 +362,7 @@ def _read_one(f: Path, kind: str, rid: str, ctx: _Context, refused: dict) -> Ing
 
 def ingest_paths(
     paths: Iterable[str | Path],
-    store: Any,
+    store: Optional[IngestStore],
     run_id: Optional[str] = None,
     progress: bool = True,
     *,
@@ -361,8 +375,8 @@ def ingest_paths(
     (:mod:`acceptscope.ingest.identity`). ``temperature``: the sampling temperature of all
     traffic in these dumps (SGLang's dumps carry none; 0 makes greedy blocks exact).
     After the files, the STS / SPS tables the servers name are linked to their runs
-    (:mod:`acceptscope.ingest.links`). Writes through ``store.writer()`` when the store
-    has one, else ``store.append``. ``progress``: a rich progress bar on stderr.
+    (:mod:`acceptscope.ingest.links`). Writes through ``store.writer()``; ``store`` None parses
+    without writing (the summary counts what was offered). ``progress``: a rich progress bar on stderr.
     The runs whose server dumps it reads are locked for the whole call (:mod:`~acceptscope.ingest.epochs`):
     a concurrent ingest of another incarnation waits, and every incarnation gets its epoch in startup order.
     """
@@ -372,16 +386,14 @@ def ingest_paths(
         return _ingest_planned(p, store, progress, temperature, on_file)
 
 
-def _ingest_planned(p: dict, store: Any, progress: bool, temperature: Optional[float],
+def _ingest_planned(p: dict, store: Optional[IngestStore], progress: bool, temperature: Optional[float],
                     on_file: Optional[Callable[[Path, str, IngestBatch], None]]) -> dict:
     todo, plan, refused = p["todo"], p["plan"], p["refused"]
     ctx = _Context(store, sink=lambda part: account(part, final=False))
     ctx.place_epochs(plan)
     for rid, g in plan.gamma.items():
         ctx.gamma.setdefault(rid, g)  # what the server's documents establish, before any one of them is read
-    # written rows: the writer counts what its flushes inserted; a store without one is counted around
-    has_writer = store is not None and hasattr(store, "writer")
-    before = store.counts() if store is not None and not has_writer else {}
+    # written rows: the writer counts what its flushes inserted
     offered: Counter = Counter()
     dups: Counter = Counter()
     reasons: Counter = Counter()
@@ -389,7 +401,7 @@ def _ingest_planned(p: dict, store: Any, progress: bool, temperature: Optional[f
     rejects_found = rejects_not_stored = 0
     per_file = []
     t0 = time.perf_counter()
-    writer = _bulk_writer(store) if has_writer else None
+    writer = _bulk_writer(store) if store is not None else None
     bar = None
     if progress:
         bar = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -415,11 +427,8 @@ def _ingest_planned(p: dict, store: Any, progress: bool, temperature: Optional[f
                 reasons[reason_family(r["reason"])] += 1
                 if len(reject_lines) < 1000:
                     reject_lines.append(format_reject(r))
-        if tables_out:
-            if writer is not None:
-                writer.append_many(tables_out)  # a chunk's tables land in one transaction
-            else:
-                store.append(tables_out)
+        if tables_out and writer is not None:
+            writer.append_many(tables_out)  # a chunk's tables land in one transaction
         if bar is not None and not final:  # a big dump: its request-steps so far, a chunk at a time
             bar.update(task, description=f"{_plain(f.name)}: {cur['rows'].get('request_steps', 0):,} request-steps")
 
@@ -431,9 +440,10 @@ def _ingest_planned(p: dict, store: Any, progress: bool, temperature: Optional[f
         """Epoch maps, run marks and table links, then the rows written (each open of the file costs
         ~0.05 CPU-s: the nested connects reuse the caller's connection)."""
         ctx.record_epochs()
-        if store is not None and hasattr(store, "mark_complete"):
-            store.mark_complete([f["run_id"] for f in per_file])  # (reached only when no file aborted the call)
-        if store is not None and not getattr(store, "read_only", False) and hasattr(store, "update_run"):
+        if store is None:
+            return
+        store.mark_complete([f["run_id"] for f in per_file])  # (reached only when no file aborted the call)
+        if not store.read_only:
             run_dirs: dict[str, set] = {}
             for f, k in todo:
                 if k == "server_info":
@@ -441,9 +451,6 @@ def _ingest_planned(p: dict, store: Any, progress: bool, temperature: Optional[f
             notes.extend(link_run_tables(store, runs_here, run_dirs=run_dirs, temperature=temperature))
         if writer is not None:
             inserted.update(writer.stats()["rows_inserted"])
-        elif store is not None:
-            after = store.counts()
-            inserted.update({name: after.get(name, 0) - before.get(name, 0) for name in after})
 
     closed = False
     try:
@@ -470,8 +477,7 @@ def _ingest_planned(p: dict, store: Any, progress: bool, temperature: Optional[f
         if bar is not None:
             bar.stop()
     if not closed:
-        with (store.connect() if store is not None and not getattr(store, "read_only", False)
-              and hasattr(store, "connect") else nullcontext()):
+        with store.connect() if _writable(store) else nullcontext():
             closing_writes()
     tables = {}
     for name in sorted(set(offered) | set(dups)):
