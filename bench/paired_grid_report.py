@@ -255,6 +255,7 @@ def summarize(rows: list[dict], fractions: Iterable[float]) -> dict:
     ok = [r for r in rows if r.get("compact") and "error" not in r["compact"]]
     c = [r["compact"] for r in ok]
     out = {"configs": len(rows), "scored": len(ok),
+           "errors": sorted({r["compact"]["error"] for r in rows if r.get("compact") and "error" in r["compact"]}),
            "compact": {"mean_ceiling": pooled([x["covers"] for x in c]),
                        "utilization": pooled([x["util_covers"] for x in c]),
                        "median_width": _median([x["width"] for x in c]),
@@ -262,10 +263,13 @@ def summarize(rows: list[dict], fractions: Iterable[float]) -> dict:
                        "median_util_width": _median([x["util_width"] for x in c])}}
     withb = [x for x in c if "bounds_contain" in x]
     out["compact"]["bounds"] = pooled([x["bounds_contain"] for x in withb]) if withb else None
+    out["by_factor"] = by_factor(rows)
     aud = {}
     for f in fractions:
         pts = [a for r in ok for a in r.get("audits", []) if abs(a["fraction"] - f) < 1e-9]
-        entry = {"n": len(pts)}
+        # an estimate that raised is a finding, not a gap: counted, with its message
+        errs = [a["error"] for a in pts if "error" in a]
+        entry = {"n": len(pts), "errors": len(errs), "error_messages": sorted(set(errs))}
         for kind in ("tail", "sampling"):
             s = [a[kind] for a in pts if a.get(kind) and "error" not in a[kind]]
             entry[kind] = {"mean_ceiling": pooled([x["covers"] for x in s]),
@@ -275,6 +279,34 @@ def summarize(rows: list[dict], fractions: Iterable[float]) -> dict:
         aud[f"{f:g}"] = entry
     out["audit"] = aud
     out["width_curve"] = width_curve([a for r in ok for a in r.get("audits", [])])
+    return out
+
+
+def _level(cfg: dict, factor: str) -> str:
+    if factor == "temperature":
+        t = cfg["temperature"]
+        return "0.3-0.5" if t < 0.5 else "0.5-0.7" if t < 0.7 else "0.7-0.85" if t < 0.85 else "0.85-1.0"
+    if factor == "workload":
+        return "mixed" if "mixed" in cfg["workload"] else "file" if cfg["workload"].startswith("file:") else "built-in"
+    if factor == "sts":
+        return "on" if cfg["sts"] else "off"
+    if factor == "cost_profile":
+        return "on" if cfg["cost_profile"] else "off"
+    return str(cfg[factor])
+
+
+def by_factor(rows: list[dict]) -> list[dict]:
+    """Compact-alone coverage and bias per level of each design factor (where the misses sit)."""
+    out = []
+    ok = [r for r in rows if r.get("compact") and "error" not in r["compact"]]
+    for factor in ("temperature", "batch", "workload", "sts", "cost_profile"):
+        levels: dict = {}
+        for r in ok:
+            levels.setdefault(_level(r["config"], factor), []).append(r["compact"])
+        for lev, cs in sorted(levels.items(), key=lambda kv: (len(kv[0]), kv[0])):
+            out.append({"factor": factor, "level": lev, "mean_ceiling": pooled([c["covers"] for c in cs]),
+                        "utilization": pooled([c["util_covers"] for c in cs]),
+                        "median_bias": _median([c["bias"] for c in cs]), "median_width": _median([c["width"] for c in cs])})
     return out
 
 
@@ -306,13 +338,15 @@ def markdown(report: dict) -> str:
          f"| mean ceiling (drafts) | {_cov(s['compact']['mean_ceiling'])} | {_f(s['compact']['median_width'])} |",
          f"| utilization | {_cov(s['compact']['utilization'])} | {_f(s['compact']['median_util_width'])} |",
          f"| model-free bounds contain truth | {_cov(s['compact']['bounds']) if s['compact']['bounds'] else 'not in the estimate JSON'} | |",
-         "", "| audit fraction | audited (median) | tail w/ audit hazards: coverage | width | "
-         "sampling inference: coverage | width |", "|---|---|---|---|---|---|"]
+         "", "| audit fraction | audited (median) | estimates that failed | tail w/ audit hazards: coverage | width | "
+         "sampling inference: coverage | width |", "|---|---|---|---|---|---|---|"]
     for f, e in s["audit"].items():
         t, sp = e.get("tail"), e.get("sampling")
-        L.append(f"| {float(f):.0%} | {_f((t or sp or {}).get('median_audited'), 0)} | "
+        L.append(f"| {float(f):.0%} | {_f((t or sp or {}).get('median_audited'), 0)} | {e.get('errors', 0)} of {e['n']} | "
                  f"{_cov(t['mean_ceiling']) if t else '-'} | {_f(t['median_width']) if t else '-'} | "
                  f"{_cov(sp['mean_ceiling']) if sp else '-'} | {_f(sp['median_width']) if sp else '-'} |")
+    msgs = sorted({m for e in s["audit"].values() for m in e.get("error_messages", [])})
+    L += [f"\nfailed audited estimate: {_md_escape(m)}" for m in msgs]
     L += ["", "| audited requests | tail w/ audit hazards: median width (n) | sampling inference: median width (n) |",
           "|---|---|---|"]
     wc = s["width_curve"]
@@ -327,6 +361,11 @@ def markdown(report: dict) -> str:
         if fit:
             L.append(f"\n{kind}: width ~ {fit['c']:.2f}/sqrt(audited) (free log-log slope {fit['free_slope']:.2f}); "
                      f"±0.08 drafts (width 0.16) needs ~{fit['n_for_width_0.16']:.0f} audited requests")
+    if s.get("by_factor"):
+        L += ["", "| compact alone, by factor | level | mean ceiling covered | utilization covered | median bias | "
+              "median width |", "|---|---|---|---|---|---|"]
+        L += [f"| {x['factor']} | {x['level']} | {_cov(x['mean_ceiling'])} | {_cov(x['utilization'])} | "
+              f"{_f(x['median_bias'], 3)} | {_f(x['median_width'])} |" for x in s["by_factor"]]
     L += ["", "| # | seed | workload | T | batch | STS | profile | blocks | censored | truth | estimate [95%] | width | "
           "cov | truth util | util [95%] | cov | bounds |", "|" + "---|" * 17]
     for r in report["rows"]:

@@ -126,12 +126,15 @@ def test_summary_pools_configurations_and_fits_the_width_curve(report):
         w = 1.0 / np.sqrt(n)
         aud = {"fraction": 0.1, "n_audited": n, "tail": {"covers": True, "util_covers": True, "width": w},
                "sampling": {"covers": i != 0, "util_covers": True, "width": 2 * w}}
-        rows.append({"compact": {"covers": i % 2 == 0, "util_covers": True, "width": 0.1 * (i + 1), "bias": 0.0,
+        cfg = {"temperature": 0.3 + 0.15 * i, "batch": 8, "workload": "math", "sts": i > 2, "cost_profile": None}
+        rows.append({"config": cfg, "compact": {"covers": i % 2 == 0, "util_covers": True, "width": 0.1 * (i + 1), "bias": 0.0,
                                  "util_width": 0.01}, "audits": [aud]})
     s = report.summarize(rows, [0.1])
     assert (s["compact"]["mean_ceiling"]["k"], s["compact"]["mean_ceiling"]["n"]) == (3, 5)
     assert s["compact"]["median_width"] == pytest.approx(0.3)
     assert s["audit"]["0.1"]["sampling"]["mean_ceiling"]["k"] == 4
+    sts = {x["level"]: x["mean_ceiling"]["k"] for x in s["by_factor"] if x["factor"] == "sts"}
+    assert sts == {"off": 2, "on": 1}  # rows 0, 2 cover with STS off; row 4 with it on
     fit = s["width_curve"]["tail"]["fit"]
     assert fit["c"] == pytest.approx(1.0) and fit["free_slope"] == pytest.approx(-0.5)
     md = report.markdown({"summary": s, "rows": [], "meta": {
