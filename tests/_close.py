@@ -77,7 +77,15 @@ def assert_close(got: Any, want: Any, rtol: float = RTOL, atol: float = ATOL, wh
             and not isinstance(got, bool):
         assert close(float(got), float(want), rtol, atol), f"{where}: {got!r} != {want!r} (rtol {rtol})"
         return
+    if _missing(got) or _missing(want):
+        assert _missing(got) and _missing(want), f"{where}: {got!r} != {want!r}"
+        return
     assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def _missing(x: Any) -> bool:
+    """None, pandas' NA / NaT, or a float NaN: a missing value, equal only to another missing value."""
+    return x is None or x is pd.NA or x is pd.NaT or (isinstance(x, (float, np.floating)) and math.isnan(x))
 
 
 def assert_json_close(got_text: str, want_text: str, rtol: float = RTOL, atol: float = ATOL,

@@ -100,7 +100,7 @@ def test_full_audit_inference_equals_observed_truth(audit):
     # to cap-accept's because both arms ran the same schedule on the same traffic)
     assert inf["method"] == "difference" and inf["ceiling_regression"] is None  # 16 < MIN_REGRESSION_N
     assert inf["ceiling"]["estimate"] == pytest.approx(truth, rel=1e-9)
-    assert inf["ceiling"]["lo"] == inf["ceiling"]["hi"] == inf["ceiling"]["estimate"]
+    assert inf["ceiling"]["lo"] == pytest.approx(inf["ceiling"]["estimate"]) == inf["ceiling"]["hi"]
     assert inf["ceiling_direct"]["estimate"] == pytest.approx(truth, rel=1e-9)
 
 
@@ -115,7 +115,7 @@ def test_sampled_inference_brackets_the_truth(audit):
     masked = pr.merge(sample.assign(kept=True), how="left")
     masked.loc[masked["kept"].isna(), "y"] = np.nan
     inf = audit_sampling.infer(masked.drop(columns="kept"), n_boot=1000, seed=3)
-    assert inf.n_audited == 8 and inf.fraction == 0.5
+    assert inf.n_audited == 8 and inf.fraction == pytest.approx(0.5)
     assert inf.method == "difference"  # 8 audited requests: below the regression threshold
     assert inf.realized_accept_len <= inf.ceiling.lo <= inf.ceiling.estimate <= inf.ceiling.hi
     assert inf.ceiling.lo <= truth  # never claims a ceiling above the truth's lower side

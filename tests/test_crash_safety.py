@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from acceptscope.store import Store
 from bench.support import synthetic as H
+from tests._close import assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKS = 150  # 7.5 s of stream at 0.05 s per chunk: far more than a child streams before it is killed
@@ -90,7 +91,7 @@ def _check_whole_flushes(store: Store, appended: list[int], committed: list[int]
     )
     want = pa.concat_tables([H.source_chunk(k)[0] for k in range(chunks)]).select(["forward_ct", "rid", "confidence"])
     want = want.sort_by([("forward_ct", "ascending"), ("rid", "ascending")])
-    assert got.equals(want.cast(got.schema))
+    assert_close(got, want.cast(got.schema))
     return int(n_rs)
 
 

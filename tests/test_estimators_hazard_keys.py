@@ -53,7 +53,7 @@ def test_keyed_hazard_is_calibrated_per_temperature_and_workload_where_the_poole
     L = _layout()
     keyed = HazardModel().fit_long(dict(L), "truth", G)
     pooled = HazardModel(keys=()).fit_long(dict(L), "truth", G)
-    assert keyed.info_["temperatures"] == [0.7, 1.0] and keyed.info_["workloads"] == ["chat", "math"]
+    assert keyed.info_["temperatures"] == pytest.approx([0.7, 1.0]) and keyed.info_["workloads"] == ["chat", "math"]
     ck, cp = _level_calibration(keyed, L), _level_calibration(pooled, L)
     assert max(abs(v) for v in ck.values()) < 0.02, ck
     assert max(abs(v) for v in cp.values()) > 0.08, cp  # the bias the keys remove
@@ -87,7 +87,7 @@ def fitted():
 def test_unseen_temperature_and_workload_get_the_pooled_hazard_and_a_note(fitted):
     est, rs = fitted
     hm = est.hazard
-    assert hm.info_["temperatures"] == [0.0, 1.0] and len(hm.info_["workloads"]) == 3
+    assert hm.info_["temperatures"] == pytest.approx([0.0, 1.0]) and len(hm.info_["workloads"]) == 3
     comp = compact_view(rs)
     sampled = comp[comp.temperature > 0].copy()
     frame = BlockFrame.from_request_steps(sampled, gamma=7)

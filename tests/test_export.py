@@ -15,6 +15,7 @@ from acceptscope.cli import app
 from acceptscope.export import duckdb_source, export_parquet, exportable_tables, read_export
 from acceptscope.store import Store
 from bench.support import synthetic as H
+from tests._close import assert_close
 
 
 def _sorted(t: pa.Table, name: str) -> pa.Table:
@@ -49,12 +50,12 @@ def test_all_tables_round_trip_through_pyarrow_and_duckdb(filled: Store, tmp_pat
     for t in exportable_tables():
         src = filled.read_arrow(t.name)
         via_arrow = read_export(out, t.name)
-        assert _sorted(via_arrow, t.name).equals(_sorted(src, t.name)), t.name
+        assert_close(_sorted(via_arrow, t.name), _sorted(src, t.name), where=str(t.name))
         if not src.num_rows:
             continue
         cols = ", ".join(f'"{c}"' for c in t.names)
         via_duck = con.sql(f"SELECT {cols} FROM {duckdb_source(out, t.name)}").to_arrow_table()
-        assert _sorted(via_duck.cast(t.arrow_schema), t.name).equals(_sorted(src, t.name)), t.name
+        assert_close(_sorted(via_duck.cast(t.arrow_schema), t.name), _sorted(src, t.name), where=str(t.name))
     # the plain DuckDB idiom works too (run ids that look numeric need hive_types, see duckdb_source)
     n, conf = con.execute(
         f"SELECT count(*), sum(list_sum(confidence)) FROM read_parquet('{out}/request_steps/**/*.parquet', "

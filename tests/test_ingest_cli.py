@@ -16,6 +16,7 @@ from acceptscope.cli import app
 from acceptscope.ingest import ingest_paths
 from acceptscope.ingest.detect import detect, run_id_for
 from acceptscope.store import Store
+from tests._close import assert_close
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
 runner = CliRunner()
@@ -168,7 +169,7 @@ def test_reingest_and_overlapping_poll_write_each_row_once(tmp_path):
     ingest_paths([tmp_path / "whole.all.json"], whole, run_id="run", progress=False)
     q = "SELECT * EXCLUDE (run_id) FROM {} ORDER BY ALL"
     for t in ("steps", "request_steps"):
-        assert store.query_df(q.format(t)).equals(whole.query_df(q.format(t))), t
+        assert_close(store.query_df(q.format(t)), whole.query_df(q.format(t)), where=str(t))
 
 
 def test_bulk_ingest_allocator_settings_move_arrow_onto_the_tuned_heap():

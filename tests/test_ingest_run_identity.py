@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pandas as pd
+import pytest
 
 from acceptscope.ingest import ingest_paths
 from acceptscope.ingest.detect import detect
@@ -103,7 +104,7 @@ def test_request_temperature_from_the_traffic_drivers_record():
     rec = {"text": "", "meta_info": {"id": "a", "completion_tokens": 3}, "sampling_params": {"temperature": 0.7}}
     bad = {"text": "", "meta_info": {"id": "b"}, "sampling_params": {"temperature": -1}}
     b = parse_responses("\n".join(json.dumps(x) for x in (rec, bad)).encode(), source="r.jsonl", run_id="R")
-    assert [r["temperature"] for r in b.rows("requests")] == [0.7]
+    assert [r["temperature"] for r in b.rows("requests")] == pytest.approx([0.7])
     assert b.rejects[0]["field"] == "sampling_params.temperature"
 
 

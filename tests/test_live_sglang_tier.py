@@ -17,6 +17,7 @@ import pytest
 
 from acceptscope.live.launcher import ArmSpec, audit_arms
 from acceptscope.live.sps import SglangProfilerCommand, SweepConfig, sps_sweep
+from tests._close import assert_close
 from tests.fake_sglang_server import FakeConfig, FakeSGLangServer
 
 SGLANG_PY = Path(__file__).resolve().parent.parent / ".venv-sglang" / "bin" / "python"
@@ -95,4 +96,4 @@ def test_sglang_fit_reads_our_sweep_files(tmp_path):
     theirs = json.loads(out.read_text())
     assert theirs["sample_batch_tokens"] == ours["sample_batch_tokens"] == [4, 16, 32]
     assert theirs["sample_steps_per_sec"] == pytest.approx(ours["sample_steps_per_sec"])
-    assert res.table == ours
+    assert_close(res.table, ours)

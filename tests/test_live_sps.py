@@ -55,7 +55,7 @@ def test_diagonal_sweep_two_dp_ranks(tmp_path):
     assert len(rows.t["sps_profile_rounds"]) == 3 and {r["frac"] for r in rows.t["sps_profile_rounds"]} == {-1.0}
     assert {r["dp_rank"] for r in rows.t["sps_profile_records"]} == {0, 1}
     man = json.loads(rows.t["sps_profile_manifests"][0]["body_json"])
-    assert man["simulate_acc_len"] == 1.0 and man["dp_ranks"] == 2 and man["verify_num_draft_tokens"] == 4
+    assert man["simulate_acc_len"] == pytest.approx(1.0) and man["dp_ranks"] == 2 and man["verify_num_draft_tokens"] == 4
     # the files are in SGLang's profiler format: the ingest package's parsers read them back identically
     back = ingest_profiler_outputs(out, "sw")
     assert not back.rejects

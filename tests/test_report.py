@@ -163,7 +163,7 @@ def test_regime_and_curve_sections_show_the_audit_next_to_the_blog(audit, report
     assert "gsm8k" in text and "arena-hard" in text and "Cost profile" in text
     cmp = res.headline["regime"]
     assert {c["workload"] for c in cmp} == {"math", "code", "chat", "poetry"}
-    assert next(c for c in cmp if c["workload"] == "poetry")["blog_mean_window"] == 2.91
+    assert next(c for c in cmp if c["workload"] == "poetry")["blog_mean_window"] == pytest.approx(2.91)
 
 
 def test_tail_by_workload_intervals_are_keyed_by_request():

@@ -21,6 +21,7 @@ from acceptscope.writer import TelemetryWriter
 from acceptscope.figures import tables as figures
 from acceptscope.reader import Reader
 from bench.support import synthetic as H
+from tests._close import assert_close
 
 RUNS = ["run-a", "run-b"]
 
@@ -408,7 +409,7 @@ def test_reliability_bins_from_the_batch_lists_equal_the_sql() -> None:
         if c == "sum_p":
             np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-12, atol=0)
         else:
-            assert got[c].to_pylist() == want[c].to_pylist(), c
+            assert_close(got[c].to_pylist(), want[c].to_pylist(), where=c)
     conf = batch.column("confidence").to_pylist()
     i = next(j for j, (c, k) in enumerate(zip(conf, batch.column("ceiling").to_pylist()))
              if c and k is not None and k >= 0 and c[0] is not None and c[0] == c[0])

@@ -17,6 +17,7 @@ from acceptscope.reader import Reader
 from acceptscope.store import Store
 from bench.support import synthetic as H
 from tests.test_summaries import RUNS, _copy, _messy, _requests, template  # noqa: F401  (the module-scoped filled store)
+from tests._close import assert_close
 
 
 @pytest.fixture
@@ -29,14 +30,14 @@ def test_inference_columns_equal_the_per_request_frame(filled: Store) -> None:
     df = audit_sampling.per_request(r, "run-a", "run-b")
     cols = r.summary(summaries.per_request_columns, "run-a", "run-b", True)
     for got, c in zip(cols, ("w", "a", "x", "y")):
-        np.testing.assert_array_equal(got, df[c].to_numpy(float))
+        assert_close(got, df[c].to_numpy(float))
     unordered = r.summary(summaries.per_request_columns, "run-a", "run-b")
-    np.testing.assert_array_equal(np.sort(unordered[0]), np.sort(cols[0]))
+    assert_close(np.sort(unordered[0]), np.sort(cols[0]))
     mom = audit_sampling.moments_of(*cols)
     assert 20 <= mom.m < mom.n_requests  # a sampled audit, with regression
     # infer_runs (few audited requests: the exact bootstrap) is infer on the frame
-    assert audit_sampling.infer_runs(r, "run-a", "run-b", n_boot=300).to_dict() == \
-        audit_sampling.infer(df, n_boot=300).to_dict()
+    assert_close(audit_sampling.infer_runs(r, "run-a", "run-b", n_boot=300).to_dict(),
+                 audit_sampling.infer(df, n_boot=300).to_dict())
 
 
 def test_moment_path_gives_the_same_points(filled: Store, monkeypatch) -> None:
