@@ -13,7 +13,7 @@ from rich.table import Table
 from acceptscope.console import console  # noqa: F401 - re-exported for the command modules
 from acceptscope.console import plain, safe
 from acceptscope.outputs import dumps_strict
-from acceptscope.exit_codes import EXIT_FAILURE, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE  # noqa: F401
+from acceptscope.exit_codes import EXIT_FAILURE, EXIT_NO_DATA, EXIT_NOT_BETTER, EXIT_OK, EXIT_USAGE  # noqa: F401
 
 # The optional extras of pyproject.toml and the modules that tell whether each is installed.
 EXTRAS = {
@@ -74,6 +74,22 @@ def unreadable_db(db: Any, e: BaseException) -> typer.Exit:
     console.print(f"{db}: not a readable acceptscope database ({type(e).__name__}: {first})",
                   style="red", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_USAGE)
+
+
+def require_db(db: Path, hint: str = "") -> None:
+    """Exit 2 with the one phrase every command uses when ``db`` does not exist (``hint``: what creates one)."""
+    if not db.exists():
+        console.print(f"{db}: no such database file" + (f" ({hint})" if hint else ""),
+                      style="red", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+
+
+def require_out_dir(out: Path, option: str = "--out") -> None:
+    """Exit 2 when ``out``'s directory does not exist: a typo in a path is refused, not created."""
+    if not out.parent.is_dir():
+        console.print(f"{option} {out}: no such directory {out.parent}", style="red", markup=False,
+                      highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
 
 
 def open_store_read_only(db: Path) -> Any:
