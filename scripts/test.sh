@@ -10,7 +10,7 @@ bash .ci/browser-deps.sh
 bash .ci/sglang-env.sh
 status=0
 # tier 1 + 2, and the sglang-tier tests that call into .venv-sglang by subprocess
-.venv/bin/python -m pytest -q -rfEsp -p no:cacheprovider tests || status=$?
+.venv/bin/python -m pytest -q -rfEs -p no:cacheprovider tests || status=$?
 # tier 3 proper: SGLang's recorders imported in-process
 .venv-sglang/bin/python -m pytest -q -p no:cacheprovider -m sglang tests/integration || status=$?
 exit $status

@@ -9,10 +9,12 @@ top. The measured costs are ``LAZY_IMPORTS`` in tests/test_layers.py.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 
 import typer
+from typer.models import OptionInfo
 
 from acceptscope.console import one_line
 from acceptscope.exit_codes import EXIT_FAILURE
@@ -26,6 +28,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain click help: paragraphs rewrapped to the terminal (rich kept our line breaks and wrapped again,
+    # ragged at 80 columns) and square brackets kept ("the [spark] extra"; rich read them as markup)
+    rich_markup_mode=None,
 )
 
 # Command modules, in --help order. A module listed here that does not exist yet is skipped.
@@ -51,6 +56,25 @@ for _name in _COMMAND_MODULES:
             raise
         continue
     _mod.register(app)
+
+# an option's type word when it names none: typer labels flags "<bool>" and ranges "<int range>"
+_METAVARS = {"bool": "", "Path": "PATH", "int": "INT", "float": "FLOAT", "str": "TEXT"}
+
+
+def _plain_metavars(t: typer.Typer) -> None:
+    """Flags show no metavar and valued options a plain word (PATH, INT, FLOAT, TEXT) in every --help."""
+    for info in t.registered_commands:
+        for prm in inspect.signature(info.callback).parameters.values():
+            opt = prm.default
+            if isinstance(opt, OptionInfo) and opt.metavar is None:
+                word = str(prm.annotation).replace("Optional[", "").split(" |")[0].split("[")[0].strip("]")
+                if word in _METAVARS:
+                    opt.metavar = _METAVARS[word]
+    for group in t.registered_groups:
+        _plain_metavars(group.typer_instance)
+
+
+_plain_metavars(app)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from acceptscope.console import safe
 from acceptscope.cli._common import (EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, check_names, console, emit_json,
-                                     print_run_table, require_extra)
+                                     print_run_table, require_extra, require_out_dir)
 
 HELP = """Audit a DSpark deployment end to end.
 
@@ -100,6 +100,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]--engine must be reference or sglang, got {engine!r}[/red]")
             raise typer.Exit(EXIT_USAGE)
         check_names(workload=workload, cost_profile=cost_profile if engine == "reference" else None)
+        if not no_report:
+            require_out_dir(out)  # before minutes of serving, not after
+        require_out_dir(db, "--db")
         require_extra("audit", "engine" if engine == "reference" else "live")
         require_extra("audit", "report")
         # imported here, not at the top: the audit pulls torch (the optional [engine] extra)

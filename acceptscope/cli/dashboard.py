@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from acceptscope.cli._common import EXIT_USAGE, DbOption, console, require_extra
+from acceptscope.cli._common import EXIT_USAGE, DbOption, console, require_db, require_extra
 
 HELP = """Launch the Streamlit dashboard (binds 127.0.0.1 unless --host says so).
 
@@ -48,9 +48,7 @@ def register(app: typer.Typer) -> None:
         open_browser: bool = typer.Option(False, "--open", help="Open a browser tab."),
     ) -> None:
         require_extra("dashboard", "app")
-        if not db.exists():
-            console.print(f"[red]{db}: no such DuckDB file[/red] (create one with `acceptscope run` or `audit`)")
-            raise typer.Exit(EXIT_USAGE)
+        require_db(db, "create one with `acceptscope run` or `audit`")
         if not APP.exists():
             console.print(f"[red]{APP}: dashboard app not found (is this a source checkout?)[/red]")
             raise typer.Exit(EXIT_USAGE)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.progress import Progress
 
 from acceptscope.console import safe
 from acceptscope.cli._common import (
+    require_db,
     EXIT_NO_DATA,
     EXIT_USAGE,
     DbOption,
@@ -56,6 +57,9 @@ def register(app: typer.Typer) -> None:
                  "unless the two are compatible (gamma, STS table in force, training data at every sampling "
                  "temperature of --run). Default: the run's "
                  "own observed outcomes, or the cap-accept arm of its own audit."),
+        role: Optional[List[str]] = typer.Option(None, "--role", metavar="ROLE",
+                                                 help="Only runs playing this role (repeatable): production | "
+                                                      "audit | calibration | curve."),
         n_boot: int = typer.Option(200, "--n-boot", min=10, help="Bootstrap replicates for intervals."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and the splits."),
         json_out: bool = JsonOption,
@@ -73,12 +77,11 @@ def register(app: typer.Typer) -> None:
             else:
                 console.print_json(data=out)
             return
-        if not db.exists():
-            console.print(f"[red]{db}: no such database file[/red]")
-            raise typer.Exit(EXIT_USAGE)
+        require_db(db)
         import duckdb
 
         from acceptscope.estimators import run_all, run_all_runs, to_jsonable
+        from acceptscope.schema import ROLES
 
         if hazards_from is not None and run is None:
             console.print("[red]--hazards-from needs --run (the run whose tail it stands in for)[/red]")
@@ -91,7 +94,11 @@ def register(app: typer.Typer) -> None:
         if hazards_from is not None and hazards_from not in set(runs.run_id):
             console.print(f"[red]{safe(db)}: no run {safe(repr(hazards_from))} for --hazards-from[/red]")
             raise typer.Exit(EXIT_USAGE)
-        ids = [run] if run else runs.run_id.tolist()
+        if role and set(role) - set(ROLES):
+            console.print(f"--role must be one of {', '.join(ROLES)}, got {', '.join(sorted(set(role) - set(ROLES)))}",
+                          style="red", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_USAGE)
+        ids = [run] if run else runs[runs.role.isin(role)].run_id.tolist() if role else runs.run_id.tolist()
         if run and run not in set(runs.run_id):
             console.print(f"[red]{safe(db)}: no run {safe(repr(run))} (runs: {safe(', '.join(runs.run_id) or 'none')})[/red]")
             raise typer.Exit(EXIT_NO_DATA)

@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn
 
 from acceptscope.console import safe
-from acceptscope.cli._common import EXIT_NO_DATA, EXIT_USAGE, DbOption, JsonOption, console, emit_json
+from acceptscope.cli._common import EXIT_NO_DATA, EXIT_USAGE, DbOption, JsonOption, console, emit_json, require_db
 
 
 def register(app: typer.Typer) -> None:
@@ -36,9 +36,7 @@ def register(app: typer.Typer) -> None:
         if bool(runs) == all_runs:
             console.print("[red]give run ids or --all (not both)[/red]")
             raise typer.Exit(EXIT_USAGE)
-        if not db.exists():
-            console.print(f"[red]{db}: no such DuckDB file[/red]")
-            raise typer.Exit(EXIT_USAGE)
+        require_db(db)
         try:
             store = Store(db, read_only=True)
         except ValueError as e:

@@ -10,20 +10,22 @@ import typer
 from rich.progress import Progress
 
 from acceptscope.console import plain, safe
-from acceptscope.cli._common import EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json, require_extra
+from acceptscope.cli._common import (EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, console, emit_json, require_db,
+                                     require_extra)
 
 HELP = """Real SGLang 0.5.23 DSpark servers: launch arms, attach, drive traffic, capture live.
 
 \b
 Examples:
-  # print the exact command line and environment of the compact arm (no GPU needed)
-  acceptscope live launch --arm compact --model-path T --draft-model-path D --block-size 7 --dry-run
+  # the exact command line and environment of the compact arm (no GPU needed)
+  acceptscope live launch --arm compact --model-path T --draft-model-path D \\
+      --block-size 7 --dry-run
 \b
-  # attach to a running cap-accept server, drive 64 prompts, capture everything
-  acceptscope live attach --url http://127.0.0.1:30001 --db run.duckdb --arm cap-accept \\
-      --workload gsm8k,mbpp -n 64 --concurrency 1,8
+  # attach to a running cap-accept server, drive 64 prompts, capture it all
+  acceptscope live attach --url http://127.0.0.1:30001 --db run.duckdb \\
+      --arm cap-accept --workload gsm8k,mbpp -n 64 --concurrency 1,8
 \b
-  # serve derived metrics (ceiling, utilization, ECE, cost-model error) for Grafana
+  # serve derived metrics (ceiling, utilization, ECE, cost error) for Grafana
   acceptscope live export-metrics --db run.duckdb --port 9464
 """
 
@@ -58,8 +60,9 @@ def _needs_live_extra() -> None:
 
 \b
 Example:
-  acceptscope live launch --arm cap-accept --model-path T --draft-model-path D \\
-      --block-size 7 --port 30001 --estimator-jsonl est.jsonl --sts-collect-stem sts/cap
+  acceptscope live launch --arm cap-accept --model-path T \\
+      --draft-model-path D --block-size 7 --port 30001 \\
+      --estimator-jsonl est.jsonl --sts-collect-stem sts/cap
 """)
 def launch(
     arm: str = typer.Option(..., "--arm", help="compact | cap-accept | static"),
@@ -136,9 +139,11 @@ def launch(
 
 \b
 Examples:
-  acceptscope live attach --url http://127.0.0.1:30000 --db run.duckdb --arm compact --duration 600
-  acceptscope live attach --url http://127.0.0.1:30001 --db run.duckdb --arm cap-accept \\
-      --workload mixed -n 128 --concurrency 1,16 --estimator-jsonl /data/est.jsonl --clear threshold
+  acceptscope live attach --url http://127.0.0.1:30000 --db run.duckdb \\
+      --arm compact --duration 600
+  acceptscope live attach --url http://127.0.0.1:30001 --db run.duckdb \\
+      --arm cap-accept --workload mixed -n 128 --concurrency 1,16 \\
+      --estimator-jsonl /data/est.jsonl --clear threshold
 """)
 def attach(
     url: str = typer.Option(..., "--url", help="Base URL of the SGLang server."),
@@ -237,7 +242,8 @@ def _discard_if_empty(db: Path, existed: bool) -> None:
 
 \b
 Example:
-  acceptscope live drive --url http://127.0.0.1:30000 --db run.duckdb --run-id r1 -w gsm8k -n 50 --concurrency 4
+  acceptscope live drive --url http://127.0.0.1:30000 --db run.duckdb \\
+      --run-id r1 -w gsm8k -n 50 --concurrency 4
 """)
 def drive_cmd(
     url: str = typer.Option(..., "--url"),
@@ -292,7 +298,8 @@ def drive_cmd(
 
 \b
 Example:
-  acceptscope live export-metrics --db run.duckdb --port 9464   # then scrape http://127.0.0.1:9464/metrics
+  acceptscope live export-metrics --db run.duckdb --port 9464
+  # then scrape http://127.0.0.1:9464/metrics
 """)
 def export_metrics(
     db: Path = DbOption,
@@ -303,11 +310,9 @@ def export_metrics(
     duration: Optional[float] = typer.Option(None, "--duration", help="Stop after this many seconds."),
     json_out: bool = JsonOption,
 ) -> None:
+    require_db(db)
     from acceptscope.live.exporter import MetricsExporter
 
-    if not db.exists():
-        console.print(f"[red]{db}: no such DuckDB telemetry file[/red]")
-        raise typer.Exit(EXIT_USAGE)
     ex = MetricsExporter(str(db), port, run_ids=run_id, n_boot=n_boot, refresh_s=refresh).start()
     console.print(f"serving {ex.url}")
     if json_out:
@@ -326,11 +331,13 @@ def export_metrics(
 
 \b
 Examples:
-  # acceptscope's own sweep over HTTP (server: SGLANG_DSPARK_ENABLE_SPS_RECORD=1)
-  acceptscope live sps-profile --url http://127.0.0.1:30000 --db sps.duckdb --batch-size 1,2,4,8,16 --out sps.json
+  # our own sweep over HTTP (server: SGLANG_DSPARK_ENABLE_SPS_RECORD=1)
+  acceptscope live sps-profile --url http://127.0.0.1:30000 --db sps.duckdb \\
+      --batch-size 1,2,4,8,16 --out sps.json
 \b
-  # SGLang's own profiler as a subprocess (needs sglang); --dry-run prints its command
-  acceptscope live sps-profile --url http://127.0.0.1:30000 --sglang --out sps.json --dry-run
+  # SGLang's profiler as a subprocess (needs sglang); --dry-run prints it
+  acceptscope live sps-profile --url http://127.0.0.1:30000 --sglang \\
+      --out sps.json --dry-run
 """)
 def sps_profile(
     url: str = typer.Option(..., "--url"),

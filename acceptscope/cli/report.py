@@ -11,7 +11,7 @@ import typer
 
 from acceptscope.console import safe
 from acceptscope.cli._common import (EXIT_NO_DATA, EXIT_OK, EXIT_USAGE, DbOption, JsonOption, console,
-                                     emit_json, require_extra, unreadable_db)
+                                     emit_json, require_db, require_extra, require_out_dir, unreadable_db)
 
 HELP = """Write ONE self-contained HTML report (plotly inlined; no server, no CDN).
 
@@ -38,25 +38,27 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
         run: Optional[List[str]] = typer.Option(None, "--run", help="Run id to include (repeatable)."),
         audit_group: Optional[str] = typer.Option(None, "--audit-group", help="Report this audit group's runs."),
+        role: Optional[List[str]] = typer.Option(None, "--role", metavar="ROLE",
+                                                 help="Only runs playing this role (repeatable): production | "
+                                                      "audit | calibration | curve."),
         ece_threshold: float = typer.Option(0.05, "--ece-threshold", help="Flag after-STS ECE above this."),
         util_threshold: float = typer.Option(0.80, "--util-threshold", help="Flag utilization below this."),
         no_estimators: bool = typer.Option(False, "--no-estimators", help="Raw-table views only (faster)."),
         json_out: bool = JsonOption,
     ) -> None:
         require_extra("report", "report")
+        require_db(db)
+        require_out_dir(out)
         # imported here, not at the top: plotly and jinja2 are the optional [app] extra
         import duckdb
 
         from acceptscope.report import Thresholds, write_report
 
-        if not db.exists():
-            console.print(f"[red]{db}: no such DuckDB file[/red]")
-            raise typer.Exit(EXIT_USAGE)
         th = Thresholds(ece=ece_threshold, utilization=util_threshold)
         with console.status(f"rendering report of {safe(db)} ..."):
             try:
-                res = write_report(db, out, run_ids=run or None, audit_group=audit_group, thresholds=th,
-                                   use_estimators=not no_estimators)
+                res = write_report(db, out, run_ids=run or None, audit_group=audit_group, roles=role or None,
+                                   thresholds=th, use_estimators=not no_estimators)
             except duckdb.Error as e:  # not DuckDB, or damaged: one line, exit 2
                 raise unreadable_db(db, e) from None
             except KeyError as e:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
+from transformers.utils import logging as hf_logging
 
 __all__ = [
     "make_target_config",
@@ -88,6 +89,7 @@ def load_target(
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p}: no config.json; not a Hugging Face model directory")
     kwargs: dict[str, Any] = {"local_files_only": True}
+    hf_logging.disable_progress_bar()  # transformers 5 prints a "Loading weights" bar per load: not our output
     if dtype is not None:
         kwargs["dtype"] = dtype
     try:
