@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+from scipy.optimize import isotonic_regression
 import torch
 
 from acceptscope.domain import sps as sps_mod
@@ -105,21 +106,6 @@ def fit_diagonal(cells: Sequence[Cell], gamma: int, max_batch_tokens: Optional[i
     return SpsTable1D(probes, sps, int(max_batch_tokens or probes[-1]))
 
 
-def _monotone(values: list[float], weights: list[float]) -> list[float]:
-    """Weighted least-squares non-decreasing fit (pool-adjacent-violators)."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
-    for v, w in zip(values, weights):
-        blocks.append([v, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            m2, w2, c2 = blocks.pop()
-            m1, w1, c1 = blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
-    out: list[float] = []
-    for m, _, c in blocks:
-        out.extend([m] * c)
-    return out
-
-
 def fit_additive(cells: Sequence[Cell], mbin: int = 16, monotone: bool = True) -> SpsTableAdditive:
     """OLS on one-hot dummies: ``T = bias + alpha[bs] + theta[bin(M)]``.
 
@@ -151,8 +137,8 @@ def fit_additive(cells: Sequence[Cell], mbin: int = 16, monotone: bool = True) -
     if monotone:
         aw = [float(sum(1 for c in cells if c.bs == b)) for b in bss]
         tw = [float(sum(1 for c in cells if int(round(c.batch_tokens / mbin)) == b)) for b in bins]
-        alpha = _monotone(alpha, aw)
-        theta = _monotone(theta, tw)
+        alpha = isotonic_regression(alpha, weights=aw).x.tolist()  # weighted least-squares, non-decreasing
+        theta = isotonic_regression(theta, weights=tw).x.tolist()
         a0, t0 = alpha[0], theta[0]  # keep the SGLang parametrisation: first levels are 0
         alpha = [a - a0 for a in alpha]
         theta = [t - t0 for t in theta]

@@ -292,7 +292,7 @@ def preflight() -> None:
     """Raise SGLangUnavailable with a clear message unless sglang and a GPU are both present."""
     if importlib.util.find_spec("sglang") is None:
         raise SGLangUnavailable(
-            "sglang is not installed in this environment: `pip install 'acceptscope[sglang]'` "
+            "sglang is not installed in this environment: `pip install 'acceptscope[sglang-gpu]'` "
             "(sglang==0.5.23) on a GPU machine, or attach to a running server with --url"
         )
     ok, how = gpu_available()
