@@ -165,7 +165,8 @@ def request_stats(blocks: pd.DataFrame, by: list[str] | None = None, *, keys: np
 
     ``blocks``: ``run_id``, ``rid``, ``mean``, ``var``, ``censored`` and optionally ``mode``,
     ``resolved``, ``bound_lo``, ``bound_hi`` (greedy blocks the data leave unresolved widen the
-    interval by their identification bounds) and ``truth``. ``keys``: precomputed
+    interval by their identification bounds), ``sens_lo``, ``sens_hi`` (the ends of the hazard model's
+    extrapolation band, :mod:`estimators.margin`: they widen it too) and ``truth``. ``keys``: precomputed
     :func:`request_keys` per row. Rows of one request may be split across calls only if they
     fall in different groups' calls too: chunk by whole requests."""
     by = list(by or [])
@@ -182,11 +183,16 @@ def request_stats(blocks: pd.DataFrame, by: list[str] | None = None, *, keys: np
         return np.bincount(cl, weights=w, minlength=ncl)
 
     below = above = np.zeros(n)
+    ident = np.zeros(n, bool)
     if {"bound_lo", "bound_hi", "resolved", "mode"} <= set(blocks.columns):
         ident = (blocks["mode"].to_numpy() == "greedy") & ~blocks["resolved"].to_numpy(bool)
         if ident.any():
             below = np.where(ident, np.maximum(mean - blocks["bound_lo"].to_numpy(float), 0), 0.0)
             above = np.where(ident, np.maximum(blocks["bound_hi"].to_numpy(float) - mean, 0), 0.0)
+    if {"sens_lo", "sens_hi"} <= set(blocks.columns):
+        # the model's extrapolation past the margin (estimators.margin): a systematic band, added, not drawn
+        below = below + np.where(ident, 0.0, np.maximum(mean - blocks["sens_lo"].to_numpy(float), 0))
+        above = above + np.where(ident, 0.0, np.maximum(blocks["sens_hi"].to_numpy(float) - mean, 0))
     truth = blocks["truth"].to_numpy(float) if "truth" in blocks else np.full(n, np.nan)
     has_t = ~np.isnan(truth)
     first = np.zeros(ncl, np.int64)

@@ -89,22 +89,26 @@ def hazard_training(store, run_id: str, gamma: int, exact: bool, audit_group=Non
 
 
 def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_from: str | None = None,
-                duckdb_memory: str | None = None):
+                duckdb_memory: str | None = None, hazard_boot: int = 0):
     """The run's fitted TailEstimator (on a stable hash-sample of whole requests of its training runs,
-    at most ``fit_rows`` request-steps) and the notes on what it was fitted on. ``cache``: fits shared by
-    runs with the same training runs."""
+    at most ``fit_rows`` request-steps), :meth:`~estimators.tail.TailEstimator.frozen` with its
+    ``hazard_boot`` refits, and the notes on what it was fitted on. ``cache``: fits shared by runs with
+    the same training runs."""
     rid, gamma = meta_row.run_id, int(meta_row.gamma)
     train, note = hazard_training(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows),
                                   meta_row.get("audit_group"), hazards_from)
-    if train not in cache:
+    boot = 0 if meta_row.n_truth == meta_row.n_rows else hazard_boot
+    if (train, boot) not in cache:
         tbl = read_sample(store, train, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
-        est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
+        n_fit = tbl.num_rows
+        est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma)).frozen(boot, seed)
+        del tbl
         n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
                                      [list(train)]).n.iloc[0])
-        sample_note = (f"hazards fitted on a stable hash-sample of {tbl.num_rows} of {n_total} request-steps "
-                       f"(whole requests)") if tbl.num_rows < n_total else None
-        cache[train] = (est, sample_note)
-    est, sample_note = cache[train]
+        sample_note = (f"hazards fitted on a stable hash-sample of {n_fit} of {n_total} request-steps "
+                       f"(whole requests)") if n_fit < n_total else None
+        cache[(train, boot)] = (est, sample_note)
+    est, sample_note = cache[(train, boot)]
     return est, [note] + ([sample_note] if sample_note else [])
 
 

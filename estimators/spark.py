@@ -48,6 +48,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -66,7 +67,7 @@ from acceptscope.estimators.planner import audit
 from acceptscope.estimators.registry import registered
 from acceptscope.estimators.run_data import load_run, sts_in_force, to_jsonable
 from acceptscope.estimators.stream import planner_window
-from acceptscope.estimators.tail import TailEstimator
+from acceptscope.estimators.tail import TailEstimator, strip_training
 
 # request_steps list columns only the tail walk reads: they stay on the executors
 WALK_ONLY = ("draft_tokens", "committed_tokens", "draft_logprob", "target_logprob", "survival")
@@ -292,14 +293,6 @@ def _codes_of(index: dict, run, rid) -> np.ndarray:
     return np.array([index[k] for k in u], np.int64)[inv] if len(u) else np.zeros(0, np.int64)
 
 
-def _strip(model):
-    """A copy of a fitted hazard model without its training layout (what executors need to predict)."""
-    m = copy.copy(model)
-    for a in ("_train", "_grp", "_cell"):
-        m.__dict__.pop(a, None)
-    return m
-
-
 class SparkTail:
     """:class:`estimators.LocalTail` on Spark: fit and apply the tail estimator over a lake's
     ``request_steps`` (see the module docstring for what is distributed)."""
@@ -359,6 +352,11 @@ class SparkTail:
         self.stats.update(fit_executor_cpu_s=float(col("cpu_s").sum()), fit_rows_collected=int(got.num_rows),
                           fit_bytes_collected=int(got.nbytes))
         hz.fit_long(L, used, gamma)
+        if used == "observed" and est.margin:  # the beyond-window shift, on the driver from the fit's requests
+            rs = self._rs(run_ids, TAIL_COLUMNS)
+            if sample is not None:
+                rs = rs.join(F.broadcast(self.spark.createDataFrame(sample.to_pandas())), ["run_id", "rid"], "left_semi")
+            est.fit_margin(_frame(rs.toArrow(), gamma))
         return est
 
     def reduce(self, est, refits, acc: RunAccumulator, steps: pd.DataFrame, rows_per_step) -> RunAccumulator:
@@ -403,7 +401,7 @@ class SparkTail:
         def one(iw):
             i, w = iw
             t = time.process_time()
-            m = _strip(bc.value.refit(w))
+            m = strip_training(bc.value.refit(w))
             return i, pickle.dumps(m, protocol=5), time.process_time() - t
 
         slices = max(1, min(hazard_boot, self.parts))  # a few refits per task: a task costs ~1 s of overhead here
@@ -446,7 +444,7 @@ class SparkTail:
 def _broadcastable(est):
     """A copy of a fitted TailEstimator whose hazard model has no training layout (for broadcast)."""
     e = copy.copy(est)
-    e.hazard = _strip(est.hazard)
+    e.hazard = strip_training(est.hazard)
     return e
 
 
@@ -467,8 +465,6 @@ class _Remote:
 def _by_value(classes: dict[str, type]) -> dict[str, type]:
     """Registered estimators defined outside acceptscope (a user's module, a test) are pickled by value
     for the executors, which may not be able to import their module."""
-    from pyspark import cloudpickle
-
     for cls in classes.values():
         mod = sys.modules.get(cls.__module__)
         if mod is not None and not cls.__module__.startswith("acceptscope."):
@@ -478,8 +474,6 @@ def _by_value(classes: dict[str, type]) -> dict[str, type]:
 
 def _reduce_partition(batches, est, refits, kw: dict, classes: dict, chunk_rows: int):
     """One partition's requests through the run's accumulator in chunks of whole requests: one payload."""
-    from pyspark import cloudpickle
-
     t0 = time.process_time()
     acc = RunAccumulator(est=_Remote(est, refits), estimators=classes, **dict(kw))
     for tbl in whole_requests(batches, chunk_rows):

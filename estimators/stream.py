@@ -80,7 +80,8 @@ def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20
     fitted: dict[str, Any] = {}
     for rid in sorted(meta.run_id):
         try:
-            fitted[rid] = fit_hazards(store, meta.loc[rid], fit_rows, seed, cache, hazards_from, duckdb_memory)
+            fitted[rid] = fit_hazards(store, meta.loc[rid], fit_rows, seed, cache, hazards_from, duckdb_memory,
+                                      hazard_boot)
         except ValueError as e:
             fitted[rid] = e
     open_runs: dict[str, tuple[RunAccumulator, RunSide, bool]] = {}

@@ -48,6 +48,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,10 +58,19 @@ import pyarrow as pa
 from acceptscope.estimators.bootstrap import aggregate_stats, cluster_weights, request_stats, row_request_keys, shift_sums
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.estimators.hazard import HazardModel
+from acceptscope.estimators.margin import MIN_MARGIN, UnobservedPrior, fit_shift, margin_outcomes, shift_hazards
 
 LEVELS = (0.8, 0.9, 0.95)
 _MODES = ("exact-in-window", "greedy", "logprob", "confidence")  # blocks.mode, by code
 _STATE = np.array([0, 2, 0, 2, 3, 3, 1, 1], np.int64)  # walk state by 4*path_ok + 2*unknown + diverged
+
+
+def strip_training(model: HazardModel) -> HazardModel:
+    """A copy of a fitted hazard model without its training layout (what predicting needs)."""
+    m = copy.copy(model)
+    for a in ("_train", "_grp", "_cell"):
+        m.__dict__.pop(a, None)
+    return m
 
 
 def _as_frame(data, gamma=None) -> BlockFrame:
@@ -177,7 +187,7 @@ def _pick(X: np.ndarray, j: np.ndarray) -> np.ndarray:
     return X.reshape(-1).take(np.arange(len(j)) * X.shape[1] + j)
 
 
-def _quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None = None) -> dict:
+def quantile_intervals(pmf: np.ndarray, levels, rule: str, u: np.ndarray | None = None) -> dict:
     """Equal-tailed intervals of discrete distributions on 0..G (rows of ``pmf``)."""
     F = np.cumsum(pmf, 1)
     Fm = np.concatenate([np.zeros((pmf.shape[0], 1)), F[:, :-1]], 1)  # P(K < v)
@@ -329,6 +339,7 @@ class TailEstimator:
     levels: tuple = LEVELS
     interval: str = "randomized"
     exact_first: bool = True
+    margin: bool = True  # hazards fitted without truth: the prior for positions the walk could not follow (estimators.margin)
 
     def fit(self, data, gamma: int | None = None, gather=None) -> "TailEstimator":
         frame = _as_frame(data, gamma)
@@ -338,6 +349,28 @@ class TailEstimator:
         self.hazard.fit(frame, wk["h"], wk["state"])
         self.__dict__.pop("_refits", None)  # refits of an earlier fit are stale
         self.gamma_ = frame.gamma
+        self.fit_margin(frame, wk)
+        return self
+
+    def fit_margin(self, frame: BlockFrame, wk: dict | None = None) -> "TailEstimator":
+        """The prior for positions the walk could not follow (:mod:`estimators.margin`) when the hazards
+        were fitted on observed outcomes (no truth), with the margin check from ``frame``'s first trimmed
+        positions; None for hazards fitted on truth (an audit saw those positions)."""
+        self.prior_ = None
+        if not self.margin or self.hazard.method == "confidence" or self.hazard.info_.get("source") != "observed":
+            return self
+        rows = np.flatnonzero(frame.censored)
+        if wk is None:
+            wk = self._walk(frame, rows, None)
+            known, state = wk["h"], wk["state"]
+        else:
+            known, state = wk["h"][rows], wk["state"][rows]
+        i, y = margin_outcomes(frame, rows, known)
+        check = None
+        if y.size >= MIN_MARGIN:
+            check = fit_shift(self.hazard.predict(frame, rows[i], state[i])[np.arange(i.size), frame.window[rows[i]]], y)
+        self.prior_ = UnobservedPrior(margin_check=check)
+        self.hazard.info_ = dict(self.hazard.info_, unobserved_prior=self.prior_.to_json())
         return self
 
     def _walk(self, frame, rows, gather):
@@ -357,6 +390,17 @@ class TailEstimator:
             cache[key] = [self.hazard.refit(w) for w in self.refit_weights(hazard_boot, seed)]
         return cache[key]
 
+    def frozen(self, hazard_boot: int, seed: int = 0) -> "TailEstimator":
+        """A copy ready to estimate chunk after chunk: its ``hazard_boot`` refits made now, every training
+        layout dropped. Why: a layout is the size of the training sample (~150 MB at 256k request-steps),
+        and a store's runs each held one through the pass, so memory grew with the number of runs."""
+        e = copy.copy(self)
+        e.__dict__.pop("_refits", None)
+        e.refits_ = [strip_training(m) for m in self.hazard_refits(hazard_boot, seed)] \
+            if hazard_boot and hasattr(self.hazard, "_train") else None
+        e.hazard = strip_training(self.hazard)
+        return e
+
     def refit_weights(self, hazard_boot: int, seed: int = 0) -> list[np.ndarray]:
         """Poisson(1) weights per training request of each hazard refit: the keyed draws of
         :func:`estimators.bootstrap.cluster_weights`, keyed by the request's code in the training
@@ -372,7 +416,9 @@ class TailEstimator:
         Only censored blocks need the walk, the hazards and the intervals: whole-array passes over
         them, ``chunk_rows`` censored blocks at a time (bounded memory; fewer, larger passes are
         faster). Every step is row-wise, so the result does not depend on the chunking.
-        ``refits``: the hazard refits of :meth:`hazard_refits`, when made elsewhere."""
+        ``refits``: the hazard refits of :meth:`hazard_refits`, when made elsewhere (default: those a
+        :meth:`frozen` copy holds)."""
+        refits = getattr(self, "refits_", None) if refits is None else refits
         if isinstance(data, BlockFrame):
             frame = data
         else:
@@ -385,6 +431,7 @@ class TailEstimator:
         # writes its own rows in place (no per-chunk columns concatenated, then scattered, again)
         correct = frame.correct
         col = dict(mean=correct.astype(float), var=np.zeros(n), bound_lo=correct.copy(), bound_hi=correct.copy(),
+                   sens_lo=correct.astype(float), sens_hi=correct.astype(float),
                    resolved=np.ones(n, bool), walked=np.zeros(n, np.int64), mode=np.zeros(n, np.int8))
         for L in self.levels:
             tag = int(round(L * 100))
@@ -423,8 +470,9 @@ class TailEstimator:
             ro = np.concatenate([p["open"] for p in parts])
             feats = self.hazard.features(frame, ro, np.concatenate([p["state"] for p in parts]))  # shared by every refit
             h_op = np.concatenate([p["h"] for p in parts])
+            delta = self.prior_.center if getattr(self, "prior_", None) else 0.0
             for i, model in enumerate(models):
-                hm = model.predict_features(feats)
+                hm = shift_hazards(model.predict_features(feats), delta)
                 _, mc, vc = self._pmf(frame, ro, h_op, hm)
                 means[i], vars_[i] = mean, var
                 means[i, ro], vars_[i, ro] = mc, vc
@@ -459,14 +507,23 @@ class TailEstimator:
         cell[rows] = blo
         col["mean"][rows] = blo
         col["bound_lo"][rows], col["bound_hi"][rows] = blo, bhi
+        col["sens_lo"][rows], col["sens_hi"][rows] = blo, blo
         col["resolved"][ro] = False
         col["walked"][rows] = wk["walked"]
         col["mode"][rows] = np.where(frame.greedy[rows], 1, np.where(wk["has_lp"] & (self.mode != "confidence"), 2, 3))
         pmo = np.zeros((0, G + 1))
         if op.size:
             h_op, st_op = Hk[op], wk["state"][op]
-            pmo, col["mean"][ro], col["var"][ro] = self._pmf(frame, ro, h_op, self.hazard.predict(frame, ro, st_op))
-            iv = _quantile_intervals(pmo, self.levels, self.interval, _block_uniforms(frame, ro, seed))
+            hm = self.hazard.predict(frame, ro, st_op)
+            sh = getattr(self, "prior_", None)
+            pmo, col["mean"][ro], col["var"][ro] = self._pmf(frame, ro, h_op, shift_hazards(hm, sh.center) if sh else hm)
+            if sh:  # the band's ends: the positions the walk could not follow under the band's shifts
+                lo_d, hi_d = sh.band()
+                col["sens_lo"][ro] = self._pmf(frame, ro, h_op, shift_hazards(hm, lo_d))[1]
+                col["sens_hi"][ro] = self._pmf(frame, ro, h_op, shift_hazards(hm, hi_d))[1]
+            else:
+                col["sens_lo"][ro] = col["sens_hi"][ro] = col["mean"][ro]
+            iv = quantile_intervals(pmo, self.levels, self.interval, _block_uniforms(frame, ro, seed))
         else:
             h_op, st_op = Hk[:0], wk["state"][:0]
         for L in self.levels:

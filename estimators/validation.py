@@ -47,7 +47,7 @@ from acceptscope.estimators.bracket import bracket_from_frame, bracket_from_json
 from acceptscope.estimators.frame import BlockFrame, padded
 from acceptscope.estimators.hazard import KEYS, HazardModel
 from acceptscope.estimators.synthetic import simulate
-from acceptscope.estimators.tail import TailEstimator, TailResult, _quantile_intervals
+from acceptscope.estimators.tail import TailEstimator, TailResult, quantile_intervals
 
 BANDS = (0, 8, 16, 32, 64, 128, 1 << 30)
 
@@ -95,12 +95,12 @@ def expected_cover(pmf: np.ndarray, truth: np.ndarray, levels, rule: str = "rand
     t = np.asarray(truth, float)
     out = {}
     if rule != "randomized":
-        for L, (lo, hi, _) in _quantile_intervals(pmf, levels, rule).items():
+        for L, (lo, hi, _) in quantile_intervals(pmf, levels, rule).items():
             out[L] = ((t >= lo) & (t <= hi)).astype(float)
         return out
     n = len(pmf)
-    up = _quantile_intervals(pmf, levels, rule, np.zeros(n))
-    dn = _quantile_intervals(pmf, levels, rule, np.ones(n))
+    up = quantile_intervals(pmf, levels, rule, np.zeros(n))
+    dn = quantile_intervals(pmf, levels, rule, np.ones(n))
     for L in levels:
         lo, a, ma = up[L]
         _, b, mb = dn[L]

@@ -79,7 +79,7 @@ def db(tmp_path_factory):
 
 def _truth(db, run_id: str) -> float:
     with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute("SELECT avg(window) FROM request_steps WHERE run_id = ?", [run_id]).fetchone()[0]
+        return con.execute('SELECT avg("window") FROM request_steps WHERE run_id = ?', [run_id]).fetchone()[0]
 
 
 def test_registered_estimator_in_memory_and_streamed_equal_the_sql(toy, db):

@@ -22,7 +22,7 @@ import pytest
 from acceptscope.estimators.frame import BlockFrame, padded
 from acceptscope.estimators.hazard import HazardModel
 from acceptscope.estimators.synthetic import compact_view, simulate
-from acceptscope.estimators.tail import TailEstimator, _block_uniforms, _quantile_intervals, walk
+from acceptscope.estimators.tail import TailEstimator, _block_uniforms, quantile_intervals, walk
 from tests._close import assert_close
 
 # digests of the pre-speed-up implementation's outputs on `_stream()` (see `_digest`)
@@ -117,7 +117,7 @@ def _direct(est: TailEstimator, frame: BlockFrame, gather=None, seed: int = 0):
     b["walked"] = 0
     b.loc[rows, "walked"] = wk["walked"]
     u = _block_uniforms(frame, rows, seed)
-    for L, (lo, hi, m) in _quantile_intervals(pmf[rows], est.levels, est.interval, u).items():
+    for L, (lo, hi, m) in quantile_intervals(pmf[rows], est.levels, est.interval, u).items():
         tag = int(round(L * 100))
         for name, exact, v in (("lo", frame.correct, lo), ("hi", frame.correct, hi), ("mass", np.ones(n), m)):
             col = exact.copy()

@@ -56,7 +56,7 @@ def test_validation_targets_on_synthetic():
 
 
 def test_expected_cover_is_the_mean_over_the_interval_randomization():
-    from acceptscope.estimators.tail import _quantile_intervals
+    from acceptscope.estimators.tail import quantile_intervals
 
     rng = np.random.default_rng(0)
     pmf = rng.dirichlet(np.full(5, 0.6), size=400)
@@ -64,7 +64,7 @@ def test_expected_cover_is_the_mean_over_the_interval_randomization():
     ec = expected_cover(pmf, t, (0.8, 0.9))
     draws = {L: np.zeros(len(t)) for L in ec}
     for _ in range(400):
-        for L, (lo, hi, _) in _quantile_intervals(pmf, list(ec), "randomized", rng.random(len(t))).items():
+        for L, (lo, hi, _) in quantile_intervals(pmf, list(ec), "randomized", rng.random(len(t))).items():
             draws[L] += (t >= lo) & (t <= hi)
     for L in ec:
         assert np.abs(draws[L] / 400 - ec[L]).max() < 0.12
