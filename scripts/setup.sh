@@ -15,6 +15,8 @@ source scripts/pip-quiet.sh
 pip_install "$VENV/bin/python" --upgrade pip
 pip_install "$VENV/bin/python" "torch==2.13.0"
 # spark: tests/test_estimators_spark.py runs the lake estimators on local[2] (Java 17 on the machine)
-pip_install "$VENV/bin/python" -e ".[dev,spark]"
+# (setuptools' "Editable installation ... folders with the same name as your package" notice is information
+# about editable installs in general, not a problem of this one: kept out of the set-up's output)
+PYTHONWARNINGS="ignore:Editable installation" pip_install "$VENV/bin/python" -e ".[dev,spark]"
 "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
 echo "acceptscope: $VENV ready ($("$VENV/bin/python" -c 'import torch, duckdb; print("torch", torch.__version__, "duckdb", duckdb.__version__)'))"
