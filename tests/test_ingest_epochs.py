@@ -83,3 +83,15 @@ def test_two_concurrent_ingest_processes_one_incarnation_each(tmp_path, first):
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err.decode()
     _check(db, {"early": 1_000.0, "late": 2_000.0})
+
+
+def test_one_registry_of_artifact_kinds():
+    """Sniffing, read order, identity and the readers all come from acceptscope.ingest.kinds (issue 29)."""
+    from acceptscope.ingest import identity, kinds, readers_of_kinds
+    from acceptscope.ingest.detect import KINDS as SNIFFED
+    from acceptscope.ingest.engines import ENGINE_KINDS
+
+    assert SNIFFED == kinds.NAMES and set(readers_of_kinds()) == set(kinds.NAMES)
+    assert identity.SERVER_SIDE_KINDS == kinds.SERVER_SIDE and ENGINE_KINDS == kinds.ENGINE
+    assert kinds.ORDER["server_info"] < min(v for k, v in kinds.ORDER.items() if k != "server_info")
+    assert kinds.kind_of_name("x.sts.0.pt") == "sts_shard" and kinds.kind_of_head(b'{"temperatures": [1]}') == "sts_table"

@@ -166,3 +166,10 @@ def test_report_on_a_run_without_requests_and_on_a_full_disk(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("acceptscope: "), r.stderr
     assert "Traceback" not in r.stderr and out.read_bytes() == good
+
+
+def test_a_130_kb_run_id_is_refused_in_one_line(tmp_path):
+    db = tmp_path / "x.duckdb"
+    r = _cli("ingest", str(FIX / "capacc.server_info.json"), "--db", str(db), "--run-id", "r" * 130_000)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and len(r.stderr) < 1000, r.stderr[:300]
+    assert not list(tmp_path.iterdir())  # refused before the database file is made

@@ -46,6 +46,14 @@ def register(app: typer.Typer) -> None:
         if missing:
             console.print(f"[red]no such file or directory:[/] {', '.join(missing)}")
             raise typer.Exit(EXIT_USAGE)
+        if run_id is not None:
+            from acceptscope.ingest.identity import check_run_id
+
+            try:
+                check_run_id(run_id)
+            except ValueError as e:  # (before the database file is created)
+                console.print(f"--run-id: {e}", style="red", markup=False, highlight=False, soft_wrap=True)
+                raise typer.Exit(EXIT_USAGE)
         tune_allocator_for_bulk_ingest()  # this process ingests, then exits (see the function's docstring)
         store = Store(db)
         summary = ingest_paths(paths, store, run_id=run_id, temperature=temperature, progress=not json_out)

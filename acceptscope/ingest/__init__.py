@@ -45,7 +45,8 @@ from acceptscope.ingest.batch import ArrowRows, IngestBatch
 from acceptscope.ingest.detect import detect
 from acceptscope.ingest.engines import ENGINE_KINDS, engine_ingest_batch
 from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
-from acceptscope.ingest.identity import SERVER_SIDE_KINDS, assign_runs
+from acceptscope.ingest.identity import assign_runs, check_run_id
+from acceptscope.ingest.kinds import LAST, NAMES, ORDER, SERVER_SIDE
 from acceptscope.ingest.links import link_run_tables
 from acceptscope.ingest.meta_info import parse_responses
 from acceptscope.ingest.rejects import format_reject, make_reject
@@ -58,11 +59,6 @@ from acceptscope.store_lock import usable_cpus
 __all__ = ["ingest_paths", "ingest_file", "IngestBatch", "ArrowRows", "detect", "format_reject", "iter_files",
            "tune_allocator_for_bulk_ingest"]
 
-# server_info first: it creates the runs row (arm, gamma) the other artifacts are checked against
-_ORDER = {
-    "server_info": 0, "responses": 1, "estimator_jsonl": 2, "sts_shard": 3, "sts_table": 4, "sps_table": 5,
-    "sps_profile_manifest": 6, "sps_profile_rounds": 7, "sps_profile_records": 8, "unknown": 9,
-}
 
 
 def tune_allocator_for_bulk_ingest() -> bool:
@@ -262,34 +258,52 @@ def _lock_path(store: Optional[IngestStore]) -> Optional[Path]:
     return Path(store.path) if store is not None and _writable(store) else None
 
 
+def _read_server_info(path: Path, kind: str, run_id: str, ctx: _Context) -> IngestBatch:
+    ing = ctx.server_info_ingestor(run_id)
+    ing.sink = ctx.sink
+    try:
+        b = ingest_server_info_file(path, ing)
+    finally:
+        ing.sink = None
+    ctx.learn(run_id)
+    return b
+
+
+def _text_reader(parse: Callable[..., IngestBatch], gamma: bool) -> Callable[[Path, str, str, _Context], IngestBatch]:
+    def read(path: Path, kind: str, run_id: str, ctx: _Context) -> IngestBatch:
+        extra = {"gamma": ctx.gamma.get(run_id)} if gamma else {}
+        return parse(path.read_bytes(), source=str(path), run_id=run_id, **extra)
+    return read
+
+
+# one reader per kind of the registry (acceptscope.ingest.kinds): (path, kind, run id, context) -> batch
+_READERS: dict[str, Callable[[Path, str, str, _Context], IngestBatch]] = {
+    "server_info": _read_server_info,
+    "estimator_jsonl": _text_reader(parse_estimator_jsonl, gamma=True),
+    "sts_shard": lambda path, kind, rid, ctx: sts.ingest_sts_shard(path, run_id=rid, gamma=ctx.gamma.get(rid)),
+    "sts_table": _text_reader(parse_sts_table, gamma=True),
+    "sps_table": _text_reader(parse_sps_table, gamma=False),
+    "sps_profile_records": lambda path, kind, rid, ctx: ingest_profile_file(path, kind, run_id=rid),
+    "sps_profile_rounds": lambda path, kind, rid, ctx: ingest_profile_file(path, kind, run_id=rid),
+    "sps_profile_manifest": lambda path, kind, rid, ctx: ingest_profile_file(path, kind, run_id=rid),
+    "responses": _text_reader(parse_responses, gamma=False),
+    **{k: (lambda path, kind, rid, ctx: engine_ingest_batch(path, kind, rid, ctx.store)) for k in ENGINE_KINDS},
+}
+if set(_READERS) != set(NAMES):  # pragma: no cover - a kind added to the registry without its reader
+    raise ImportError(f"ingest kinds without a reader: {sorted(set(NAMES) - set(_READERS))}; "
+                      f"readers of no kind: {sorted(set(_READERS) - set(NAMES))}")
+
+
+def readers_of_kinds() -> dict[str, Callable[[Path, str, str, _Context], IngestBatch]]:
+    """The reader of every kind of the registry (a copy)."""
+    return dict(_READERS)
+
+
 def ingest_file(path: Path, kind: str, run_id: str, ctx: Optional[_Context] = None) -> IngestBatch:
     """Parse one file of a known kind (no store write)."""
-    ctx = ctx or _Context(None)
-    path = Path(path)
-    gamma = ctx.gamma.get(run_id)
-    if kind == "server_info":
-        ing = ctx.server_info_ingestor(run_id)
-        ing.sink = ctx.sink
-        try:
-            b = ingest_server_info_file(path, ing)
-        finally:
-            ing.sink = None
-        ctx.learn(run_id)
-        return b
-    if kind == "estimator_jsonl":
-        return parse_estimator_jsonl(path.read_bytes(), source=str(path), run_id=run_id, gamma=gamma)
-    if kind == "sts_shard":
-        return sts.ingest_sts_shard(path, run_id=run_id, gamma=gamma)
-    if kind == "sts_table":
-        return parse_sts_table(path.read_bytes(), source=str(path), gamma=gamma, run_id=run_id)
-    if kind == "sps_table":
-        return parse_sps_table(path.read_bytes(), source=str(path), run_id=run_id)
-    if kind in ("sps_profile_records", "sps_profile_rounds", "sps_profile_manifest"):
-        return ingest_profile_file(path, kind, run_id=run_id)
-    if kind == "responses":
-        return parse_responses(path.read_bytes(), source=str(path), run_id=run_id)
-    if kind in ENGINE_KINDS:
-        return engine_ingest_batch(path, kind, run_id, ctx.store)
+    read = _READERS.get(kind)
+    if read is not None:
+        return read(Path(path), kind, run_id, ctx or _Context(None))
     b = IngestBatch()
     b.reject(make_reject(str(path), 0, "$", f"unrecognised artifact (kind {kind!r}); see acceptscope.ingest.detect",
                          None, run_id))
@@ -337,11 +351,11 @@ def _plan(paths: Iterable[str | Path], run_id: Optional[str]) -> dict:
     kinds = [(f, "refused" if f in refused else _detect_safe(f)) for f in files]
     plan = assign_runs([(f, k) for f, k in kinds if k not in ("skip", "empty")], run_id)
     todo = sorted(((f, k) for f, k in kinds if k not in ("skip", "empty")),
-                  key=lambda fk: (_ORDER.get(fk[1], 9), plan.run_of[fk[0]] if fk[1] == "server_info" else "",
+                  key=lambda fk: (ORDER.get(fk[1], LAST), plan.run_of[fk[0]] if fk[1] == "server_info" else "",
                                   plan.startup.get(fk[0], 0.0), str(fk[0])))
     return {"todo": todo, "plan": plan, "refused": refused,
             "skipped": [str(f) for f, k in kinds if k == "skip"], "empty": [str(f) for f, k in kinds if k == "empty"],
-            "runs": sorted({plan.run_of[f] for f, k in todo if k in ("server_info",) + SERVER_SIDE_KINDS}),
+            "runs": sorted({plan.run_of[f] for f, k in todo if k in ("server_info",) + SERVER_SIDE}),
             "server_runs": sorted({plan.run_of[f] for f, k in todo if k == "server_info"})}
 
 
@@ -380,6 +394,8 @@ def ingest_paths(
     The runs whose server dumps it reads are locked for the whole call (:mod:`~acceptscope.ingest.epochs`):
     a concurrent ingest of another incarnation waits, and every incarnation gets its epoch in startup order.
     """
+    if run_id is not None:
+        check_run_id(run_id)
     p = _plan(paths, run_id)
     note = lambda rid: console.print(epochs.wait_message(rid), markup=False, highlight=False)  # noqa: E731
     with epochs.run_locks(_lock_path(store), p["server_runs"], wait_note=note):

@@ -1,6 +1,7 @@
 """Sniff which SGLang artifact a file is.
 
-Rules, first match wins (names are checked before content):
+Rules, first match wins (names are checked before content); the kinds, their name rules and their
+keys are the registry's (:mod:`acceptscope.ingest.kinds`), listed here for the reader:
 
 1. ``*.pt`` -> ``sts_shard`` (``{stem}.{k}.pt``).
 2. Other engines (:mod:`acceptscope.ingest.engines`): ``dflash_accept_stats_rank*.json`` ->
@@ -30,70 +31,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from acceptscope.ingest.kinds import NAMES, kind_of_head, kind_of_name
 from acceptscope.ingest.rejects import safe_text
 
-KINDS = (
-    "server_info",
-    "estimator_jsonl",
-    "sts_shard",
-    "sts_table",
-    "sps_table",
-    "sps_profile_records",
-    "sps_profile_rounds",
-    "sps_profile_manifest",
-    "responses",
-    # other engines (acceptscope.ingest.engines)
-    "vllm_metrics",
-    "trtllm_accept_stats",
-    "aiperf_profile_export",
-)
+KINDS = NAMES  # (the registry: acceptscope.ingest.kinds)
 ENGINE_TEXT_SUFFIXES = (".prom", ".txt", ".metrics")  # a Prometheus text dump
 JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
 HEAD_BYTES = 64 * 1024
 
 
 def detect_bytes(head: bytes) -> str:
-    """Kind from the beginning of a JSON / JSONL file (rule 3)."""
-    h = head
-    if b'"internal_states"' in h or b'"dspark_info_record"' in h or (
-        b'"verify_num_draft_tokens"' in h and b'"records"' in h
-    ):
-        return "server_info"
-    if b'"round_summaries"' in h:
-        return "sps_profile_manifest"
-    if b'"step_time"' in h and b'"dp_rank"' in h:
-        return "sps_profile_records"
-    if b'"steps_per_sec"' in h and b'"batch_tokens"' in h:
-        return "sps_profile_rounds"
-    if b'"sample_batch_tokens"' in h or b'"bias_seconds"' in h:
-        return "sps_table"
-    if b'"temperatures"' in h:
-        return "sts_table"
-    if b'"eos_end"' in h or (b'"rid"' in h and b'"fct"' in h):
-        return "estimator_jsonl"
-    if b'"spec_decode_steps"' in h and b'"metadata"' in h:
-        return "aiperf_profile_export"
-    if b'"meta_info"' in h or b'"spec_tokens_details"' in h or b'"sglext"' in h:
-        return "responses"
-    return "unknown"
+    """Kind from the beginning of a JSON / JSONL file (rule 3; the keys are the registry's)."""
+    return kind_of_head(head)
 
 
 def detect(path: str | Path) -> str:
     """Kind of the file at ``path`` (see the module docstring for the rules)."""
     p = Path(path)
     name = p.name
-    if name.endswith(".pt"):
-        return "sts_shard"
-    if name.endswith(".manifest.json"):
-        return "sps_profile_manifest"
-    if name.endswith(".records.jsonl"):
-        return "sps_profile_records"
-    if name.endswith(".rounds.jsonl"):
-        return "sps_profile_rounds"
-    if name.startswith("dflash_accept_stats_rank") and name.endswith(".json"):
-        return "trtllm_accept_stats"
-    if name.endswith("profile_export.jsonl"):
-        return "aiperf_profile_export"
+    by_name = kind_of_name(name)  # rules 1-2 (the registry's name rules)
+    if by_name is not None:
+        return by_name
     if name.endswith(ENGINE_TEXT_SUFFIXES):
         with open(p, "rb") as f:
             return "vllm_metrics" if b"vllm:spec_decode_" in f.read(HEAD_BYTES) else "skip"

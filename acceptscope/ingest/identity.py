@@ -40,6 +40,7 @@ import msgspec
 from acceptscope import schema
 from acceptscope.ingest import stream
 from acceptscope.ingest.detect import run_id_for
+from acceptscope.ingest.kinds import SERVER_SIDE
 
 # launch fields that tell servers apart (all are resolved server args in /server_info)
 IDENTITY_ARGS = (
@@ -56,8 +57,8 @@ IDENTITY_ARGS = (
     "speculative_dspark_confidence_sts_path",
     "speculative_dspark_sps_table_path",
 )
-# artifact kinds that carry no server identity and belong to a server's run
-SERVER_SIDE_KINDS = ("estimator_jsonl", "sts_shard", "responses")
+# artifact kinds that carry no server identity and belong to a server's run (the registry's)
+SERVER_SIDE_KINDS = SERVER_SIDE
 
 
 class _Dump(msgspec.Struct):
@@ -98,6 +99,21 @@ class ServerIdentity:
         model = Path(str(self.fields.get("model_path") or "model")).name or "model"
         model = re.sub(r"[^A-Za-z0-9._-]+", "_", model)[:40]
         return f"sglang-{mode}-{model}-{h}"
+
+
+MAX_RUN_ID = 200  # characters: a run id names an export partition directory and is printed whole
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` when usable as a run id given by a user (``--run-id``), else ValueError in one line.
+
+    Why: a 130 KB run id was accepted and then cost every later command (a report took 240 s and 1.5 GB;
+    an export could not name its partition directory)."""
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise ValueError("run id must be a non-empty string")
+    if len(run_id) > MAX_RUN_ID:
+        raise ValueError(f"run id of {len(run_id):,} characters: at most {MAX_RUN_ID} ({run_id[:40]!r}...)")
+    return run_id
 
 
 def _valid_mode(v: Any) -> Optional[str]:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 
 from acceptscope.ingest.estimator_jsonl import parse_estimator_jsonl
+from acceptscope.ingest.identity import check_run_id
 from acceptscope.ingest.rejects import make_reject
 from acceptscope.ingest.server_info import RING_CAPACITY, ServerInfoIngestor, run_row_from_server_info
 from acceptscope.ingest.sts_shards import load_shard, parse_sts_shard
@@ -70,6 +71,10 @@ class CaptureConfig:
     http_timeout_s: float = 60.0  # total deadline of one request (connect, headers and body)
     max_response_bytes: int = 1 << 30  # larger /server_info bodies are refused (one failed poll each)
     launch: dict | None = None  # the ArmSpec config when we launched the server
+
+    def __post_init__(self) -> None:
+        if self.run_id is not None:
+            check_run_id(self.run_id)  # (ValueError in one line: the CLI exits 2 before any file is made)
 
 
 @dataclass

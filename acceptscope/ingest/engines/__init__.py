@@ -30,11 +30,12 @@ from typing import Iterable, Optional
 from acceptscope.schema import as_arrow
 from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.detect import detect, run_id_for
+from acceptscope.ingest.kinds import ENGINE
 from acceptscope.ingest.engines import aiperf, trtllm, vllm
 from acceptscope.ingest.engines.records import ENGINE_COUNTS, EngineBatch
 from acceptscope.store_sql import create_table_sql, quote_ident
 
-ENGINE_KINDS = ("vllm_metrics", "trtllm_accept_stats", "aiperf_profile_export")  # (acceptscope.ingest.detect.KINDS)
+ENGINE_KINDS = ENGINE  # (the registry: acceptscope.ingest.kinds)
 
 
 def detect_engine(path: str | Path) -> Optional[str]:
