@@ -14,10 +14,13 @@ its own child process, whose peak RSS (VmHWM) is reported next to its RSS after 
 ``python bench/fuzz.py --digest OUT --n 600`` -- rows and rejects of poisoned /server_info cases, one line
 each, for diffing two code trees (a parser change must not change what hostile input stores).
 
-``python bench/fuzz.py --attacks`` -- the hostile inputs and faults of issue 11, each in a child
-process, through the real entry points (``ingest_paths`` into a DuckDB store, the live poller's
-HTTP client, the ``estimate`` / ``report`` commands): rows stored against a clean run of the same
-input, rejects found and stored, exit codes, wall time and peak RSS.
+``python bench/fuzz.py --attacks`` -- the hostile inputs and faults of issue 11 (first round) and of
+issue 30 (second round, bench/fuzz_attacks.py), each in a child process, through the real entry points
+(``ingest_paths`` into a DuckDB store, ``acceptscope`` processes, the live poller and driver against
+misbehaving loopback servers). Prints one table: attack / expected / observed / held or broke, with the
+wall time and the peak RSS of the child and of the processes it started, then the counts tried / held /
+broke. An attack holds when its own check holds, its processes peaked at <= 1 GB and it ended in time.
+``--only SUBSTRING`` runs the attacks whose name contains it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -36,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.support.memory import status_mb  # noqa: E402  (one /proc/self/status reader for the benches)
 from bench.support.corrupt_db import KINDS  # noqa: E402
+from bench import fuzz_attacks  # noqa: E402  (issue 30's second round)
 
 
 def _rss_mb() -> float:
@@ -145,7 +150,9 @@ def attack_child(name: str, work: Path) -> dict:
     t0 = time.perf_counter()
     row: dict = {"attack": name}
     later = FX / "compact.server_info.json"
-    if name.startswith("poison:"):  # poison:<artifact>:<key>:<value name>
+    if name in fuzz_attacks.ATTACKS:
+        row.update(fuzz_attacks.run_one(name, work), round=2)
+    elif name.startswith("poison:"):  # poison:<artifact>:<key>:<value name>
         _, art, key, vname = name.split(":", 3)
         from bench.support.poison_values import FIXED, replace_site, value_sites
 
@@ -243,7 +250,29 @@ def attack_child(name: str, work: Path) -> dict:
     row["seconds"] = round(time.perf_counter() - t0, 2)
     row["rss_after_imports_mb"] = round(rss0, 1)
     row["peak_rss_mb"] = round(status_mb("VmHWM"), 1)
+    row["children_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+    if "held" not in row:
+        row.update(_first_round_verdict(row))
     return row
+
+
+def _first_round_verdict(row: dict) -> dict:
+    """Expected / observed / held for a first-round attack (issue 11): rows kept but for the poisoned unit,
+    rejects named; a hostile poll costs that poll; a corrupt database is one line, exit 2, per command."""
+    if row["attack"].startswith("corrupt db:"):
+        parts = [p.strip() for p in row["exit"].split(";")]
+        ok = all(p.split()[1].rstrip(",") in ("1", "2", "3") and p.endswith("1 line") for p in parts)
+        return {"expected": "estimate, report: exit != 0 in one line", "observed": row["exit"], "held": ok}
+    if row["attack"].startswith("http:"):
+        mode = row["attack"].split(":", 1)[1]
+        want = 840 if mode == "poison" else 0
+        ok = row["rows_stored"] >= want - 7 and (mode == "poison" or row["down_polls"] == 3)
+        return {"expected": f"{'all rows but one record' if want else 'the poll refused, counted'}",
+                "observed": f"{row['rows_stored']} rows, {row['down_polls']} down polls, {row['rejects']} rejects",
+                "held": ok}
+    ok = row.get("rows_stored", 0) >= row.get("rows_clean", 0) - 7 and row.get("exit") == "ok"
+    return {"expected": f">= {max(row.get('rows_clean', 0) - 7, 0)} rows kept (all but one unit), rejects named",
+            "observed": f"{row.get('rows_stored')} rows stored, {row.get('rejects')} rejects", "held": ok}
 
 
 ATTACKS = (
@@ -257,25 +286,51 @@ ATTACKS = (
        "rejected step header (bs = 2**40)"]
     + [f"http:{m}" for m in ("slow-body", "endless-headers", "huge", "huge-declared", "redirect", "poison")]
     + [f"corrupt db:{k}" for k in KINDS]
+    + list(fuzz_attacks.ATTACKS)
 )
+PEAK_MB = 1024  # issue 30: peak memory <= 1 GB under every hostile peer
+CHILD_LIMIT_S = 600
 
 
-def run_attacks(work: Path) -> list[dict]:
+def run_attacks(work: Path, only: str | None = None) -> list[dict]:
     import shutil
 
     out = []
     for i, name in enumerate(ATTACKS):
+        if only and only not in name:
+            continue
         d = work / f"a{i}"
         shutil.rmtree(d, ignore_errors=True)
-        r = subprocess.run([sys.executable, __file__, "--child-attack", name, "--work", str(d)],
-                           capture_output=True, text=True, cwd=ROOT, timeout=300)
-        if r.returncode != 0:
-            res = {"attack": name, "exit": f"child failed rc={r.returncode}: {r.stderr.strip()[-300:]}"}
+        try:
+            r = subprocess.run([sys.executable, __file__, "--child-attack", name, "--work", str(d)],
+                               capture_output=True, text=True, cwd=ROOT, timeout=CHILD_LIMIT_S)
+            failed = None if r.returncode == 0 else f"child failed rc={r.returncode}: {r.stderr.strip()[-300:]}"
+        except subprocess.TimeoutExpired:
+            failed = f"child still running after {CHILD_LIMIT_S} s"
+        if failed:
+            res = {"attack": name, "expected": "-", "observed": failed, "held": False}
         else:
             res = json.loads(r.stdout.strip().splitlines()[-1])
+            peak = max(res.get("peak_rss_mb", 0), res.get("children_peak_rss_mb", 0))
+            if peak > PEAK_MB:
+                res.update(held=False, observed=f"{res['observed']}; peak {peak:.0f} MB > {PEAK_MB}")
         out.append(res)
-        print(json.dumps(res), flush=True)
+        print(json.dumps(res, default=str), flush=True)
     return out
+
+
+def print_table(rows: list[dict]) -> None:
+    """attack | expected | observed | held/broke, then the counts."""
+    print()
+    print("| attack | expected | observed | s | peak MB | verdict |")
+    print("|---|---|---|---:|---:|---|")
+    for r in rows:
+        peak = max(r.get("peak_rss_mb", 0), r.get("children_peak_rss_mb", 0))
+        cell = lambda t: str(t).replace("|", "/").replace("\n", " ")  # noqa: E731
+        print(f"| {cell(r['attack'])} | {cell(r.get('expected', ''))} | {cell(r.get('observed', ''))} | "
+              f"{r.get('seconds', '')} | {peak:.0f} | {'held' if r.get('held') else 'BROKE'} |")
+    held = sum(bool(r.get("held")) for r in rows)
+    print(f"\ntried {len(rows)}, held {held}, broke {len(rows) - held}")
 
 
 def digest_server_info(n: int, seed: int, out: Path) -> None:
@@ -314,6 +369,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--attacks", action="store_true", help="replay issue 11's hostile inputs and faults instead")
     ap.add_argument("--work", default="/tmp/acceptscope-fuzz", help="scratch folder for --attacks")
+    ap.add_argument("--only", default=None, help="with --attacks: only the attacks whose name contains this")
     ap.add_argument("--digest", help="write per-case rows/rejects of --n poisoned /server_info cases to this "
                                      "file (to diff two code trees) instead")
     ap.add_argument("--child-fuzz", type=int, default=None, help=argparse.SUPPRESS)
@@ -329,9 +385,8 @@ def main() -> None:
         digest_server_info(a.n, a.seed, Path(a.digest))
         return
     if a.attacks:
-        rows = run_attacks(Path(a.work))
-        bad = [r for r in rows if "rows_clean" in r and r.get("rows_stored", 0) < r["rows_clean"] - 7]
-        print(f"{len(rows)} attacks; {len(bad)} lost more than one unit")
+        rows = run_attacks(Path(a.work), a.only)
+        print_table(rows)
         return
     res = run_fuzz(a.n, a.seed)
     total = sum(r["cases"] for r in res)
