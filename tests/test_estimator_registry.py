@@ -91,7 +91,7 @@ def test_registered_estimator_in_memory_and_streamed_equal_the_sql(toy, db):
         chunked = to_jsonable(run_all_stream(st, [rid], n_boot=20, chunk_rows=100)[rid])
         assert_close(one[MeanWindow.name]["summary"]["mean_window"], want, rtol=1e-12)
         assert_close(chunked[MeanWindow.name]["summary"]["mean_window"], want, rtol=1e-12)
-    assert figure_of(MeanWindowResult(1.0, 1)).data[0].y == (1.0,)
+    assert figure_of(MeanWindowResult(1.0, 1)).data[0].y == pytest.approx((1.0,))
 
 
 def test_registered_estimator_reaches_the_cli_json_and_the_report(toy, db, tmp_path):

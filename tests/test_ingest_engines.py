@@ -227,10 +227,10 @@ def test_exporter_serves_engine_runs(tmp_path):
         assert get("acceptscope_spec_decode_num_accepted_tokens_per_pos_total", run_id="vllm-run", position=str(k)) == [(c > k).sum()]
         assert get("acceptscope_spec_decode_num_verified_per_pos_total", run_id="vllm-run", position=str(k)) == [len(rs)]
     assert get("acceptscope_realized_accept_length", run_id="vllm-run") == [pytest.approx(1 + c.mean(), abs=1e-12)]
-    assert get("acceptscope_estimate_error", run_id="vllm-run") == [0.0]
-    assert get("acceptscope_run_info", run_id="vllm-run", engine="vllm", gen_ai_provider_name="vllm") == [1.0]
+    assert get("acceptscope_estimate_error", run_id="vllm-run") == pytest.approx([0.0])
+    assert get("acceptscope_run_info", run_id="vllm-run", engine="vllm", gen_ai_provider_name="vllm") == pytest.approx([1.0])
     assert get("acceptscope_spec_decode_num_drafts_total", run_id="syn-native")  # the native run still estimated
-    assert get("acceptscope_exporter_errors_total") == [0.0]
+    assert get("acceptscope_exporter_errors_total") == pytest.approx([0.0])
 
 
 def aiperf_lines(rs) -> tuple[list[dict], dict]:
