@@ -406,21 +406,46 @@ def score_rows(cfgs: list[dict], workdir: Path, commit: str, sdir: Path, truth_k
     return rows
 
 
+def child_combine(job: dict) -> None:
+    """(child) The truth runs of many configurations in one file, each under its own run id: every
+    configuration names its runs alike (``k``), and the harness groups and resamples by run id."""
+    # imported here: the child runs on the tree named by PYTHONPATH
+    import pyarrow as pa
+
+    from acceptscope.store import Store
+
+    out = Store(job["out"])
+    for db, rid in job["runs"]:
+        st = Store(db, read_only=True)
+        tables = {}
+        for name in ("runs", "steps", "request_steps"):
+            t = st.read_arrow(name, "k")
+            tables[name] = t.set_column(t.column_names.index("run_id"), "run_id", pa.array([rid] * t.num_rows, pa.string()))
+        out.append(tables)
+    print(json.dumps({"done": len(job["runs"])}), flush=True)
+
+
 def cross_fit(cfgs: list[dict], workdir: Path, commit: str, tree: Path, tag: str) -> dict | None:
-    """``python -m acceptscope.estimators.validation`` on the split's cap-accept truth files (cached)."""
-    dbs = [str(workdir / "runs" / config_hash(c, commit) / "truth.duckdb") for c in cfgs if c["kind"] == "grid"]
-    dbs = [d for d in dbs if Path(d).exists()]
-    if not dbs:
+    """``python -m acceptscope.estimators.validation`` on the split's cap-accept truth runs (cached)."""
+    runs = [(str(workdir / "runs" / config_hash(c, commit) / "truth.duckdb"), f"k-{c['seed']}")
+            for c in cfgs if c["kind"] == "grid"]
+    runs = [r for r in runs if Path(r[0]).exists()]
+    if not runs:
         return None
-    key = hashlib.sha256(json.dumps(sorted(dbs)).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps(sorted(runs)).encode()).hexdigest()[:12]
     out = workdir / "crossfit" / f"{tag}-{key}.json"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
+        combined = out.with_name(f"{tag}-{key}.duckdb")
+        combined.unlink(missing_ok=True)
+        rc, _, err = _child(tree, ["--child-combine"], json.dumps({"out": str(combined), "runs": runs}), timeout=1800)
+        if rc != 0:
+            return {"error": (err.strip().splitlines() or ["failed"])[-1]}
         env = dict(os.environ, PYTHONPATH=str(tree))
         t0 = time.perf_counter()
         mod = "acceptscope.estimators.validation" if (tree / "acceptscope" / "estimators").exists() else "estimators.validation"
-        r = subprocess.run([sys.executable, "-m", mod, *dbs, "--json", str(tmp)], cwd=tree, env=env,
+        r = subprocess.run([sys.executable, "-m", mod, str(combined), "--json", str(tmp)], cwd=tree, env=env,
                            capture_output=True, text=True, timeout=3600)
         if r.returncode != 0:
             return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -433,7 +458,7 @@ def cross_fit(cfgs: list[dict], workdir: Path, commit: str, tree: Path, tag: str
     groups = {}
     for by in sorted({a["by"] for a in agg}):
         groups[by] = rep.pooled([bool(a["covers"]) for a in agg if a["by"] == by])
-    return {"runs": len(dbs), "targets": v.get("targets"), "per_mode": v.get("per_mode"),
+    return {"runs": len(runs), "targets": v.get("targets"), "per_mode": v.get("per_mode"),
             "aggregate_all_groups": rep.pooled([bool(a["covers"]) for a in agg]), "aggregate_by": groups,
             "seconds": v.get("seconds"), "notes": v.get("notes")}
 
@@ -457,6 +482,7 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="report prefix (default WORKDIR/report-SPLIT-TAG)")
     ap.add_argument("--child-generate", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-estimate", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-combine", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -475,6 +501,8 @@ def main(argv=None) -> None:
         return child_generate(json.loads(sys.stdin.read()))
     if a.child_estimate:
         return child_estimate(json.loads(sys.stdin.read()))
+    if a.child_combine:
+        return child_combine(json.loads(sys.stdin.read()))
     n = a.n or (6 if a.smoke else 44)
     fr = tuple(float(x) for x in a.fractions.split(",") if x.strip())
     if any(not 0 < f < 1 for f in fr):

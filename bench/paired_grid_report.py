@@ -332,8 +332,11 @@ def markdown(report: dict) -> str:
          f"- engine commit `{meta['engine_commit'][:12]}`; {s['scored']} of {s['configs']} configurations scored; "
          f"seeds {meta['seeds'][0]}..{meta['seeds'][-1]} (split `{meta['split']}`; the other split's seeds: "
          f"{meta['other_split_seeds'][0]}..{meta['other_split_seeds'][-1]}, disjoint)",
-         f"- truth: `{meta['truth_key']}`; generation {meta['timing'].get('generate_s', 0):.0f} s, "
-         f"scoring {meta['timing'].get('score_s', 0):.0f} s", f"- command: `{_md_escape(meta['command'])}`", "",
+         f"- truth: `{meta['truth_key']}`; this call: generation {meta['timing'].get('generate_s', 0):.0f} s, "
+         f"estimates {meta['timing'].get('score_s', 0):.0f} s; the cached runs took "
+         f"{meta['timing'].get('generate_cached_total_s', 0):.0f} s to generate; one compact estimate "
+         f"{_f(meta['timing'].get('estimate_compact_median_s'), 1)} s (median)",
+         f"- command: `{_md_escape(meta['command'])}`", "",
          "| compact alone (95% intervals) | coverage [Clopper-Pearson 95%] | median width |", "|---|---|---|",
          f"| mean ceiling (drafts) | {_cov(s['compact']['mean_ceiling'])} | {_f(s['compact']['median_width'])} |",
          f"| utilization | {_cov(s['compact']['utilization'])} | {_f(s['compact']['median_util_width'])} |",
@@ -358,9 +361,27 @@ def markdown(report: dict) -> str:
                  f"{_f(b and b['median_width'])} ({b['n'] if b else 0}) |")
     for kind in ("tail", "sampling"):
         fit = wc[kind]["fit"]
-        if fit:
+        if fit and -0.8 <= fit["free_slope"] <= -0.2:
             L.append(f"\n{kind}: width ~ {fit['c']:.2f}/sqrt(audited) (free log-log slope {fit['free_slope']:.2f}); "
                      f"±0.08 drafts (width 0.16) needs ~{fit['n_for_width_0.16']:.0f} audited requests")
+        elif fit:
+            L.append(f"\n{kind}: across configurations the width does not fall as 1/sqrt(audited) (free log-log "
+                     f"slope {fit['free_slope']:.2f}): no audit-size reading from the pooled points")
+    vol = [r for r in report["rows"] if r["config"].get("kind") == "volume" and r.get("audits")]
+    for r in vol:
+        cf = r["config"]
+        L += ["", f"Large traffic ({_md_escape(cf['workload'])}, T = {cf['temperature']}, batch {cf['batch']}, "
+              f"{cf['n_requests']} requests; truth {_f((r.get('truth') or {}).get('mean_ceiling'))}): the same traffic "
+              "audited at each fraction", "",
+              "| fraction | audited | tail w/ audit hazards [95%] | width | covers | sampling inference [95%] | width | covers |",
+              "|---|---|---|---|---|---|---|---|"]
+        for a in r["audits"]:
+            t, sp = a.get("tail") or {}, a.get("sampling") or {}
+            L.append(f"| {a['fraction']:.0%} | {a['n_audited']} | "
+                     + (f"{_f(t['est'])} [{_f(t['lo'])}, {_f(t['hi'])}] | {_f(t['width'])} | {'yes' if t['covers'] else '**no**'} | "
+                        if t else f"{_md_escape(a.get('error', '-'))[:60]} | | | ")
+                     + (f"{_f(sp['est'])} [{_f(sp['lo'])}, {_f(sp['hi'])}] | {_f(sp['width'])} | {'yes' if sp['covers'] else '**no**'} |"
+                        if sp else "- | | |"))
     if s.get("by_factor"):
         L += ["", "| compact alone, by factor | level | mean ceiling covered | utilization covered | median bias | "
               "median width |", "|---|---|---|---|---|---|"]
