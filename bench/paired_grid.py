@@ -56,9 +56,10 @@ T_RANGE = (0.3, 1.0)
 MAX_CONFIGS = 400  # per split; the seed ranges below are disjoint up to this many
 SPLITS = {"score": {"design_seed": 2800, "seed_base": 28_100},
           "tune": {"design_seed": 2801, "seed_base": 28_600}}
-# large-traffic configurations for the width-vs-audited-requests curve: (workload, T, batch, sts, profile)
-VOLUME = (("mixed", 0.7, 64, False, "h200-qwen3-8b"), ("poetry", 0.5, 32, False, None),
-          ("file:gsm8k", 0.9, 64, True, "h200-qwen3-8b"))
+# large-traffic configurations for the width-vs-audited-requests curve: (workload, T, batch, sts, profile,
+# requests); the last is the production volume (>= 2,000 requests, so a 10% audit is >= 200)
+VOLUME = (("mixed", 0.7, 64, False, "h200-qwen3-8b", 512), ("poetry", 0.5, 32, False, None, 512),
+          ("file:gsm8k", 0.9, 64, True, "h200-qwen3-8b", 512), ("mixed", 0.8, 128, True, "h200-qwen3-8b", 2048))
 # where an STS calibration split comes from when a prompt file is too short for a disjoint one
 CALIBRATION_FALLBACK = {"poetry": "poetry", "mt-bench": "chat", "humaneval": "code", "mbpp": "code",
                         "gsm8k": "math", "math500": "math", "arena-hard-v2": "chat"}
@@ -114,9 +115,9 @@ def design(split: str, n: int, fractions=FRACTIONS, volume: int = 0) -> list[dic
                      "sts": bool(sts[i]), "cost_profile": PROFILES[i % len(PROFILES)] if prof[i] else None,
                      "fractions": sorted({f for f in (ALWAYS, extra[i]) if f in fractions})})
     specs = dict(workloads())
-    for j, (w, t, b, s, p) in enumerate(VOLUME[:volume]):
+    for j, (w, t, b, s, p, nr) in enumerate(VOLUME[:volume]):
         cfgs.append({"split": split, "index": n + j, "kind": "volume", "seed": sp["seed_base"] + MAX_CONFIGS + j,
-                     "temperature": t, "workload": w, "spec": specs[w], "batch": b, "n_requests": 512,
+                     "temperature": t, "workload": w, "spec": specs[w], "batch": b, "n_requests": nr,
                      "max_new_tokens": 32, "sts": s, "cost_profile": p, "fractions": list(fractions)})
     for c in cfgs:
         c["sample_seed"] = c["seed"]
@@ -470,7 +471,7 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--split", default="score", choices=tuple(SPLITS))
     ap.add_argument("--n", type=int, default=None, help="grid configurations (default 44; --smoke: 6)")
     ap.add_argument("--smoke", action="store_true", help="the first 6 configurations, no volume runs")
-    ap.add_argument("--volume", type=int, default=None, help=f"large-traffic configurations (0..{len(VOLUME)}; default 1)")
+    ap.add_argument("--volume", type=int, default=None, help=f"large-traffic configurations (0..{len(VOLUME)}; default all)")
     ap.add_argument("--fractions", default=",".join(f"{f:g}" for f in FRACTIONS))
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("ACCEPTSCOPE_GRID", "/tmp/acceptscope-grid")))
     ap.add_argument("--engine-ref", default=None, help="commit whose engine serves the runs (default: the one "
@@ -507,7 +508,7 @@ def main(argv=None) -> None:
     fr = tuple(float(x) for x in a.fractions.split(",") if x.strip())
     if any(not 0 < f < 1 for f in fr):
         raise SystemExit("--fractions: each must be in (0, 1)")
-    cfgs = design(a.split, n, fr, 0 if a.smoke else (1 if a.volume is None else a.volume))
+    cfgs = design(a.split, n, fr, 0 if a.smoke else (len(VOLUME) if a.volume is None else a.volume))
     other = "tune" if a.split == "score" else "score"
     assert not {c["seed"] for c in cfgs} & {c["seed"] for c in design(other, n, fr, len(VOLUME))}
     if a.stage == "design":
