@@ -101,15 +101,20 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
     if (train, boot) not in cache:
         tbl = read_sample(store, train, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
         n_fit = tbl.num_rows
-        est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma)).frozen(boot, seed)
+        fit_note = None
+        try:
+            est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma)).frozen(boot, seed)
+        except ValueError as e:  # nothing past any window to learn from (e.g. static runs never trim)
+            est = TailEstimator.confidence_only(gamma, str(e))
+            fit_note = f"{e}: the hazards are the confidences themselves"
         del tbl
         n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
                                      [list(train)]).n.iloc[0])
         sample_note = (f"hazards fitted on a stable hash-sample of {n_fit} of {n_total} request-steps "
                        f"(whole requests)") if n_fit < n_total else None
-        cache[(train, boot)] = (est, sample_note)
-    est, sample_note = cache[(train, boot)]
-    return est, [note] + ([sample_note] if sample_note else [])
+        cache[(train, boot)] = (est, [x for x in (sample_note, fit_note) if x])
+    est, fit_notes = cache[(train, boot)]
+    return est, [note] + fit_notes
 
 
 @dataclass

@@ -7,10 +7,12 @@ from typing import Any
 
 from acceptscope.estimators.stream import run_all_stream
 
-# runs up to this many request-steps are estimated as one chunk (exact planner audit, per-block tail
-# predictions kept); bigger ones are streamed in chunks of whole requests. Why 256k: one chunk costs
-# ~3.7 GB per million request-steps where the streamed pass holds ~1.5 GB at any size
-STREAM_ROWS = 1 << 18
+# runs up to this many request-steps are estimated as one chunk (per-block tail predictions kept, the
+# planner audit on every decode step); bigger ones are streamed in chunks of whole requests (the planner
+# audit then on their first PLANNER_ROWS request-steps). Why 64k: a chunk costs ~3.7 GB per million
+# request-steps; over the main job's audit replicated to 2M request-steps in 23 runs, 256k peaked at
+# 1,597 MB and 64k at 1,203 MB with 7% less CPU (bench/fleet.py)
+STREAM_ROWS = 1 << 16
 
 
 def run_all(store, run_id: str, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,

@@ -352,6 +352,17 @@ class TailEstimator:
         self.fit_margin(frame, wk)
         return self
 
+    @classmethod
+    def confidence_only(cls, gamma: int, why: str) -> "TailEstimator":
+        """An estimator whose hazards are the confidences themselves (no fit): for a run whose training
+        runs hold no position to learn from (a static run never trims, so nothing lies past a window)."""
+        est = cls(hazard=HazardModel(method="confidence"))
+        hz = est.hazard
+        hz.gamma_, hz.fitted_, hz.info_ = gamma, True, dict(method="confidence", source="none", why=why)
+        est.gamma_ = gamma
+        est.prior_ = None
+        return est
+
     def fit_margin(self, frame: BlockFrame, wk: dict | None = None) -> "TailEstimator":
         """The prior for positions the walk could not follow (:mod:`estimators.margin`) when the hazards
         were fitted on observed outcomes (no truth), with the margin check from ``frame``'s first trimmed
