@@ -7,7 +7,6 @@ every failure is one line with a non-zero exit code; JSON output is strict.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -58,15 +57,10 @@ def hostile_db(tmp_path_factory):
 
 
 def test_console_helpers():
-    buf = io.StringIO()
-    old = console.file
-    console.file = buf
-    try:
+    with console.capture() as cap:  # (the shared console keeps writing to whatever stderr is later)
         console.print(f"run {HOSTILE}")  # a site that forgot safe(): printed as text, not raised
         console.print(f"[red]run[/red] {safe(HOSTILE)}")
-    finally:
-        console.file = old
-    out = buf.getvalue()
+    out = cap.get()
     assert "\x1b]0;" not in out and "\x1b[2J" not in out and out.count("[/]x[/bold]") == 2
     assert plain("a\x1bb\u202ec") == "a?b?c"
     line = one_line(ValueError("x" * 130_000 + "\nsecond"))
