@@ -369,10 +369,12 @@ def markdown(report: dict) -> str:
                      f"slope {fit['free_slope']:.2f}): no audit-size reading from the pooled points")
     vol = [r for r in report["rows"] if r["config"].get("kind") == "volume" and r.get("audits")]
     for r in vol:
-        cf = r["config"]
+        cf, c = r["config"], r.get("compact") or {}
+        alone = (f"; compact alone {_f(c['est'])} [{_f(c['lo'])}, {_f(c['hi'])}], {'covers' if c['covers'] else '**misses**'}"
+                 if "est" in c else "")
         L += ["", f"Large traffic ({_md_escape(cf['workload'])}, T = {cf['temperature']}, batch {cf['batch']}, "
-              f"{cf['n_requests']} requests; truth {_f((r.get('truth') or {}).get('mean_ceiling'))}): the same traffic "
-              "audited at each fraction", "",
+              f"{cf['n_requests']} requests; truth {_f((r.get('truth') or {}).get('mean_ceiling'))}{alone}): the same "
+              "traffic audited at each fraction", "",
               "| fraction | audited | tail w/ audit hazards [95%] | width | covers | sampling inference [95%] | width | covers |",
               "|---|---|---|---|---|---|---|---|"]
         for a in r["audits"]:
