@@ -536,7 +536,7 @@ def main(argv=None) -> None:
     summary["width_curve"] = rep.summarize(rows, fr)["width_curve"]
     gen = [r.get("generate_s") or 0 for r in rows]
     est = [r["compact"].get("estimate_s") or 0 for r in rows if r.get("compact")]
-    timing.update(generate_cached_total_s=round(sum(gen), 1), estimate_compact_median_s=rep._median(est))
+    timing.update(generate_cached_total_s=round(sum(gen), 1), estimate_compact_median_s=rep.median(est))
     report = {"meta": {"split": a.split, "seeds": sorted(c["seed"] for c in cfgs), "other_split_seeds": split_seeds(other),
                        "engine_commit": commit, "estimator": tag, "truth_key": a.truth, "fractions": list(fr),
                        "command": " ".join(["python bench/paired_grid.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -218,7 +218,7 @@ def pooled(flags: list[bool]) -> dict:
     return {"k": k, "n": n, "rate": k / n if n else float("nan"), "cp_lo": lo, "cp_hi": hi}
 
 
-def _median(v) -> Optional[float]:
+def median(v) -> Optional[float]:
     v = [x for x in v if x is not None and math.isfinite(x)]
     return float(np.median(v)) if v else None
 
@@ -238,7 +238,7 @@ def width_curve(points: list[dict]) -> dict:
             w = [x for n, x in pts if a < n <= b]
             if w:
                 rows.append({"audited": f"{a + 1}-{b}" if b < (1 << 30) else f">{a}", "n": len(w),
-                             "median_width": _median(w)})
+                             "median_width": median(w)})
         fit = None
         if len(pts) >= 3:
             n = np.array([p[0] for p in pts], float)
@@ -258,9 +258,9 @@ def summarize(rows: list[dict], fractions: Iterable[float]) -> dict:
            "errors": sorted({r["compact"]["error"] for r in rows if r.get("compact") and "error" in r["compact"]}),
            "compact": {"mean_ceiling": pooled([x["covers"] for x in c]),
                        "utilization": pooled([x["util_covers"] for x in c]),
-                       "median_width": _median([x["width"] for x in c]),
-                       "median_abs_bias": _median([abs(x["bias"]) for x in c]),
-                       "median_util_width": _median([x["util_width"] for x in c])}}
+                       "median_width": median([x["width"] for x in c]),
+                       "median_abs_bias": median([abs(x["bias"]) for x in c]),
+                       "median_util_width": median([x["util_width"] for x in c])}}
     withb = [x for x in c if "bounds_contain" in x]
     out["compact"]["bounds"] = pooled([x["bounds_contain"] for x in withb]) if withb else None
     out["by_factor"] = by_factor(rows)
@@ -274,8 +274,8 @@ def summarize(rows: list[dict], fractions: Iterable[float]) -> dict:
             s = [a[kind] for a in pts if a.get(kind) and "error" not in a[kind]]
             entry[kind] = {"mean_ceiling": pooled([x["covers"] for x in s]),
                            "utilization": pooled([x["util_covers"] for x in s]),
-                           "median_width": _median([x["width"] for x in s]),
-                           "median_audited": _median([a["n_audited"] for a in pts])} if s else None
+                           "median_width": median([x["width"] for x in s]),
+                           "median_audited": median([a["n_audited"] for a in pts])} if s else None
         aud[f"{f:g}"] = entry
     out["audit"] = aud
     out["width_curve"] = width_curve([a for r in ok for a in r.get("audits", [])])
@@ -306,7 +306,7 @@ def by_factor(rows: list[dict]) -> list[dict]:
         for lev, cs in sorted(levels.items(), key=lambda kv: (len(kv[0]), kv[0])):
             out.append({"factor": factor, "level": lev, "mean_ceiling": pooled([c["covers"] for c in cs]),
                         "utilization": pooled([c["util_covers"] for c in cs]),
-                        "median_bias": _median([c["bias"] for c in cs]), "median_width": _median([c["width"] for c in cs])})
+                        "median_bias": median([c["bias"] for c in cs]), "median_width": median([c["width"] for c in cs])})
     return out
 
 
