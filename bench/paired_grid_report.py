@@ -275,7 +275,7 @@ def summarize(rows: list[dict], fractions: Iterable[float]) -> dict:
             entry[kind] = {"mean_ceiling": pooled([x["covers"] for x in s]),
                            "utilization": pooled([x["util_covers"] for x in s]),
                            "median_width": median([x["width"] for x in s]),
-                           "median_audited": median([a["n_audited"] for a in pts])} if s else None
+                           "median_audited": median([a["n_audited"] for a in pts if "error" not in a])} if s else None
         aud[f"{f:g}"] = entry
     out["audit"] = aud
     out["width_curve"] = width_curve([a for r in ok for a in r.get("audits", [])])
