@@ -22,6 +22,7 @@ import pytest
 from acceptscope.estimators.frame import BlockFrame, padded
 from acceptscope.estimators.hazard import HazardModel
 from acceptscope.estimators.synthetic import compact_view, simulate
+from acceptscope.estimators.margin import shift_hazards
 from acceptscope.estimators.tail import TailEstimator, _block_uniforms, quantile_intervals, walk
 from tests._close import assert_close
 
@@ -90,7 +91,10 @@ def _direct(est: TailEstimator, frame: BlockFrame, gather=None, seed: int = 0):
     Hk = wk["h"]
     pmf = np.zeros((n, G + 1))
     pmf[np.flatnonzero(~cens), frame.correct[~cens]] = 1.0
-    pm, mean_c, var_c = est._pmf(frame, rows, Hk, est.hazard.predict(frame, rows, wk["state"]))
+    Hm = est.hazard.predict(frame, rows, wk["state"])
+    prior = getattr(est, "prior_", None)  # hazards fitted without truth: the unobserved-position prior
+    pm, mean_c, var_c = est._pmf(frame, rows, Hk, shift_hazards(Hm, prior.center) if prior else Hm)
+    sens = [est._pmf(frame, rows, Hk, shift_hazards(Hm, d))[1] for d in prior.band()] if prior else [mean_c, mean_c]
     pmf[rows] = pm
     mean, var = frame.correct.astype(float), np.zeros(n)
     mean[rows], var[rows] = mean_c, var_c
@@ -113,7 +117,11 @@ def _direct(est: TailEstimator, frame: BlockFrame, gather=None, seed: int = 0):
     for col, v in (("bound_lo", lead1), ("bound_hi", notzero)):
         b[col] = frame.correct.copy()
         b.loc[rows, col] = frame.window[rows] + v.sum(1)
-    b["resolved"] = (b.bound_lo == b.bound_hi).to_numpy()
+    resolved = (b.bound_lo == b.bound_hi).to_numpy()
+    for col, v in (("sens_lo", sens[0]), ("sens_hi", sens[1])):  # a resolved block has its bound whatever the model
+        b[col] = mean.copy()
+        b.loc[rows, col] = np.where(resolved[rows], mean[rows], v)
+    b["resolved"] = resolved
     b["walked"] = 0
     b.loc[rows, "walked"] = wk["walked"]
     u = _block_uniforms(frame, rows, seed)

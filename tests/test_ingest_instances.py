@@ -61,5 +61,7 @@ def test_stored_runs_are_still_looked_up(tmp_path: Path, opens: list[bool]) -> N
     (other / "b.server_info.json").write_text(json.dumps(bad))
     opens.clear()
     s = ingest_paths([other], store, run_id="r", progress=False)
-    assert len(opens) == 3  # the run lookup, the run's resume (rank slots, epoch), the last flush + closing writes
+    # the run lookup, the epochs' placement under the run's ingest lock (startup order against the stored
+    # incarnations), the run's resume (rank slots, epoch), the last flush + closing writes
+    assert len(opens) == 4
     assert s["rejects"]["count"] >= 1 and "gamma" in " ".join(s["rejects"]["messages"])

@@ -72,6 +72,8 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("acceptscope.live", "acceptscope.live.session"): "the [live] extra (requests, prometheus_client)",
     ("acceptscope.live.launcher", "torch"): "the [engine] extra; the GPU preflight falls back to nvidia-smi",
     # `.pt` shards are read with torch.load; a core install (no torch) still ingests every other artifact
+    # a vLLM metrics dump is parsed by prometheus_client's text parser; a core install ingests every other format
+    ("acceptscope.ingest.engines.vllm", "prometheus_client"): "the [live] extra; only a vLLM dump needs it",
     ("acceptscope.ingest.sts_shards", "torch"): "the [engine] extra; +5.7 s after `import acceptscope.ingest`",
     ("acceptscope.engine.gpu_profile", "torch._dynamo"): "+12.7 s over torch; only --compile uses it",
     # run_all imports estimators.validation (batch_band); only the binomial reading needs scipy.stats

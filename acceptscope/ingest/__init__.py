@@ -229,6 +229,10 @@ class _Context:
             starts.setdefault(plan.run_of[f], []).append(t)
         if not starts or not _writable(self.store):
             return
+        if self.store.created_empty():  # a file this ingest made, still empty: no stored incarnation to order
+            for rid, ts in starts.items():
+                self.epoch_of[rid] = epochs.new_map(ts)
+            return
         with self.store.connect() as con:
             for rid, ts in starts.items():
                 self.epoch_of[rid] = epochs.place(con, rid, ts)

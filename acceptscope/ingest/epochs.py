@@ -134,6 +134,12 @@ def place(con: Any, run_id: str, startups: Sequence[float]) -> dict[float, int]:
     return mapping
 
 
+def new_map(startups: Sequence[float]) -> dict[float, int]:
+    """The epochs of a run with nothing stored yet: its incarnations in startup order (what :func:`place`
+    gives on an empty file, without opening it)."""
+    return _order({}, [], sorted(set(startups)))[1]
+
+
 def _write_map(con: Any, run_id: str, mapping: dict[float, int]) -> None:
     row = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
     if row is None:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import math
 import re
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from acceptscope.ingest.engines.records import EngineBatch, count_row, run_row
 from acceptscope.ingest.rejects import INT64_MAX, safe_text
 
@@ -47,6 +45,8 @@ _NAME = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)")
 
 def _sample(line: str):
     """The one sample of a text-format line (raises ValueError when it is not one)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     fams = list(text_string_to_metric_families(line + "\n"))
     samples = [s for f in fams for s in f.samples]
     if len(samples) != 1:
