@@ -8,7 +8,9 @@ telemetry observes them: at the same confidence they are accepted far less often
 it learned from (``interval-diagnosis.md``; on the reference engine the model's hazards there were
 about one logit too high, an over-estimate of up to 0.35 drafts per block).
 
-So when hazards were fitted without truth, every model hazard is moved by :data:`PRIOR_CENTER` logits
+So when hazards were fitted without truth, the model hazards of sampled blocks with log-probs (the walk
+could follow their realized tokens and did not; :func:`estimators.tail.prior_applied`) are moved by
+:data:`PRIOR_CENTER` logits
 (the point estimate) and the estimate carries the band ``PRIOR_CENTER +- PRIOR_HALF_WIDTH``: two more
 predictive means per block, summed like the point estimate so every executor carries them, that widen
 the interval as a systematic term (:func:`estimators.bootstrap.request_stats`). The constants were

@@ -202,3 +202,25 @@ def test_cli_lake_errors(tmp_path):
     assert r.exit_code == 2 and "--engine" in r.output
     r = CliRunner().invoke(app, ["estimate", "--lake", str(tmp_path / "nope"), "--engine", "spark", "--json"])
     assert r.exit_code == 2 and "no such lake" in r.output
+
+
+def test_registered_estimator_runs_on_the_executors(spark, ref):
+    """A registered estimator (the toy of tests/test_estimator_registry.py, defined outside acceptscope) is
+    shipped to the executors by value, fed their chunks and merged on the driver: its value equals the SQL."""
+    import duckdb
+
+    from acceptscope.estimators.registry import register, unregister
+    from acceptscope.estimators.spark import estimate_lake
+    from tests.test_estimator_registry import MeanWindow
+
+    db, lake = ref
+    register(MeanWindow)
+    try:
+        got = estimate_lake(lake, spark=spark, n_boot=20)
+    finally:
+        unregister(MeanWindow.name)
+    with duckdb.connect(str(db), read_only=True) as con:
+        want = dict(con.execute('SELECT run_id, avg("window") FROM request_steps GROUP BY run_id').fetchall())
+    assert set(got) == set(want)
+    for rid, r in got.items():
+        assert abs(r[MeanWindow.name]["summary"]["mean_window"] - want[rid]) <= 1e-12 * want[rid], rid

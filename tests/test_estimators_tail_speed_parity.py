@@ -93,8 +93,15 @@ def _direct(est: TailEstimator, frame: BlockFrame, gather=None, seed: int = 0):
     pmf[np.flatnonzero(~cens), frame.correct[~cens]] = 1.0
     Hm = est.hazard.predict(frame, rows, wk["state"])
     prior = getattr(est, "prior_", None)  # hazards fitted without truth: the unobserved-position prior
-    pm, mean_c, var_c = est._pmf(frame, rows, Hk, shift_hazards(Hm, prior.center) if prior else Hm)
-    sens = [est._pmf(frame, rows, Hk, shift_hazards(Hm, d))[1] for d in prior.band()] if prior else [mean_c, mean_c]
+    lp_rows = ~np.isnan(frame.draft_logprob).all(1)
+    lp_rows[rows] |= wk["has_q"]
+    lp = ~frame.greedy[rows] & lp_rows[rows] & (est.mode != "confidence")  # the blocks the prior shifts
+
+    def shifted(d):
+        return np.where(lp[:, None], shift_hazards(Hm, d), Hm)
+
+    pm, mean_c, var_c = est._pmf(frame, rows, Hk, shifted(prior.center) if prior else Hm)
+    sens = [est._pmf(frame, rows, Hk, shifted(d))[1] for d in prior.band()] if prior else [mean_c, mean_c]
     pmf[rows] = pm
     mean, var = frame.correct.astype(float), np.zeros(n)
     mean[rows], var[rows] = mean_c, var_c
