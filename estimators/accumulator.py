@@ -91,12 +91,18 @@ class StreamTail:
         key = tuple(by)
         spec = (key, n_boot, target, seed)
         if spec in self.sums:
-            return aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(key))
-        if key not in self.stats:
+            out = aggregate_from_sums(self.sums[spec], level=level, shift=self.shifts.get(key))
+        elif key in self.stats:
+            out = aggregate_stats(self.stats[key], by, level=level, n_boot=n_boot, target=target, seed=seed,
+                                  shift=self.shifts.get(key))
+        else:
             raise ValueError(f"streamed tail results keep the groupings {[list(g) for g in self.stats]} and the "
                              f"aggregates (grouping, n_boot, target, seed) {sorted(self.sums)}, not {spec}")
-        return aggregate_stats(self.stats[key], by, level=level, n_boot=n_boot, target=target, seed=seed,
-                               shift=self.shifts.get(key))
+        if not by and target == "run" and len(out):  # the run's interval inside what the telemetry proves
+            ident = identified_bounds(self.counts)
+            out["lo"] = out["lo"].clip(lower=ident["mean_ceiling_lo"])
+            out["hi"] = out["hi"].clip(upper=ident["mean_ceiling_hi"])
+        return out
 
     def to_json(self) -> dict:
         return dict(summary=self.summary(), aggregate=self.aggregate().to_dict("records"))
