@@ -45,7 +45,7 @@ def needed_shift(run_dir: Path, fit_rows: int = 1 << 18) -> dict:
     gamma = int(st.runs().gamma.iloc[0])
     frame = BlockFrame.from_request_steps(read_sample(st, ["c"], fit_rows), gamma=gamma)
     est = TailEstimator().fit(frame)
-    if getattr(est, "prior_", None) is None:  # fitted on truth, or too little censoring: nothing to tune
+    if est.prior_ is None:  # fitted on truth, or too little censoring: nothing to tune
         return {"truth": truth["mean_ceiling"], "needed": None}
     means = []
     for d in SHIFTS:

@@ -166,7 +166,7 @@ def assemble(acc: RunAccumulator, side: RunSide, n_boot: int, seed: int, planner
     (it needs whole decode steps with every request's history, which only the executor can read);
     ``cost_steps``: the steps the cost fit reads when the executor did not hold them all."""
     data = side.data
-    res: dict[str, Any] = {"skipped": dict(side.skipped)}
+    res: dict[str, Any] = {"skipped": {}}
     res["run"] = ResultTable(pd.DataFrame(), {k: data["run"].get(k) for k in RUN_KEYS})
     tail = acc.tail_result(dict(acc.est.hazard.info_), side.notes)
     if acc.last_tail is not None:  # one chunk: the per-block predictions are at hand (validation reads them)
@@ -182,7 +182,6 @@ def assemble(acc: RunAccumulator, side: RunSide, n_boot: int, seed: int, planner
             calibration_data(None, "greedy", sts_samples=data["sts_samples"], gamma=acc.G)
         return d, side.temperatures
 
-    res["skipped"].pop("calibration", None)
     fit_calibration(res, make_data, n_boot, seed)
     steps = data["steps"] if cost_steps is None else cost_steps
     table = fit_cost(res, steps, data["sps_table"], seed)

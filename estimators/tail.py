@@ -351,6 +351,9 @@ class TailEstimator:
     interval: str = "randomized"
     exact_first: bool = True
     margin: bool = True  # hazards fitted without truth: the prior for positions the walk could not follow (estimators.margin)
+    # fitted state (not fields): the unobserved-position prior (fit_margin) and the refits of a frozen copy
+    prior_ = None
+    refits_ = None
 
     def fit(self, data, gamma: int | None = None, gather=None) -> "TailEstimator":
         frame = _as_frame(data, gamma)
@@ -371,7 +374,6 @@ class TailEstimator:
         hz = est.hazard
         hz.gamma_, hz.fitted_, hz.info_ = gamma, True, dict(method="confidence", source="none", why=why)
         est.gamma_ = gamma
-        est.prior_ = None
         return est
 
     def fit_margin(self, frame: BlockFrame, wk: dict | None = None) -> "TailEstimator":
@@ -440,7 +442,7 @@ class TailEstimator:
         faster). Every step is row-wise, so the result does not depend on the chunking.
         ``refits``: the hazard refits of :meth:`hazard_refits`, when made elsewhere (default: those a
         :meth:`frozen` copy holds)."""
-        refits = getattr(self, "refits_", None) if refits is None else refits
+        refits = self.refits_ if refits is None else refits
         if isinstance(data, BlockFrame):
             frame = data
         else:
@@ -492,7 +494,7 @@ class TailEstimator:
             ro = np.concatenate([p["open"] for p in parts])
             feats = self.hazard.features(frame, ro, np.concatenate([p["state"] for p in parts]))  # shared by every refit
             h_op = np.concatenate([p["h"] for p in parts])
-            delta = self.prior_.center if getattr(self, "prior_", None) else 0.0
+            delta = self.prior_.center if self.prior_ else 0.0
             lp = res.blocks["mode"].to_numpy()[ro] == "logprob"  # the prior's blocks (prior_applied)
             for i, model in enumerate(models):
                 hm = prior_applied(model.predict_features(feats), delta, lp)
@@ -538,8 +540,8 @@ class TailEstimator:
         if op.size:
             h_op, st_op = Hk[op], wk["state"][op]
             hm = self.hazard.predict(frame, ro, st_op)
-            sh = getattr(self, "prior_", None)
-            lp = col["mode"][ro] == 2  # the prior's blocks (prior_applies)
+            sh = self.prior_
+            lp = col["mode"][ro] == 2  # the prior's blocks (prior_applied)
             pmo, col["mean"][ro], col["var"][ro] = self._pmf(frame, ro, h_op, prior_applied(hm, sh.center, lp) if sh else hm)
             if sh:  # the band's ends: the positions the walk could not follow under the band's shifts
                 lo_d, hi_d = sh.band()

@@ -92,7 +92,7 @@ def _direct(est: TailEstimator, frame: BlockFrame, gather=None, seed: int = 0):
     pmf = np.zeros((n, G + 1))
     pmf[np.flatnonzero(~cens), frame.correct[~cens]] = 1.0
     Hm = est.hazard.predict(frame, rows, wk["state"])
-    prior = getattr(est, "prior_", None)  # hazards fitted without truth: the unobserved-position prior
+    prior = est.prior_  # hazards fitted without truth: the unobserved-position prior
     lp_rows = ~np.isnan(frame.draft_logprob).all(1)
     lp_rows[rows] |= wk["has_q"]
     lp = ~frame.greedy[rows] & lp_rows[rows] & (est.mode != "confidence")  # the blocks the prior shifts
