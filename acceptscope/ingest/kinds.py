@@ -58,6 +58,12 @@ KINDS: tuple[ArtifactKind, ...] = (
     ArtifactKind("estimator_jsonl", 2, server_side=True, keys=((b'"eos_end"',), (b'"rid"', b'"fct"'))),
     ArtifactKind("aiperf_profile_export", 9, engine=True, suffixes=("profile_export.jsonl",),
                  keys=((b'"spec_decode_steps"', b'"metadata"'),)),
+    # vLLM response bodies with per-request spec-decode metrics (before ``responses``: a body is a response too)
+    ArtifactKind("vllm_request_metrics", 9, engine=True,
+                 keys=((b'"speculative_decoding"', b'"num_spec_steps"'),
+                       (b'"speculative_decoding_stats"', b'"num_spec_steps"'))),
+    # DSparkRaggedStats.summary() snapshots as JSON (a server log of them is sniffed by detect.py)
+    ArtifactKind("trtllm_dspark_stats", 9, engine=True, keys=((b'"steps_no_windows"', b'"trim_regret_rate"'),)),
     ArtifactKind("responses", 1, server_side=True,
                  keys=((b'"meta_info"',), (b'"spec_tokens_details"',), (b'"sglext"',))),
     ArtifactKind("sts_shard", 3, server_side=True, suffixes=(".pt",)),

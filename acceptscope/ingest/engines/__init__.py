@@ -12,6 +12,8 @@ What lands where:
   records: verify steps -> ``spec_verify_ct``, accepted drafts -> ``spec_num_correct_drafts``, proposed
   drafts -> ``spec_num_proposed_drafts`` where recorded);
 * ``engine_counts`` (:data:`acceptscope.ingest.engines.records.ENGINE_COUNTS`): every run-level counter cell, as written;
+* ``engine_request_counts`` (:data:`~acceptscope.ingest.engines.records.ENGINE_REQUEST_COUNTS`): per-request cells
+  (vLLM's per-step arrays and histogram by draft length), as written;
 * ``rejects``: the records that could not be read.
 
 What each engine's data identifies is :func:`acceptscope.ingest.engines.identify.engine_figures`.
@@ -19,7 +21,9 @@ What each engine's data identifies is :func:`acceptscope.ingest.engines.identify
 Kinds (:func:`detect_engine`): ``vllm_metrics`` (a Prometheus text exposition holding
 ``vllm:spec_decode_*`` samples: ``*.prom`` / ``*.txt`` / ``*.metrics``), ``trtllm_accept_stats``
 (``dflash_accept_stats_rank<r>.json``), ``aiperf_profile_export`` (``profile_export.jsonl``, or a JSONL whose
-first records hold ``"metadata"`` and ``"spec_decode_steps"``).
+first records hold ``"metadata"`` and ``"spec_decode_steps"``), ``vllm_request_metrics`` (vLLM response bodies
+with per-request spec-decode metrics, :mod:`~acceptscope.ingest.engines.vllm_requests`), ``trtllm_dspark_stats``
+(``DSparkRaggedStats.summary()`` snapshots, JSON or the server log, :mod:`~acceptscope.ingest.engines.trtllm_dspark`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from acceptscope.schema import as_arrow
 from acceptscope.ingest.batch import IngestBatch
 from acceptscope.ingest.detect import detect, run_id_for
 from acceptscope.ingest.kinds import ENGINE
-from acceptscope.ingest.engines import aiperf, trtllm, vllm
-from acceptscope.ingest.engines.records import ENGINE_COUNTS, EngineBatch
+from acceptscope.ingest.engines import aiperf, trtllm, trtllm_dspark, vllm, vllm_requests
+from acceptscope.ingest.engines.records import ENGINE_COUNTS, ENGINE_REQUEST_COUNTS, EngineBatch
 from acceptscope.store_sql import create_table_sql, quote_ident
 
 ENGINE_KINDS = ENGINE  # (the registry: acceptscope.ingest.kinds)
@@ -59,22 +63,27 @@ def parse_engine_file(path: str | Path, kind: str, run_id: Optional[str] = None)
         return trtllm.parse_accept_stats(p.read_bytes(), source=str(p), run_id=rid)
     if kind == "aiperf_profile_export":
         return aiperf.parse_profile_export(p.read_bytes(), source=str(p), run_id=rid)
+    if kind == "vllm_request_metrics":
+        return vllm_requests.parse_responses(p.read_bytes(), source=str(p), run_id=rid)
+    if kind == "trtllm_dspark_stats":
+        return trtllm_dspark.parse_stats(p.read_bytes(), source=str(p), run_id=rid)
     b = EngineBatch()
     b.reject(str(p), 0, "$", f"not an engine file this reader knows (kind {kind!r}; known: {list(ENGINE_KINDS)})",
              None, rid)
     return b
 
 
-def write_engine_counts(store, counts: list) -> int:
-    """Store ``engine_counts`` rows (the table is created when absent); rows already stored are kept."""
+def write_engine_counts(store, counts: list, table=ENGINE_COUNTS) -> int:
+    """Store ``engine_counts`` (or ``table``'s) rows (the table is created when absent); rows already stored
+    are kept."""
     if not counts:
         return 0
-    t = as_arrow(ENGINE_COUNTS, counts)
+    t = as_arrow(table, counts)
     with store.connect() as con:
-        con.execute(create_table_sql(ENGINE_COUNTS, primary_key=True))
+        con.execute(create_table_sql(table, primary_key=True))
         con.register("_engine_counts_new", t)
         try:
-            con.execute(f"INSERT OR IGNORE INTO {quote_ident(ENGINE_COUNTS.name)} SELECT * FROM _engine_counts_new")
+            con.execute(f"INSERT OR IGNORE INTO {quote_ident(table.name)} SELECT * FROM _engine_counts_new")
         finally:
             con.unregister("_engine_counts_new")
     return t.num_rows
@@ -87,6 +96,8 @@ def write_engine_batch(store, batch: EngineBatch) -> dict[str, int]:
     out = store.append(tables) if tables else {}
     if batch.counts:
         out["engine_counts"] = write_engine_counts(store, batch.counts)
+    if batch.request_counts:
+        out["engine_request_counts"] = write_engine_counts(store, batch.request_counts, ENGINE_REQUEST_COUNTS)
     return out
 
 
@@ -99,6 +110,7 @@ def engine_ingest_batch(path: Path, kind: str, run_id: str, store) -> IngestBatc
     eb = parse_engine_file(p, kind, run_id)
     if store is not None and not getattr(store, "read_only", False):
         write_engine_counts(store, eb.counts)
+        write_engine_counts(store, eb.request_counts, ENGINE_REQUEST_COUNTS)
     b = IngestBatch()
     for name, rows in (("runs", eb.runs), ("requests", eb.requests)):
         for r in rows:
@@ -126,7 +138,8 @@ def engine_counts_rows(con) -> int:
     return int(con.execute(f"SELECT count(*) FROM {quote_ident(ENGINE_COUNTS.name)}").fetchone()[0])
 
 
-def has_engine_counts(con) -> bool:
-    """Whether the store holds the ``engine_counts`` table (a store no engine file was ingested into has none)."""
+def has_engine_counts(con, table=ENGINE_COUNTS) -> bool:
+    """Whether the store holds the ``engine_counts`` (or ``table``) table (a store no engine file was ingested
+    into has none)."""
     return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
-                            [ENGINE_COUNTS.name]).fetchone()[0])
+                            [table.name]).fetchone()[0])
