@@ -1,18 +1,22 @@
 """TensorRT-LLM's DSpark ragged-verify counters (``DSparkRaggedStats.summary()``) into the store, and its bound
 on the trim loss next to acceptscope's interval on the same blocks.
 
-The snapshots are written from the documented format (``dspark_observability.py`` @ 313662604a: the docstrings
-of ``record_step`` / ``record_acceptance`` / ``summary``), driven by a simulated DSpark run's blocks: one
-``record_step`` per (rank, forward step) with the step's windows, one ``record_acceptance`` per request-step.
-The producer's module is not run here: it only reaches us inside TensorRT-LLM's 2.5 GB repository or its GPU
-wheel, and its code is not copied into this repository.
+``fixtures/engines/trtllm_dspark/`` was written by TensorRT-LLM's own ``DSparkRaggedStats``
+(``dspark_observability.py`` @ 313662604a, run by ``fixtures/engines/trtllm_dspark_producer.py``: its summary
+JSON, its ``log_summary`` line, the counts it keeps unprinted, and the blocks it was fed). The other tests build
+snapshots with :func:`dspark_summary`, written from the module's documented format and checked here to equal
+what the module wrote for the same blocks. With ``ACCEPTSCOPE_TRTLLM_SRC`` naming a TensorRT-LLM source tree,
+the producer is rerun and must write the committed fixture again. The module's code is not in this repository.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -24,7 +28,10 @@ from acceptscope.ingest.engines import detect_engine, ingest_engine_files, parse
 from acceptscope.ingest.engines.identify import compare, engine_figures
 from acceptscope.ingest.engines.trtllm_dspark import rate_preimage
 from acceptscope.store import Store
+from tests._close import assert_close
 
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "engines" / "trtllm_dspark"
+TRTLLM_SRC = os.environ.get("ACCEPTSCOPE_TRTLLM_SRC")
 INTS = ("steps_total", "steps_ragged", "steps_multi_request", "steps_uniform_windows", "steps_no_windows",
         "ceiling_tokens", "window_tokens", "delivered_tokens", "distinct_verify_lens", "requests_scored",
         "requests_trimmed", "cap_trim_tokens", "requests_cap_trimmed", "cap_trim_max", "graph_replays", "graph_eager")
@@ -104,9 +111,9 @@ def test_snapshot_json_and_log_exact(tmp_path, mode):
     jf = tmp_path / "dspark_stats.json"
     jf.write_text(json.dumps({**s, "max_draft_len": K}))
     log = tmp_path / "server.log"
-    log.write_text("[TRT-LLM] [RANK 0] [I] DSpark verify planner: tiers=[1, 3, %d], profiled_cost_table=True, "
+    log.write_text("[TRT-LLM] [MPI_Rank 0] [I] DSpark verify planner: tiers=[1, 3, %d], profiled_cost_table=True, "
                    "ragged_verify_mode=%s\n" % (K, mode) + "x" * 70_000 + "\n"  # the summary comes past the sniffed head
-                   f"[TRT-LLM] [RANK 0] [I] DSpark ragged verify: {s!r}\n")
+                   f"[TRT-LLM] [MPI_Rank 0] [I] DSpark ragged verify: {s!r}\n")
     assert detect_engine(jf) == detect_engine(log) == "trtllm_dspark_stats"
     for f in (jf, log):
         b = parse_engine_file(f, "trtllm_dspark_stats", "t")
@@ -212,8 +219,8 @@ def test_bad_snapshots_rejected_alone(tmp_path):
     ds = engine_figures(st, "t")["figures"]["dspark"]
     assert ds["steps_total"] == late["steps_total"] and ds["trimmed_hit_ceiling"] == [hidden["trimmed_hit_ceiling"]] * 2
     log = tmp_path / "server.log"
-    log.write_text(f"[TRT-LLM] [RANK 0] [I] DSpark ragged verify: {{'mode': 'compact', 'steps_total': 1e400}}\n"
-                   f"[TRT-LLM] [RANK 0] [I] DSpark ragged verify: {late!r}\n")
+    log.write_text(f"[TRT-LLM] [MPI_Rank 0] [I] DSpark ragged verify: {{'mode': 'compact', 'steps_total': 1e400}}\n"
+                   f"[TRT-LLM] [MPI_Rank 0] [I] DSpark ragged verify: {late!r}\n")
     b = parse_engine_file(log, "trtllm_dspark_stats", "t")
     assert [r["field"] for r in b.rejects] == ["max_draft_len"] and b.runs and b.runs[0]["gamma"] == max(late["verify_len_hist"])
 
@@ -238,3 +245,52 @@ def test_acceptscope_ingest_routes_dspark_and_accept_stats_into_one_run(tmp_path
     assert f["accepted_histogram"] == np.bincount(rs["correct_drafts"], minlength=K + 1).tolist()
     assert f["dspark"]["trimmed_hit_ceiling"] == [hidden["trimmed_hit_ceiling"]] * 2
     assert "accept_stats.py" in fig["format_source"] and dspark_in(fig["format_source"])
+
+
+def _fixture_blocks():
+    doc = json.loads((FIXTURE / "blocks.json").read_text())
+    b = pd.DataFrame(doc["blocks"]).rename(columns={"step": "forward_ct", "accepted": "correct_drafts"})
+    return b, int(doc["max_draft_len"])
+
+
+@pytest.mark.parametrize("mode", ["compact", "cap-accept"])
+def test_producer_written_fixture_ingests_exactly(tmp_path, mode):
+    """What TensorRT-LLM's own class wrote: every count back exactly, its hidden counts identified, and the
+    documented-format writer the other tests use gives the same summary for the same blocks."""
+    written = json.loads((FIXTURE / f"{mode}.dspark_stats.json").read_text())
+    hidden = json.loads((FIXTURE / f"{mode}.hidden.json").read_text())
+    blocks, K = _fixture_blocks()
+    mine, mine_hidden = dspark_summary(blocks, K, mode, bucket_of=(lambda n: -(-n // 16) * 16) if mode == "compact" else None)
+    assert mine_hidden == hidden
+    for k, v in written.items():
+        if k in ("max_draft_len", "rank"):
+            continue
+        want = {str(a): b for a, b in v.items()} if isinstance(v, dict) else v
+        got = {str(a): b for a, b in mine[k].items()} if isinstance(mine[k], dict) else mine[k]
+        assert_close(got, want, where=k)
+    for f in (FIXTURE / f"{mode}.dspark_stats.json", FIXTURE / f"{mode}.server.log"):
+        assert detect_engine(f) == "trtllm_dspark_stats"
+        st = Store(tmp_path / f"{f.suffix[1:]}.duckdb")
+        b = ingest_engine_files(st, [f], run_id="t")
+        assert not b.rejects and b.runs[0]["arm"] == mode and b.runs[0]["gamma"] == K
+        got = {r["metric"][len("dspark_"):]: r["value"] for r in b.counts if r["position"] == -1}
+        for k in INTS:
+            assert got[k] == written[k], k
+        assert {r["rank"] for r in b.counts} == {0}
+        ds = engine_figures(st, "t")["figures"]["dspark"]
+        assert ds["trimmed_hit_ceiling"] == [hidden["trimmed_hit_ceiling"]] * 2
+        assert ds["accepted"] == [hidden["accepted_tokens"]] * 2
+        if mode == "cap-accept":
+            loss = float((blocks["ceiling"] - blocks["correct_drafts"]).mean())
+            assert ds["trim_loss_measured"] == pytest.approx(loss, abs=1e-12)
+
+
+@pytest.mark.skipif(not TRTLLM_SRC, reason="ACCEPTSCOPE_TRTLLM_SRC (a TensorRT-LLM source tree) not set")
+def test_producer_writes_the_committed_fixture_again(tmp_path):
+    from fixtures.engines.trtllm_dspark_producer import main
+
+    main(TRTLLM_SRC, str(tmp_path))
+    for f in sorted(FIXTURE.glob("*.json")):
+        assert_close(json.loads((tmp_path / f.name).read_text()), json.loads(f.read_text()), where=f.name)
+    for f in sorted(FIXTURE.glob("*.log")):
+        assert (tmp_path / f.name).read_text().splitlines() == f.read_text().splitlines(), f.name

@@ -24,7 +24,9 @@ The four ratios are written rounded to 4 decimals, so each is stored as the inte
 identified as the interval of integers that round to the written value (:func:`rate_preimage`). The draft
 length K is not in the summary: a ``max_draft_len`` key beside it, else the largest tier of the worker's
 ``DSpark verify planner: tiers=[...]`` log line, else the largest window handed out (a lower bound; the run's
-``config_json`` says which). Rank: a ``rank`` key, a ``[RANK n]`` log prefix, or ``rank<n>`` in the file name.
+``config_json`` says which). Rank: a ``rank`` key, the logger's ``[MPI_Rank n]`` prefix (``tensorrt_llm/logger.py``
+@ 027cd518e3b63809a5c5799187991e7f1164fb12; INFO lines need ``TLLM_LOG_LEVEL=info``), or ``rank<n>`` in the
+file name.
 
 Rows: one ``engine_counts`` cell per count (``dspark_<field>``; histograms by ``position`` = the key), each
 snapshot under its own ``source`` (``file:line``), so cumulative snapshots stay apart and the latest one per
@@ -46,7 +48,6 @@ from acceptscope.ingest.rejects import INT32_MAX, decode_failure, find_poison
 SOURCE_VERSION = ("NVIDIA/TensorRT-LLM@313662604a532c9038e9580a063fcc9b1a2ad155 "
                   "tensorrt_llm/_torch/speculative/dspark_observability.py (DSparkRaggedStats.summary)")
 LOG_MARK = "DSpark ragged verify: {"
-PLANNER_MARK = "DSpark verify planner: tiers=["
 MODES = ("static", "cap-accept", "compact")
 COUNTS = ("steps_total", "steps_ragged", "steps_multi_request", "steps_uniform_windows", "steps_no_windows",
           "ceiling_tokens", "window_tokens", "delivered_tokens", "distinct_verify_lens", "requests_scored",
@@ -56,7 +57,8 @@ HISTS = ("verify_len_hist", "bucket_hist", "padded_bs_hist", "cap_trim_hist")
 RATES = ("trim_ratio", "accept_len", "trim_regret_rate", "accept_loss_per_request", "cap_trim_concentration")
 REASON_MAPS = ("fallbacks", "graph_miss_reasons", "graph_miss_keys", "planner")
 MAX_DRAFT_LEN = 1024
-_RANK_LOG = re.compile(r"\[RANK (\d+)\]")
+_RANK_LOG = re.compile(r"\[(?:MPI_Rank|RANK) (\d+)\]")  # tensorrt_llm/logger.py @027cd518: "[TRT-LLM] [MPI_Rank r] [I] "
+_TIERS = re.compile(r"DSpark verify planner: tiers=[\[(]([0-9, ]*)[\])]")
 _RANK_FILE = re.compile(r"rank(\d+)")
 
 
@@ -164,12 +166,10 @@ def _snapshots(data: bytes, source: str, b: EngineBatch, run_id: str):
         return
     tiers_k: Optional[int] = None
     for ln, line in enumerate(text.splitlines(), 1):
-        if PLANNER_MARK in line:
-            try:
-                tiers = ast.literal_eval(line[line.index(PLANNER_MARK) + len(PLANNER_MARK) - 1:].split("]", 1)[0] + "]")
-                tiers_k = max(int(t) for t in tiers) if tiers else tiers_k
-            except (ValueError, SyntaxError, TypeError):
-                pass
+        tiers = _TIERS.search(line)
+        if tiers:
+            ks = [int(x) for x in tiers.group(1).replace(" ", "").split(",") if x]
+            tiers_k = max(ks) if ks else tiers_k
             continue
         if LOG_MARK in line:
             rk = _RANK_LOG.search(line[: line.index(LOG_MARK)])
