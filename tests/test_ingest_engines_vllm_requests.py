@@ -159,3 +159,19 @@ def test_compare_with_native_and_counters(tmp_path):
     assert df.loc["vreq", "accepted_histogram"] == df.loc[native, "accepted_histogram"]
     assert df.loc["vreq", ["trim_loss_source", "trim_loss_bound_hi", "trim_regret_rate"]].isna().all()  # no trim counters
     assert df.loc[native, "trim_loss_bound_hi"] > 0
+
+
+def test_saved_stream_reads_the_final_usage_chunk(tmp_path):
+    """A streamed response saved as server-sent events: the metrics ride the last chunk (with usage)."""
+    rs, K, _ = _blocks(compact=True, seed=3)
+    body = responses(rs, K)[0]
+    chunks = [{"id": body["id"], "object": "text_completion", "choices": [{"index": 0, "text": w}]} for w in "abc"]
+    final = {**body, "choices": [{"index": 0, "text": "", "finish_reason": "length"}]}
+    f = tmp_path / "stream.jsonl"
+    f.write_text("".join(f"data: {json.dumps(c)}\n\n" for c in chunks + [final]) + "data: [DONE]\n\n")
+    assert detect_engine(f) == "vllm_request_metrics"
+    b = parse_engine_file(f, "vllm_request_metrics", "s")
+    m = body["metrics"]["speculative_decoding"]
+    assert not b.rejects and [(r["rid"], r["spec_num_correct_drafts"], r["completion_tokens"]) for r in b.requests] == [
+        (body["id"], m["num_accepted_draft_tokens"], body["usage"]["completion_tokens"])]
+    assert json.loads(b.runs[0]["config_json"])["not_stored"] == {"null": 0, "no_spec_decode": 3}

@@ -1,5 +1,6 @@
 """vLLM's per-request spec-decode metrics (``--per-request-spec-decode-metrics summary|detailed``), from the
-response bodies a client kept (one JSON object a line, or one JSON document holding a list of them).
+response bodies a client kept (one JSON object a line, one JSON document holding a list of them, or a saved
+stream: ``data: {...}`` lines, the metrics on the final usage chunk).
 
 Format source: ``docs/features/speculative_decoding/acceptance_metrics.md`` of vllm-project/vllm at commit
 02cf515f0b62e6fc36d5ff8fb9b486a30e8dbe08 (the response's ``metrics.speculative_decoding``; marked experimental
@@ -55,7 +56,10 @@ def _objects(data: bytes, source: str, b: EngineBatch, run_id: str) -> Iterator[
         yield 1, "", doc
         return
     for ln, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
+        raw = raw.strip()
+        if raw.startswith(b"data:"):  # a saved server-sent-event stream: the payload after "data:"
+            raw = raw[5:].strip()
+        if not raw or raw == b"[DONE]":
             continue
         try:
             yield ln, "", json.loads(raw)
