@@ -156,7 +156,11 @@ def engine_figures(store: Any, run_id: str) -> dict:
         identifies = ["per-request acceptance length and accepted-draft histogram", "per-position acceptance over "
                       "all steps (exact: acceptance is a prefix)", "mean acceptance length", "draft acceptance rate"]
         if c.get("verified_per_pos") is not None:
-            identifies.append("per-position acceptance given verified (each step's proposed drafts are recorded)")
+            identifies.append("per-position acceptance given verified: each step's effective proposal "
+                              "(per_step_drafted) is recorded, and the target verifies every proposed draft")
+            notes.append("given verified reads per_step_drafted as the drafts the target verified (vLLM's doc: the "
+                         "effective proposal length, structured-output-invalidated drafts removed); the doc does not "
+                         "say how adaptive verification's trimmed drafts are counted")
     elif engine == "vllm":
         c, notes = _from_per_position(get("num_drafts"), get("num_draft_tokens"), get("num_accepted_tokens"),
                                       [get("accepted_per_pos", k) for k in range(K)])
