@@ -57,6 +57,7 @@ import pandas as pd
 from scipy.special import ndtr, stdtrit  # norm.cdf and t.ppf without scipy.stats (2x the start-up)
 
 from acceptscope import schema, summaries
+from acceptscope.estimators.bootstrap import iid_replicates
 
 
 def sample_keys(keys: pd.DataFrame, fraction: float, seed: int, min_n: int = 2) -> pd.DataFrame:
@@ -206,15 +207,9 @@ def infer(df: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: in
 
 def _replicates(mom: Moments, n_boot: int, seed: int) -> np.ndarray:
     """(n_boot, 6) bootstrap totals: exact resampling of few rows, else the normal limit."""
-    rng = np.random.default_rng(seed)
     if mom.m <= EXACT_BOOT_MAX:
-        w, t, z, y = mom.rows
-        out = np.empty((n_boot, 6))
-        for b in range(n_boot):  # one (m,) index draw at a time (no n_boot x m matrix)
-            i = rng.integers(0, mom.m, size=mom.m)
-            out[b] = _sums(w[i], t[i], z[i], y[i])
-        return out
-    return rng.multivariate_normal(mom.sums, mom.m * mom.cov(), size=n_boot, method="eigh", check_valid="ignore")
+        return iid_replicates(n_boot, seed, rows=mom.rows, stat=_sums)
+    return iid_replicates(n_boot, seed, total=mom.sums, cov=mom.m * mom.cov())
 
 
 def infer_moments(mom: Moments, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> SamplingInference:

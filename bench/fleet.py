@@ -17,6 +17,10 @@ Usage::
 
     .venv/bin/python bench/fleet.py --workdir /tmp/fleet --rows 2000000 \\
         --tree before=/tmp/wt-before --tree after=. [--repeats 1] [--single-rows 125000]
+
+``--single-rows N`` adds two stores of one run each grown to ~N request-steps (a run with its ceiling
+recorded, so the held-out calibration comparison runs, and a tail-estimated one): ``estimate`` over one
+such run is the per-run fixed cost plus N rows of per-row work.
 """
 
 from __future__ import annotations
@@ -50,13 +54,18 @@ main()
 RUN_TABLES = ("request_steps", "steps", "requests", "sts_samples")  # grown per copy; other tables are per run
 
 
-def build(source: Path, db: Path, rows: int) -> dict:
-    """Copy ``source`` to ``db`` and grow every run by whole copies of its requests to ~``rows`` in all."""
+def build(source: Path, db: Path, rows: int, only_run: str | None = None) -> dict:
+    """Copy ``source`` to ``db`` and grow every run by whole copies of its requests to ~``rows`` in all.
+    ``only_run``: keep that run alone (the per-run fixed cost: one run of ``rows`` request-steps)."""
     import duckdb
 
     shutil.copyfile(source, db)
     con = duckdb.connect(str(db))
     con.execute("SET memory_limit='2GB'")
+    if only_run is not None:
+        for (t,) in con.execute("SELECT DISTINCT table_name FROM information_schema.columns WHERE column_name = "
+                                "'run_id' AND table_schema = 'main'").fetchall():
+            con.execute(f'DELETE FROM "{t}" WHERE run_id <> ?', [only_run])
     have = con.execute("SELECT count(*) FROM request_steps").fetchone()[0]
     copies = max(1, math.ceil(rows / max(have, 1)))
     tables = [t for t in RUN_TABLES if con.execute(
@@ -103,6 +112,19 @@ def measure(tree: Path, args: list[str], timeout: float) -> dict:
     return out
 
 
+def biggest_run(source: Path, exact: bool) -> str:
+    """The source's biggest run whose ceiling is recorded on every request-step (``exact``: the held-out
+    calibration runs) or on none (the tail is estimated)."""
+    import duckdb
+
+    con = duckdb.connect(str(source), read_only=True)
+    cond = "count(ceiling) = count(*)" if exact else "count(ceiling) = 0"
+    got = con.execute(f"SELECT run_id FROM request_steps GROUP BY run_id HAVING {cond} ORDER BY count(*) DESC, run_id "
+                      "LIMIT 1").fetchone()
+    con.close()
+    return got[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, required=True)
@@ -111,6 +133,9 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout (repeatable; default: this one)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--single-rows", type=int, default=0,
+                    help="also one run alone grown to this many request-steps (the per-run fixed cost), once for "
+                         "the biggest run with a recorded ceiling (calibration) and once for the biggest without (tail)")
     a = ap.parse_args()
     a.workdir.mkdir(parents=True, exist_ok=True)
     source = a.source
@@ -126,6 +151,15 @@ def main() -> None:
     trees = [tuple(t.split("=", 1)) for t in a.tree] or [("this", str(ROOT))]
     cases = {"all runs": ["estimate", "--db", str(db), "--json"],
              "biggest run alone": ["estimate", "--db", str(db), "--run", info["biggest_run"], "--json"]}
+    rows_of = {"all runs": info["request_steps"], "biggest run alone": info["biggest_rows"]}
+    if a.single_rows:
+        for arm, exact in (("exact", True), ("estimated", False)):
+            one = a.workdir / f"single-{arm}.duckdb"
+            got = build(source, one, a.single_rows, only_run=biggest_run(source, exact))
+            print(json.dumps({f"single {arm}": got}), flush=True)
+            case = f"one {arm} run"
+            cases[case] = ["estimate", "--db", str(one), "--json"]
+            rows_of[case] = got["request_steps"]
     rows = []
     for rep in range(a.repeats):
         for case, args in cases.items():
@@ -145,7 +179,7 @@ def main() -> None:
             cpu = min(r["cpu_seconds"] for r in got)
             wall = min(r["seconds"] for r in got)
             peak = max(r["peak_mb"] for r in got)
-            n = info["request_steps"] if case == "all runs" else info["biggest_rows"]
+            n = rows_of[case]
             base = base or cpu
             print(f"{case:<20} {name:<10} {cpu:8.1f} {wall:8.1f} {peak:8.0f} {n / cpu:10.0f}  x{base / cpu:.2f}")
 

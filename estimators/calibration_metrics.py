@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from acceptscope.estimators.bootstrap import cluster_weights
 
@@ -127,6 +128,7 @@ class _Prepared:
         self.bw = width_bins(self.p, num_bins)
         self.bm = mass_bins(self.p, num_bins)
         self.u, self.ui = np.unique(self.p, return_inverse=True)
+        self._bound = None  # (clusters, n_clusters, per-cluster sums): see _bind
 
     def metrics(self, w=None) -> dict:
         p, y, nb = self.p, self.y, self.nb
@@ -152,45 +154,77 @@ class _Prepared:
         out["auroc"] = float((pw * (below + 0.5 * nw)).sum() / (P * N)) if P > 0 and N > 0 else float("nan")
         return out
 
+    def _bind(self, clusters: np.ndarray, nc: int) -> tuple:
+        """Per-cluster sums of everything :meth:`metrics_many` reweights, made once per cluster coding.
+
+        ``X`` (n_clusters, 6 bins + 3): each metric is a weighted sum of its columns. The AUROC's
+        pair count (binary labels): the negatives' clusters in score order, the positives' clusters,
+        and per positive how many negatives score below it (``lo``) and at most as high (``hi``)."""
+        if self._bound is not None and self._bound[0] is clusters and self._bound[1] == nc:
+            return self._bound[2]
+        p, y, nb = self.p, self.y, self.nb
+
+        def per_cluster(b, nbins, vals):  # (n_clusters, nbins) sums of vals per (cluster, bin)
+            return np.bincount(clusters * nbins + b, weights=vals, minlength=nc * nbins).reshape(nc, nbins)
+
+        ones = np.ones_like(p)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            nll = -(y * np.log(p) + (1 - y) * np.log1p(-p))
+        X = np.hstack([per_cluster(self.bw, nb, v) for v in (ones, p, y)] + [per_cluster(self.bm, nb, v) for v in (ones, p, y)]
+                      + [per_cluster(np.zeros(p.size, np.int64), 1, v) for v in (ones, (p - y) ** 2, nll)])
+        auc = None
+        if np.isin(y, (0.0, 1.0)).all():  # binary labels: the pair count in exact integer arithmetic
+            neg = np.flatnonzero(y == 0)
+            neg = neg[np.argsort(p[neg], kind="stable")]
+            pos = np.flatnonzero(y == 1)
+            ps = p[neg]
+            # a positive's negatives strictly below, and below or tied, by index into the negatives' cumsum
+            auc = (clusters[neg], clusters[pos], np.concatenate([np.searchsorted(ps, p[pos], side) for side in ("left", "right")]))
+        self._bound = (clusters, nc, (X, auc))
+        return self._bound[2]
+
     def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray) -> dict:
         """:meth:`metrics` under each row of cluster weights ``Wc`` (B, n_clusters), the rows' cluster
         codes ``clusters`` (n,) in ``0..n_clusters-1``. Why it is cheap: a replicate weighs whole
-        clusters, so every binned sum is a per-cluster sum (one bincount) times the weights (one
-        matrix product for all replicates); only the AUROC's per-score sums are taken per replicate."""
-        p, y, nb = self.p, self.y, self.nb
+        clusters, so every binned sum is a per-cluster sum (:meth:`_bind`, once) times the weights: one
+        matrix product for all replicates; the AUROC, a Mann-Whitney pair count, is one cumulative sum of
+        the negatives' weights per replicate (:meth:`_auroc_many`)."""
+        nb = self.nb
         Wc = np.asarray(Wc, np.float64)
-        nc = Wc.shape[1]
-
-        def per_cluster(b, nbins, vals):  # (n_clusters, nbins) sums of vals per (cluster, bin)
-            idx = clusters * nbins + b
-            return np.bincount(idx, weights=vals, minlength=nc * nbins).reshape(nc, nbins)
-
-        ones = np.ones_like(p)
-        W = Wc @ np.bincount(clusters, minlength=nc).astype(np.float64)
-        out = {}
-        out["ece"] = ece_from_sums(*(Wc @ per_cluster(self.bw, nb, v) for v in (ones, p, y)))
-        n, sp, sy = (Wc @ per_cluster(self.bm, nb, v) for v in (ones, p, y))
-        out["ece_mass"] = ece_from_sums(n, sp, sy)
+        X, bound_auc = self._bind(clusters, Wc.shape[1])
+        R = Wc @ X
+        cnt_w, sp_w, sy_w, n, sp, sy = (R[:, j * nb:(j + 1) * nb] for j in range(6))
+        W, sq, nll = R[:, 6 * nb], R[:, 6 * nb + 1], R[:, 6 * nb + 2]
+        out = {"ece": ece_from_sums(cnt_w, sp_w, sy_w), "ece_mass": ece_from_sums(n, sp, sy)}
         den = np.maximum(n, 1e-300)
         sp, sy = sp / den, sy / den
         term = (sp - sy) ** 2 - sy * (1 - sy) / np.maximum(n - 1, 1)
         with np.errstate(invalid="ignore", divide="ignore"):
             out["ece_debiased"] = np.sqrt(np.maximum(0.0, np.where(n > 1, n * term, 0.0).sum(1) / W))
-            out["brier"] = Wc @ np.bincount(clusters, weights=(p - y) ** 2, minlength=nc) / W
-            out["nll"] = Wc @ np.bincount(clusters, weights=-(y * np.log(p) + (1 - y) * np.log1p(-p)),
-                                          minlength=nc) / W
-        auc = np.empty(Wc.shape[0])
-        for i in range(Wc.shape[0]):
-            w = Wc[i, clusters]
-            pw = np.bincount(self.ui, weights=w * y, minlength=self.u.size)
-            nw = np.bincount(self.ui, weights=w * (1 - y), minlength=self.u.size)
-            below = np.cumsum(nw) - nw
-            P, N = pw.sum(), nw.sum()
-            auc[i] = (pw * (below + 0.5 * nw)).sum() / (P * N) if P > 0 and N > 0 else np.nan
-        out["auroc"] = auc
+            out["brier"] = sq / W
+            out["nll"] = nll / W
+        out["auroc"] = self._auroc_many(Wc) if bound_auc is not None else np.array(
+            [self.metrics(w)["auroc"] for w in Wc[:, clusters]])
         for name in METRICS:
             out[name] = np.where(W > 0, out[name], np.nan)
         return out
+
+    def _auroc_many(self, Wc: np.ndarray) -> np.ndarray:
+        """AUROC per replicate: Mann-Whitney's pair count, ``sum over positives of w (negatives' weight
+        below + half the tied)``, from one cumulative sum of the negatives' weights (in score order,
+        sorted once in :meth:`_bind`). Poisson weights are counts, so every sum is of integers and
+        exact: the same number as :meth:`metrics`' per-score sums, ~2.5x faster (no per-replicate
+        bincounts; a loop over replicates beat a (replicates x rows) array: each row stays in cache)."""
+        cn, cp, lohi = self._bound[2][1]
+        cum = np.zeros(cn.size + 1)
+        auc = np.empty(Wc.shape[0])
+        m = lohi.size // 2
+        for i, w in enumerate(Wc):
+            np.cumsum(w[cn], out=cum[1:])
+            wp, c = w[cp], cum[lohi]
+            P, N = wp.sum(), cum[-1]
+            auc[i] = (np.dot(wp, c[:m]) + np.dot(wp, c[m:])) * 0.5 / (P * N) if P > 0 and N > 0 else np.nan
+        return auc
 
     def reliability(self, w=None) -> pd.DataFrame:
         """Equal-width bins: mean prediction, observed frequency, count."""
@@ -212,10 +246,11 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
     replicate weights are :func:`estimators.bootstrap.cluster_weights`' keyed draws, so the intervals
     are the same whichever path (in memory, streamed, Spark) gathered the rows, in whatever order.
     Replicates are scored :data:`REPLICATE_BLOCK` at a time (:meth:`_Prepared.metrics_many`): memory
-    ``REPLICATE_BLOCK x n`` whatever ``n_boot``, and no Python loop per replicate."""
+    ``REPLICATE_BLOCK x n`` whatever ``n_boot``. BLAS runs on one thread here: its products are small
+    and on a busy machine its threads' spinning cost 30x the CPU of the work (0.13 vs 4.1 CPU-s on a
+    run's 87k test rows, 2 cores)."""
     n, G = P.shape
     keys = np.arange(n) if groups is None else groups
-    a = (1 - level) / 2
     preps, rows = {}, {}
     for k in range(G):
         m = np.ones(n, bool) if mask is None else mask[:, k]
@@ -226,28 +261,36 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
                        "target_mean": float(prep.y.mean())}
         r.update(prep.metrics())
     if n_boot and preps:
-        code, uniq = pd.factorize(np.asarray(keys))
-        reps = {k: {name: [] for name in METRICS} for k in preps}
-        for start in range(0, n_boot, REPLICATE_BLOCK):
-            Wc = cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - start), seed, start=start)
-            for k, prep in preps.items():
-                got = prep.metrics_many(code if mask is None else code[mask[:, k]], Wc)
-                for name in METRICS:
-                    reps[k][name].append(got[name])
-        for k, r in rows.items():
-            for name in METRICS:
-                v = np.concatenate(reps[k][name])
-                v = v[np.isfinite(v)]
-                if not v.size:
-                    r[f"{name}_lo"] = r[f"{name}_hi"] = np.nan
-                    continue
-                q_lo, q_hi = np.quantile(v, [a, 1 - a])
-                # basic (pivotal) bootstrap: corrects the upward resampling bias of binned ECEs
-                lo, hi = 2 * r[name] - q_hi, 2 * r[name] - q_lo
-                if name.startswith("ece"):
-                    lo = max(lo, 0.0)
-                r[f"{name}_lo"], r[f"{name}_hi"] = lo, hi
+        with threadpool_limits(1):
+            _bootstrap(preps, rows, keys, n_boot, level, seed, mask)
     return pd.DataFrame([rows[k] for k in sorted(rows)])
+
+
+def _bootstrap(preps: dict, rows: dict, keys, n_boot: int, level: float, seed: int, mask) -> None:
+    """The basic bootstrap intervals of :func:`position_metrics`' rows, in place."""
+    a = (1 - level) / 2
+    code, uniq = pd.factorize(np.asarray(keys))
+    codes = {k: code if mask is None else code[mask[:, k]] for k in preps}  # one array per position: _bind once
+    reps = {k: {name: [] for name in METRICS} for k in preps}
+    for start in range(0, n_boot, REPLICATE_BLOCK):
+        Wc = cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - start), seed, start=start)
+        for k, prep in preps.items():
+            got = prep.metrics_many(codes[k], Wc)
+            for name in METRICS:
+                reps[k][name].append(got[name])
+    for k, r in rows.items():
+        for name in METRICS:
+            v = np.concatenate(reps[k][name])
+            v = v[np.isfinite(v)]
+            if not v.size:
+                r[f"{name}_lo"] = r[f"{name}_hi"] = np.nan
+                continue
+            q_lo, q_hi = np.quantile(v, [a, 1 - a])
+            # basic (pivotal) bootstrap: corrects the upward resampling bias of binned ECEs
+            lo, hi = 2 * r[name] - q_hi, 2 * r[name] - q_lo
+            if name.startswith("ece"):
+                lo = max(lo, 0.0)
+            r[f"{name}_lo"], r[f"{name}_hi"] = lo, hi
 
 
 def reliability_table(P: np.ndarray, Y: np.ndarray, num_bins: int = 15) -> pd.DataFrame:

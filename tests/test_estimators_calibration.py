@@ -178,3 +178,22 @@ def test_grid_fit_reproduces_sglang_fixture_table():
     assert np.allclose(ours["temperatures"], ref["temperatures"], rtol=1e-6)
     assert np.allclose(ours["ece_after"], ref["ece_after"], atol=1e-8)
     assert np.allclose(ours["ece_before"], ref["ece_before"], atol=1e-8)
+
+
+def test_replicate_metrics_equal_one_replicate_at_a_time():
+    """The bootstrap scores all replicates from per-cluster sums and one pair count per replicate; each
+    must be :meth:`metrics` of the rows under that replicate's weights (ties and empty clusters included)."""
+    from acceptscope.estimators.bootstrap import cluster_weights
+
+    rng = np.random.default_rng(5)
+    n, nc = 3000, 180
+    clusters = rng.integers(0, nc, n)
+    p = np.round(rng.random(n), 2)  # many tied scores
+    for y in ((rng.random(n) < p).astype(float), rng.random(n)):  # binary labels, then fractional (the loop)
+        prep = _Prepared(p, y)
+        Wc = cluster_weights(np.arange(nc), 40, seed=3)
+        got = prep.metrics_many(clusters, Wc)
+        for i in (0, 7, 39):
+            want = prep.metrics(Wc[i, clusters])
+            for name, v in want.items():
+                assert math.isclose(got[name][i], v, rel_tol=1e-12, abs_tol=1e-15), (name, i)

@@ -101,3 +101,27 @@ def test_audit_reproduces_recorded_budgets():
     assert s["verify_tokens_saved"] == pytest.approx(float((7 - rs.window).sum()))
     assert s["accepted_drafts_lost"] == pytest.approx(float((rs.ceiling - rs.correct_drafts).sum()))
     assert figure_of(a) is not None
+
+
+def test_step_budgets_equal_the_budget_rule_per_step():
+    """The planner audit's all-steps-at-once budget recomputation is the engine's rule, step by step
+    (equal budgets, equal thetas and step times), for both table kinds, ties and fresh (all-ones) rows."""
+    from acceptscope.domain.sps import SpsTable1D, SpsTableAdditive
+    from acceptscope.estimators.planner import step_budgets
+
+    rng = np.random.default_rng(11)
+    n_steps = 300
+    codes = np.repeat(np.arange(n_steps), rng.integers(1, 40, n_steps))
+    rng.shuffle(codes)
+    S = np.cumprod(rng.random((codes.size, 7)) ** 0.3, 1)
+    S[rng.random(codes.size) < 0.2] = 1.0  # fresh requests: survival 1 everywhere (ties)
+    S[rng.random(S.shape) < 0.05] = 0.0  # below SURVIVAL_EPS: not a candidate
+    tables = (SpsTableAdditive(0.01, [1, 64, 256], [0.001, 0.002, 0.01], [1, 256, 2048], [0.001, 0.004, 0.03]),
+              SpsTable1D([1, 64, 512, 2048], [90.0, 80.0, 40.0, 5.0], 2048))
+    for table in tables:
+        got = step_budgets(S, codes, n_steps, table)
+        for s in range(n_steps):
+            want = budget_rule(S[codes == s], table)
+            assert got["budget"][s] == want["budget"]
+            assert got["predicted_theta"][s] == pytest.approx(want["predicted_theta"], rel=1e-15)
+            assert got["predicted_step_ms"][s] == pytest.approx(want["predicted_step_ms"], rel=1e-15)

@@ -27,7 +27,7 @@ from acceptscope import summaries
 from acceptscope.figures.estimates import thin, thinned_note
 from acceptscope.reader import Reader
 from acceptscope.runs_table import read_runs
-from acceptscope.estimators.calibration_metrics import ece
+from acceptscope.estimators.calibration_metrics import ece_binned
 from acceptscope.outputs import plain_links
 
 ARM_COLORS = {"compact": "#1f77b4", "cap-accept": "#d62728", "static": "#2ca02c"}
@@ -69,21 +69,19 @@ def reliability_bins(reader: Reader, run_ids: Sequence[str], n_bins: int = 15,
 
 
 def ece_table(bins: pd.DataFrame, n_bins: int = 15) -> pd.DataFrame:
-    """Plug-in ECE per (run, position, variant) from reliability bins.
+    """Plug-in ECE per (run, position, variant) from reliability bins, by
+    :func:`estimators.calibration_metrics.ece_binned` (the one ECE formula).
 
     A bin's mean prediction falls in that same equal-width bin, so weighting each bin's (mean_pred,
     rate) by its n gives :func:`estimators.calibration_metrics.ece` of the underlying samples
-    (``n_bins`` must be the one :func:`reliability_bins` used).
+    (``n_bins`` must be the one :func:`reliability_bins` used; the bins arrive made).
     """
     cols = ["run_id", "position", "variant", "ece", "n", "mean_pred", "rate"]
     if bins.empty:
         return pd.DataFrame(columns=cols)
-    rows = []
-    for (run_id, k, variant), g in bins.groupby(["run_id", "position", "variant"], sort=True):
-        n = g["n"].to_numpy(float)
-        rows.append((run_id, k, variant, ece(g["mean_pred"].to_numpy(float), g["rate"].to_numpy(float), n_bins, w=n),
-                     int(n.sum()), float((g["mean_pred"] * n).sum() / n.sum()), float(g["hits"].sum() / n.sum())))
-    return pd.DataFrame(rows, columns=cols)
+    out = ece_binned(bins, ["run_id", "position", "variant"])
+    out["n"] = out["n"].astype(np.int64)
+    return out[cols]
 
 
 def fig_reliability(bins: pd.DataFrame, run_id: str, max_positions: int = 8) -> go.Figure:

@@ -1,0 +1,74 @@
+"""The bootstrap module's draws made many replicates at a time are the one-replicate draws, and the
+audit's iid bootstrap (moved here from audit_sampling) draws what it drew before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from acceptscope.estimators.bootstrap import (aggregate_stats, cluster_weights, group_sums, iid_replicates,
+                                              normal_draws, poisson_weights, replicate_blocks, request_keys,
+                                              request_stats, uniforms)
+
+
+def _keys(n: int) -> np.ndarray:
+    return request_keys(np.array(["run"] * n, dtype=object), np.array([f"r{i}" for i in range(n)], dtype=object))
+
+
+def test_a_block_of_replicates_is_each_replicate_alone():
+    keys = _keys(500)
+    idx = np.array([0, 1, 7, 399])
+    for stream in (0, 1, 2, 4):
+        block = uniforms(keys, idx, seed=3, stream=stream)
+        assert block.shape == (4, 500)
+        for row, i in zip(block, idx):
+            assert np.array_equal(row, uniforms(keys, int(i), seed=3, stream=stream))
+    assert np.array_equal(normal_draws(keys, idx, 5)[2], normal_draws(keys, 7, 5))
+    assert np.array_equal(poisson_weights(keys, idx, 5)[3], poisson_weights(keys, 399, 5))
+    w = cluster_weights(keys, 6, seed=2, start=10)
+    assert all(np.array_equal(w[j], poisson_weights(keys, 10 + j, 2)) for j in range(6))
+    assert [b.tolist() for b in replicate_blocks(5, 3, cells=6)] == [[0, 1], [2, 3], [4]]
+
+
+def test_group_sums_are_the_rows_bincounts():
+    rng = np.random.default_rng(1)
+    g = rng.integers(0, 4, 300)
+    v = rng.normal(size=(5, 300))
+    got = group_sums(g, v, 4)
+    for row, want in zip(got, (np.bincount(g, weights=r, minlength=4) for r in v)):
+        assert np.array_equal(row, want)  # same numbers added in the same order: equal, not close
+
+
+def test_aggregate_intervals_do_not_depend_on_the_block_size():
+    rng = np.random.default_rng(2)
+    n = 2000
+    b = pd.DataFrame({"run_id": "r", "rid": rng.integers(0, 300, n).astype(str), "workload": rng.choice(["a", "b"], n),
+                      "mean": rng.random(n) * 4, "var": rng.random(n), "censored": rng.random(n) < 0.5})
+    st = request_stats(b, ["workload"])
+    import acceptscope.estimators.bootstrap as bs
+
+    old = bs.DRAW_CELLS
+    try:
+        got = []
+        for cells in (1, 1 << 16):  # one replicate a call, then ~200 a call
+            bs.DRAW_CELLS = cells
+            got.append(aggregate_stats(st, ["workload"], n_boot=120, target="population"))
+    finally:
+        bs.DRAW_CELLS = old
+    pd.testing.assert_frame_equal(got[0], got[1], check_exact=True)
+
+
+def test_iid_replicates_exact_and_normal_limit():
+    rng = np.random.default_rng(4)
+    rows = (rng.random(50), rng.random(50))
+
+    def stat(a, b):
+        return np.array([a.sum(), (a * b).sum()])
+
+    got = iid_replicates(30, 9, rows=rows, stat=stat)
+    ref = np.random.default_rng(9)
+    want = np.array([stat(*(c[i] for c in rows)) for i in (ref.integers(0, 50, size=50) for _ in range(30))])
+    assert got.shape == (30, 2) and np.array_equal(got, want)
+    cov = np.array([[2.0, 0.5], [0.5, 1.0]])
+    z = iid_replicates(4000, 1, total=np.array([10.0, -3.0]), cov=cov)
+    assert np.allclose(z.mean(0), [10.0, -3.0], atol=0.1) and np.allclose(np.cov(z.T), cov, atol=0.15)
