@@ -294,3 +294,28 @@ def test_producer_writes_the_committed_fixture_again(tmp_path):
         assert_close(json.loads((tmp_path / f.name).read_text()), json.loads(f.read_text()), where=f.name)
     for f in sorted(FIXTURE.glob("*.log")):
         assert (tmp_path / f.name).read_text().splitlines() == f.read_text().splitlines(), f.name
+
+
+def test_ranks_pool_their_latest_snapshots(tmp_path):
+    """A multi-rank server logs one cumulative snapshot per rank now and then: each rank's latest is read and
+    the ranks are summed (an earlier snapshot is not added again)."""
+    t, K = _sim(seed=12)
+    rs = t["request_steps"]
+    rids = sorted(rs["rid"].unique())
+    parts = [rs[rs.rid.isin(rids[r::2])].assign(rank=r) for r in (0, 1)]
+    half = parts[0][parts[0].forward_ct <= parts[0].forward_ct.median()]
+    snaps = [(0, dspark_summary(half, K, "compact")[0])] + [(r, dspark_summary(p, K, "compact")[0]) for r, p in enumerate(parts)]
+    hidden = [dspark_summary(p, K, "compact")[1] for p in parts]
+    f = tmp_path / "server.log"
+    f.write_text("".join(f"[12/05/2026-06:00:0{i}] [TRT-LLM] [MPI_Rank {r}] [I] DSpark ragged verify: {s!r}\n"
+                         for i, (r, s) in enumerate(snaps)), encoding="utf-8")
+    st = Store(tmp_path / "s.duckdb")
+    b = ingest_engine_files(st, [f], run_id="t")
+    assert not b.rejects and {r["rank"] for r in b.counts} == {0, 1}
+    ds = engine_figures(st, "t")["figures"]["dspark"]
+    assert ds["ranks"] == [0, 1] and ds["requests_scored"] == len(rs)
+    assert ds["steps_total"] == snaps[1][1]["steps_total"] + snaps[2][1]["steps_total"]
+    assert ds["trimmed_hit_ceiling"] == [sum(h["trimmed_hit_ceiling"] for h in hidden)] * 2
+    assert ds["accepted"] == [int(rs["correct_drafts"].sum())] * 2
+    # no max_draft_len key or planner line: K is only the largest window seen, so no upper bound is claimed
+    assert ds["trim_loss_bound_hi"] is None and ds["trim_loss_trt_floor"] is not None

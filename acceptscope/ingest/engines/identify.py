@@ -141,7 +141,8 @@ def engine_figures(store: Any, run_id: str) -> dict:
     if run.empty:
         raise KeyError(f"no run {run_id!r}")
     engine, K, arm = str(run.engine.iat[0]), int(run.gamma.iat[0]), str(run.arm.iat[0])
-    fmt = (json.loads(run.config_json.iat[0] or "{}") or {}).get("format")
+    cfg = json.loads(run.config_json.iat[0] or "{}") or {}
+    fmt = cfg.get("format")
     df = _counts(store, run_id) if engine in ("vllm", "tensorrt-llm") else pd.DataFrame(
         columns=["source", "rank", "metric", "position", "bin", "value"])
     # the counters are cumulative: two dumps of one server (sources) hold the later one's counts as the
@@ -171,7 +172,7 @@ def engine_figures(store: Any, run_id: str) -> dict:
             notes.append("draft tokens < drafts x positions: windows varied, so a position's count mixes trimmed "
                          "(never verified) with rejected drafts; acceptance given verified is not identified")
     elif engine == "tensorrt-llm":
-        c, identifies, source, kind = _trtllm(df, K, arm, get, notes)
+        c, identifies, source, kind = _trtllm(df, K, arm, get, notes, "lower bound" in str(cfg.get("gamma", "")))
     elif engine == "aiperf":
         q = store.query_df("SELECT spec_verify_ct s, spec_num_correct_drafts a, spec_num_proposed_drafts p "
                            "FROM requests WHERE run_id = ?", [run_id])
@@ -199,9 +200,15 @@ def engine_figures(store: Any, run_id: str) -> dict:
             "definitions": DEFINITIONS}
 
 
-def _trtllm(df: pd.DataFrame, K: int, arm: str, get, notes: list[str]) -> tuple[dict, list[str], str, str]:
-    """TensorRT-LLM: accept stats (the histogram) and / or DSpark ragged-verify counters (trim figures)."""
+def _trtllm(df: pd.DataFrame, K: int, arm: str, get, notes: list[str],
+            k_lower: bool = False) -> tuple[dict, list[str], str, str]:
+    """TensorRT-LLM: accept stats (the histogram) and / or DSpark ragged-verify counters (trim figures).
+    ``k_lower``: K is only the largest window handed out, so no upper bound of the trim loss is claimed."""
     dspark = trim_bounds.dspark_figures(df, K, arm)
+    if dspark is not None and k_lower and dspark.get("trim_loss_bound_hi") is not None and arm == "compact":
+        dspark["trim_loss_bound_hi"] = None
+        notes.append("K is the largest window handed out (no max_draft_len or planner tiers line), a lower bound: "
+                     "the trim loss has no upper bound from these counters")
     has_hist = bool((df.metric == "accepted_draft_hist").any())
     if has_hist or dspark is None:
         c = _from_histogram([get("accepted_draft_hist", a) for a in range(K + 1)], K)

@@ -57,6 +57,7 @@ HISTS = ("verify_len_hist", "bucket_hist", "padded_bs_hist", "cap_trim_hist")
 RATES = ("trim_ratio", "accept_len", "trim_regret_rate", "accept_loss_per_request", "cap_trim_concentration")
 REASON_MAPS = ("fallbacks", "graph_miss_reasons", "graph_miss_keys", "planner")
 MAX_DRAFT_LEN = 1024
+LOWER_BOUND = "largest window handed out (a lower bound)"
 _RANK_LOG = re.compile(r"\[(?:MPI_Rank|RANK) (\d+)\]")  # tensorrt_llm/logger.py @027cd518: "[TRT-LLM] [MPI_Rank r] [I] "
 _TIERS = re.compile(r"DSpark verify planner: tiers=[\[(]([0-9, ]*)[\])]")
 _RANK_FILE = re.compile(r"rank(\d+)")
@@ -129,6 +130,8 @@ def check_snapshot(s: Any, K: int) -> tuple[Optional[dict], Optional[tuple[str, 
             c[f + "_e4"] = e4
     if c["steps_ragged"] + c["steps_uniform_windows"] + c["steps_no_windows"] != c["steps_total"]:
         return None, ("steps_total", "is not steps_ragged + steps_uniform_windows + steps_no_windows")
+    if c.get("verify_len_hist") and max(c["verify_len_hist"]) > K:
+        return None, ("verify_len_hist", f"a window of {max(c['verify_len_hist'])} drafts, over K = {K}")
     if "verify_len_hist" in c and c["distinct_verify_lens"] != len(c["verify_len_hist"]):
         return None, ("distinct_verify_lens", f"{c['distinct_verify_lens']} != {len(c['verify_len_hist'])} windows in verify_len_hist")
     if c["requests_trimmed"] > c["requests_scored"] or c["steps_multi_request"] > c["steps_total"]:
@@ -204,24 +207,29 @@ def parse_stats(data: bytes, source: str, run_id: str) -> EngineBatch:
             k_key = json_count(s.get("max_draft_len"), MAX_DRAFT_LEN) if "max_draft_len" in s else None
             vl = _hist(s.get("verify_len_hist")) or {}
             K, how = ((k_key, "max_draft_len") if k_key else (tiers_k, "planner tiers") if tiers_k else
-                      (max(vl), "largest window handed out (a lower bound)") if vl else (None, None))
+                      (max(vl), LOWER_BOUND) if vl else (None, None))
         else:
             K, how = None, None
         if isinstance(s, dict) and not K:
             b.reject(source, ln, "max_draft_len", "the draft length is unknown: no max_draft_len key, planner tiers "
                      "line or window in verify_len_hist", None, run_id)
             continue
-        c, bad = check_snapshot(s, K or 1)
+        bound = how == LOWER_BOUND  # K only bounded below: checked against the largest K there can be
+        c, bad = check_snapshot(s, MAX_DRAFT_LEN if bound else K)
         if bad is None and mode is not None and s["mode"] != mode:
             bad = ("mode", f"{s['mode']!r}, but this file's earlier snapshots ran {mode!r}")
-        if bad is None and K_run is not None and K != K_run:
+        if bad is None and not bound and K_run is not None and k_from != LOWER_BOUND and K != K_run:
             bad = ("max_draft_len", f"K = {K}, but this file's earlier snapshots have K = {K_run}")
         if bad is not None:
             b.reject(source, ln, bad[0], bad[1], s, run_id)
             continue
         rank = json_count(s.get("rank"), INT32_MAX) if "rank" in s else None
         rank = rank if rank is not None else rank_log if rank_log is not None else int(fr.group(1)) if fr else 0
-        mode, K_run, k_from = s["mode"], K, how
+        if bound and k_from not in (None, LOWER_BOUND):
+            K = K_run  # a snapshot that names K set it for the file
+        else:
+            K, k_from = (max(K, K_run or 0), how) if bound else (K, how)
+        mode, K_run = s["mode"], K
         reasons[str(rank)] = {f: s[f] for f in REASON_MAPS if isinstance(s.get(f), dict)}
         src = f"{source}:{ln}"
         for f, v in c.items():
