@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from acceptscope import estimators
+from acceptscope import estimators, glossary
 from acceptscope import schema
 from acceptscope.figures import figure_of
 from acceptscope.figures.estimates import one_based_positions
@@ -131,6 +131,13 @@ def run_estimates(db: str | Path, run_id: str, *, n_boot: int = 200) -> tuple[di
     for name, res in results.items():
         views[name] = view(name, res)
     return views, None
+
+
+def figures(views: dict[str, EstimateView]) -> dict[str, glossary.Value]:
+    """The glossary's figures of one run from its views (:func:`acceptscope.glossary.run_figures` on the
+    results ``run_estimates`` normalised, in ``to_jsonable`` form: what ``estimate --json`` prints)."""
+    raw = {k: v.raw for k, v in views.items() if k in glossary.PIPELINE_KEYS and v.raw is not None}
+    return glossary.run_figures(estimators.to_jsonable(raw)) if raw else {}
 
 
 STEP_KEY = ["run_id", "rank", "epoch", "forward_ct"]

@@ -26,7 +26,7 @@ if str(_ROOT) not in sys.path:  # `streamlit run app/dashboard.py` puts app/ fir
 import streamlit as st  # noqa: E402
 
 from acceptscope import audit_sampling  # noqa: E402
-from acceptscope.estimate_views import run_estimates  # noqa: E402
+from acceptscope.estimate_views import figures as estimate_figures, run_estimates  # noqa: E402
 from acceptscope.figures import tables as figures  # noqa: E402
 from acceptscope.reader import Reader, select_runs  # noqa: E402
 from acceptscope.app.panels import calibration, cost, drilldown, estimates, overview, regime, utilization, windows  # noqa: E402
@@ -54,10 +54,10 @@ def load(db: str, version: tuple, method: str, *args):
             return audit_sampling.infer_runs(reader, *args).to_dict()
         except ValueError as e:
             return str(e)
-    if method == "estimates":
+    if method == "estimates":  # (views, why not, the glossary's figures of the run)
         views, why = run_estimates(db, args[0])
         return {k: {"figures": v.figures, "summary": v.summary, "tables": v.tables, "error": v.error,
-                    "skipped": v.skipped} for k, v in views.items()}, why
+                    "skipped": v.skipped} for k, v in views.items()}, why, estimate_figures(views)
     fn = getattr(reader, method)
     return fn(*[list(a) if isinstance(a, tuple) else a for a in args])
 

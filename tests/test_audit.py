@@ -43,18 +43,20 @@ def _engine_ready() -> str | None:
     return None
 
 
-def build_audit_db(tmp_path_factory) -> tuple[Path, dict]:
-    """Run `acceptscope audit --json` once per session; returns (db path, its JSON summary)."""
+def build_audit_db(tmp_path_factory, name: str = "surfaces-audit", args: list[str] = AUDIT_ARGS) -> tuple[Path, dict]:
+    """Run `acceptscope audit --json ARGS` once per session (per ``name``); returns (db path, its JSON summary).
+    What the command printed is kept beside it (``audit_output.txt``)."""
     why = _engine_ready()
     if why:
         pytest.skip(why)
-    base = tmp_path_factory.getbasetemp() / "surfaces-audit"
+    base = tmp_path_factory.getbasetemp() / name
     db, summary = base / "audit.duckdb", base / "summary.json"
     if not summary.exists():
         base.mkdir(parents=True, exist_ok=True)
         res = CliRunner().invoke(app, ["audit", "--db", str(db), "--out", str(base / "report.html"), "--json",
-                                       *AUDIT_ARGS, *MODEL_ARGS])
+                                       *args, *MODEL_ARGS])
         assert res.exit_code == EXIT_OK, res.output[-4000:]
+        (base / "audit_output.txt").write_text(res.stderr)
         summary.write_text(res.stdout[res.stdout.index("{"):])
     return db, json.loads(summary.read_text())
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from acceptscope import schema
+from acceptscope import glossary, schema
 from acceptscope.store import Store
 from acceptscope.reader import Reader
 from tests.test_audit import build_audit_db
@@ -41,8 +41,9 @@ def test_page_loads_with_every_panel(app_test, audit):
     assert sorted(at.multiselect(key="runs").value) == sorted(r["run_id"] for r in summary["runs"].values())
     assert len(at.get("plotly_chart")) >= 7
     labels = [m.label for m in at.metric]
-    assert {"compact accept length", "cap-accept accept length", "compact utilization (estimated)"} <= set(labels)
-    util = next(m for m in at.metric if m.label == "compact utilization (estimated)")
+    acc, util_label = glossary.FIGURES["realized_accept_length"].label, glossary.FIGURES["audited_utilization"].label
+    assert {f"compact {acc}", f"cap-accept {acc}", f"compact {util_label}"} <= set(labels)
+    util = next(m for m in at.metric if m.label == f"compact {util_label}")
     assert util.value.endswith("%")
 
 

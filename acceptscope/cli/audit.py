@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from acceptscope.console import safe
+from acceptscope import glossary
+from acceptscope.console import plain, safe
 from acceptscope.cli._common import (EXIT_FAILURE, EXIT_USAGE, DbOption, JsonOption, check_names, console, emit_json,
                                      print_run_table, require_extra, require_out_dir)
 
@@ -140,7 +142,7 @@ def register(app: typer.Typer) -> None:
                 bar.update(tasks[arm], advance=n_done, total=total)
 
             try:
-                res = run_audit(cfg, progress=progress, stage=lambda s: console.log(s))
+                res = run_audit(cfg, progress=progress, stage=_stage)
             except (ValueError, FileNotFoundError) as e:
                 console.print(f"[red]{safe(e)}[/red]")
                 raise typer.Exit(EXIT_USAGE)
@@ -153,17 +155,47 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(res.exit_code)
 
 
+def _stage(text: str) -> None:
+    """One stage line, ``HH:MM:SS text``: whole at any width (rich's log column would wrap it beside a path)."""
+    console.print(f"{time.strftime('%H:%M:%S')} {plain(text)}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _print(res) -> None:
     def num(r: dict, k: str, fmt: str) -> str:
         v = r.get(k)
         return format(v, fmt) if isinstance(v, (int, float)) else "–"
 
+    from acceptscope.store import Store  # (the audit has run: acceptscope.audit imported it already)
+
+    reader = Store(res.db, read_only=True)
+    figs = (res.report.headline.get("figures") or {}) if res.report is not None else {}
+    L = glossary.FIGURES
+
+    def fig(rid: str, key: str) -> str:
+        v = (figs.get(rid) or {}).get(key) or {}
+        return glossary.fmt(key, v.get("estimate"))
+
     print_run_table(f"audit {res.audit_group}",
-                    ("arm", "requests", "accept len", "window", "tok/s (CPU)", "tok/s (modeled)", "wall s"),
-                    {str(r.get("run_id")): [arm, str(r.get("requests", "–")), num(r, "mean_accept_length", ".2f"),
-                                            num(r, "mean_window", ".2f"), num(r, "tokens_per_s", ".0f"),
+                    ("arm", "requests", L["accept_length_per_step"].label, L["realized_accept_length"].label,
+                     L["window"].label, "tok/s (CPU)", "tok/s (modeled)", "wall s"),
+                    {str(r.get("run_id")): [arm, str(r.get("requests", "–")),
+                                            glossary.fmt("accept_length_per_step", glossary.accept_length_per_step(
+                                                reader, str(r.get("run_id"))).estimate),
+                                            fig(str(r.get("run_id")), "realized_accept_length"),
+                                            fig(str(r.get("run_id")), "window"), num(r, "tokens_per_s", ".0f"),
                                             num(r, "modeled_tokens_per_s", ".0f"), num(r, "wall_s", ".1f")]
                      for arm, r in res.runs.items()})
+    prod = str(res.runs.get("compact", {}).get("run_id"))
+    vals = {k: glossary.Value(v["estimate"], v["lo"], v["hi"]) for k, v in (figs.get(prod) or {}).items()}
+    vals.update(glossary.audited_figures(res.sampling))  # (the sample the report was given)
+    for key in ("ceiling_drafts", "ceiling_tokens", "utilization", "trimmed", "audited_ceiling_tokens",
+                "audited_utilization"):
+        v = vals.get(key)
+        if v is not None and v.estimate is not None:
+            iv = glossary.FIGURES[key].interval
+            console.print(f"compact {L[key].label}: {glossary.show(key, v)}"
+                          + (f" ({glossary.INTERVALS[iv].label})" if iv and v.lo is not None else ""),
+                          markup=False, highlight=False, soft_wrap=True)
     cal = res.calibration
     if cal:
         console.print(f"STS fitted on {cal['samples']} calibration blocks ({cal['run_id']}): {cal['path']}")
@@ -186,10 +218,7 @@ def _print(res) -> None:
             console.print(f"  - {f.describe()}")
     s = res.sampling
     if s is not None:
-        u, c = s.utilization, s.ceiling
-        if u is not None:
-            console.print(f"utilization {u.estimate:.1%} [{u.lo:.1%}, {u.hi:.1%}] of ceiling {c.estimate:.2f} "
-                          f"[{c.lo:.2f}, {c.hi:.2f}] tokens/block ({s.n_audited}/{s.n_requests} requests audited)")
+        console.print(f"{s.n_audited}/{s.n_requests} requests audited", markup=False, highlight=False)
     if res.report is not None:
         for f in res.report.findings:
             color = {"ok": "green", "warn": "yellow", "bad": "red"}.get(f.level, "white")

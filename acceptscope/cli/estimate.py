@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 from rich.progress import Progress
 
+from acceptscope import glossary
 from acceptscope.console import safe
 from acceptscope.cli._common import (
     require_db,
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
             console.print("[red]--engine must be local (with --db) or spark (with --lake LAKE)[/red]")
             raise typer.Exit(EXIT_USAGE)
         if lake is not None:
-            out = _estimate_lake(lake, run, master, n_boot, seed)
+            out = _with_figures(_estimate_lake(lake, run, master, n_boot, seed))
             if json_out:
                 emit_json(out)
             else:
@@ -138,6 +139,7 @@ def register(app: typer.Typer) -> None:
                     raise unreadable_db(db, e) from None
                 out[rid]["complete"] = rid not in incomplete
                 prog.advance(task)
+        out = _with_figures(out)
         if json_out:
             emit_json(out)
             return
@@ -165,21 +167,32 @@ def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, see
     return out
 
 
-_COLUMNS = ("arm", "request-steps", "censored", "ceiling", "mean ceiling [95%]", "utilization [95%]",
-            "in-window acc", "spec_accept_rate", "trim regret", "cost held-out MAE ms")
+def _with_figures(out: dict) -> dict:
+    """Each run's results with its glossary figures (``figures``: key -> estimate, lo, hi, label, unit,
+    interval), the numbers every other surface shows."""
+    for r in out.values():
+        if isinstance(r, dict) and "error" not in r:
+            r["figures"] = glossary.to_json(glossary.run_figures(r))
+    return out
+
+
+_L = glossary.FIGURES
+_COLUMNS = ("arm", "request-steps", "censored", "ceiling is", _L["realized_accept_length"].label,
+            _L["ceiling_drafts"].label + " [95%]", _L["utilization"].label + " [95%]", _L["window"].label,
+            _L["trimmed"].label, "in-window acc", "spec_accept_rate", "trim regret", "cost held-out MAE ms")
 
 
 def _row(r: dict) -> list[str]:
-    """The table cells of one run's estimates (``_COLUMNS`` order)."""
+    """The table cells of one run's estimates (``_COLUMNS`` order; the figures: :mod:`acceptscope.glossary`)."""
     if "error" in r:
         return ["", r["error"], *[""] * (len(_COLUMNS) - 2)]
     s = r["tail"]["summary"]
-    a = r["tail"]["aggregate"][0]
+    f = glossary.run_figures(r)
     u = [x for x in r["utilization"]["by_group"] if x["by"] == "run"][0]
-    c = r.get("cost", {}).get("held_out", {}).get("mae_ms")
+    c = (r.get("cost") or {}).get("held_out", {}).get("mae_ms")
     return [r["run"]["arm"], str(s["n_request_steps"]), str(s["n_censored"]), s["ceiling"],
-            f"{a['mean_ceiling']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]",
-            f"{u['utilization']:.3f} [{u.get('util_lo', u['utilization']):.3f}, {u.get('util_hi', u['utilization']):.3f}]",
+            *(glossary.show(k, f[k]) for k in ("realized_accept_length", "ceiling_drafts", "utilization", "window",
+                                                "trimmed")),
             f"{u['in_window_accept_rate']:.3f}", f"{u['spec_accept_rate']:.3f}",
             f"{r['bracket']['trim']['trim_regret_rate']:.3f}", "-" if c is None else f"{c:.3f}"]
 

@@ -15,6 +15,8 @@ means gamma drafts in each.
 from __future__ import annotations
 
 import html
+import json
+from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -115,3 +117,42 @@ def fig_throughput_curve(curve: pd.DataFrame) -> go.Figure:
                       height=400, template="plotly_white", margin=dict(l=50, r=20, t=70, b=40),
                       legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def cost_profile(sps_path: str) -> tuple[dict | None, list[str]]:
+    """A measured GPU cost profile's provenance, bound ratio and fit (rows for a key/value table) and its
+    virtual-clock checks (one sentence each), read from the manifest and ``.vclock.json`` beside the table;
+    (None, [why]) when it has no manifest."""
+    p = Path(sps_path)
+    man_p = Path(str(p) + ".manifest.json")
+    if not man_p.is_file():
+        return None, [f"cost table {p.name}: no GPU manifest next to it."]
+    man = json.loads(man_p.read_text(encoding="utf-8"))
+    prov, bound, shape = man.get("provenance", {}), man.get("bound", {}), man.get("shape", {})
+    rows = {
+        "profile": p.name, "GPU": prov.get("gpu"), "driver": prov.get("driver"),
+        "torch / CUDA": f"{prov.get('torch')} / {prov.get('cuda')}", "measured": prov.get("date_utc"),
+        "shape": f"{shape.get('name')} ({man.get('target_layers')} of {shape.get('layers')} layers, hidden "
+                 f"{shape.get('hidden')}), drafter {man.get('draft_layers')} layers",
+        "context / gamma": f"{man.get('context_len')} tokens / {man.get('gamma')}",
+        "HBM copy bandwidth (measured)": f"{(prov.get('copy_bandwidth_bytes_per_s') or 0) / 1e12:.2f} TB/s",
+        "batch-1 verify": f"{min((bound.get('batch1_verify_ms') or {'-': float('nan')}).values()):.2f} ms",
+        "bandwidth bound (weights / measured BW)": f"{bound.get('bound_ms', float('nan')):.2f} ms "
+                                                   f"(ratio {bound.get('ratio_min', float('nan')):.2f})",
+        "bandwidth bound (weights / datasheet BW)": f"{bound.get('datasheet_bound_ms', float('nan')):.2f} ms "
+                                                    f"(ratio {bound.get('ratio_vs_datasheet', float('nan')):.2f})",
+        "additive fit on its cells": "median {:.1%}, max {:.1%} relative error".format(
+            man["tables"]["additive"]["fit"]["median_rel_err"], man["tables"]["additive"]["fit"]["max_rel_err"]),
+    }
+    notes = []
+    vc = p.with_name(p.name.removesuffix(".json") + ".vclock.json")
+    if vc.is_file():
+        doc = json.loads(vc.read_text(encoding="utf-8"))
+        for name, r in doc.get("checks", {}).items():
+            k = r.get("clock") or r  # the clock = table + context term; older files hold the table alone
+            table_alone = (f"; the table alone (profiled at {man.get('context_len')}-token contexts): median "
+                           f"{r['median_rel_err']:.1%}, p90 {r['p90_rel_err']:.1%}" if "clock" in r else "")
+            notes.append(f"virtual clock vs measured {doc.get('gpu')} step time on {r['steps']} {name} steps "
+                         f"(their windows and per-request contexts): median error {k['median_rel_err']:.1%}, "
+                         f"p90 {k['p90_rel_err']:.1%}, bias {k['mean_bias_rel']:+.1%}{table_alone}.")
+    return rows, notes

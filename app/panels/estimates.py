@@ -7,8 +7,10 @@ invalidate the cached result).
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
+from acceptscope import glossary
 from acceptscope.app.panels._ctx import plain
 
 TITLE = "Estimators"
@@ -27,13 +29,18 @@ def render(ctx) -> None:
     if note := ctx.whole_run_note("The estimators"):
         st.caption(note)
     with st.spinner("running estimators ..."):
-        views, why = ctx.q("estimates", run)
+        views, why, figs = ctx.q("estimates", run)
     if why:
         st.info(f"Estimators not shown: {plain(why)}")
         return
     if not views:
         st.info("The estimators returned nothing for this run.")
         return
+    if figs:
+        st.subheader("figures")
+        st.dataframe(figures_table(figs), hide_index=True)
+        st.caption("definitions: acceptscope.glossary; " + "; ".join(f"{i.label}: {i.definition}"
+                                                                      for i in glossary.INTERVALS.values()))
     for name, v in views.items():
         st.subheader(name)
         if v["skipped"]:
@@ -50,3 +57,8 @@ def render(ctx) -> None:
         for tname, t in list(v["tables"].items())[:3]:
             with st.expander(tname):
                 st.dataframe(t, hide_index=True)
+
+
+def figures_table(figs: dict) -> pd.DataFrame:
+    """The run's glossary figures, one row each: label, value as every surface prints it, unit, interval."""
+    return pd.DataFrame(glossary.table_rows({"value": figs}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from acceptscope import glossary
 from acceptscope.app.panels._ctx import plain
 
 TITLE = "Arm comparison"
@@ -13,6 +14,15 @@ COLS = ["run_id", "arm", "engine", "gamma", "audit_group", "requests_seen", "blo
         "tokens_per_s"]
 
 
+def _audited(ctx):
+    """The production arm's audited utilization (glossary.audited_figures), when an audit arm is selected."""
+    arms = {ctx.arm_of(r): r for r in ctx.run_ids}
+    if "compact" not in arms or "cap-accept" not in arms:
+        return None
+    inf = ctx.q("sampling_inference", arms["compact"], arms["cap-accept"])
+    return None if isinstance(inf, str) else glossary.audited_figures(inf)["audited_utilization"]
+
+
 def render(ctx) -> None:
     st.header(TITLE)
     s = ctx.q("run_summary", ctx.run_ids, ctx.workloads)
@@ -20,12 +30,19 @@ def render(ctx) -> None:
         st.info("The selected runs have no blocks yet.")
         return
     cols = st.columns(min(4, len(s)))
+    L = glossary.FIGURES
+    audited = _audited(ctx)
     for col, row in zip(cols, s.itertuples(index=False)):
-        util = "n/a" if row.utilization != row.utilization or row.utilization is None else f"{row.utilization:.1%}"
-        col.metric(f"{row.arm} accept length", f"{(row.mean_acc_len or 0):.2f}",
-                   help=f"{plain(row.run_id)}: mean committed tokens per block (bonus included)")
-        col.caption(f"window {(row.mean_window or 0):.2f} · {row.arm} utilization {util} (own observed ceiling) · "
-                    f"{row.blocks or 0} blocks")
+        col.metric(f"{row.arm} {L['realized_accept_length'].label}",
+                   glossary.fmt("realized_accept_length", row.mean_acc_len),
+                   help=f"{plain(row.run_id)}: {L['realized_accept_length'].definition}")
+        if row.utilization == row.utilization and row.utilization is not None:  # the arm recorded its ceiling
+            util = f"{row.arm} {L['utilization'].label} {glossary.fmt('utilization', row.utilization)} (ceiling recorded)"
+        elif row.arm == "compact" and audited:  # the same figure, label and number as the Utilization panel
+            util = f"{row.arm} {L['audited_utilization'].label} {glossary.fmt('audited_utilization', audited.estimate)}"
+        else:
+            util = f"{row.arm} utilization: ceiling not recorded in this arm (Estimators panel)"
+        col.caption(f"{L['window'].label} {glossary.fmt('window', row.mean_window)} · {util} · {row.blocks or 0} blocks")
     st.dataframe(s[[c for c in COLS if c in s.columns]], hide_index=True)
     for row in s.itertuples(index=False):
         if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \

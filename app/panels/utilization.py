@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from acceptscope import glossary
 from acceptscope.figures import tables as F
 from acceptscope.app.panels._ctx import plain
 
@@ -25,14 +26,18 @@ def render(ctx) -> None:
         if isinstance(inf, str):
             st.info(f"No full-traffic inference: {plain(inf)}")
         else:
-            u, c = inf["utilization"], inf["ceiling"]
+            f, L = glossary.audited_figures(inf), glossary.FIGURES
+            u, c = f["audited_utilization"], f["audited_ceiling_tokens"]
+            iv = glossary.INTERVALS["sampling"].label
             a, b, d = st.columns(3)
-            a.metric("compact utilization (estimated)", f"{u['estimate']:.1%}",
-                     help=f"95% bootstrap interval [{u['lo']:.1%}, {u['hi']:.1%}]")
-            b.metric("full-traffic ceiling", f"{c['estimate']:.2f}", help=f"[{c['lo']:.2f}, {c['hi']:.2f}]")
+            a.metric(f"compact {L['audited_utilization'].label}", glossary.fmt("audited_utilization", u.estimate),
+                     help=f"{iv}: {glossary.show('audited_utilization', u)}")
+            b.metric(L["audited_ceiling_tokens"].label, glossary.fmt("audited_ceiling_tokens", c.estimate),
+                     help=f"{iv}: {glossary.show('audited_ceiling_tokens', c)}")
             d.metric("audited requests", f"{inf['n_audited']} / {inf['n_requests']}")
-            st.caption(f"utilization 95% interval [{u['lo']:.1%}, {u['hi']:.1%}]; ceiling [{c['lo']:.2f}, "
-                       f"{c['hi']:.2f}] ({inf['method']} estimator); confidence-only ceiling (no audit) "
+            st.caption(f"{L['audited_utilization'].label} {glossary.show('audited_utilization', u)}; "
+                       f"{L['audited_ceiling_tokens'].label} {glossary.show('audited_ceiling_tokens', c)} ({iv}, "
+                       f"{inf['method']} estimator); confidence-only ceiling (no audit) "
                        f"{inf['confidence_only_ceiling']:.2f}")
     elif "compact" in arms:
         _production_only(ctx, arms["compact"])
@@ -45,17 +50,17 @@ def _production_only(ctx, run: str) -> None:
                 "(turn on 'compute estimators' below).")
         return
     with st.spinner("estimating the trimmed tail ..."):
-        views, why = ctx.q("estimates", run)
-    by_group = (views.get("utilization", {}).get("tables") or {}).get("by_group")
+        views, why, figs = ctx.q("estimates", run)
     tail = views.get("tail", {}).get("summary") or {}
-    if why or by_group is None or by_group.empty:
-        st.info(f"No estimated utilization for {run}: {why or views.get('utilization', {}).get('error')}")
+    u = figs.get("utilization")
+    if why or u is None or u.estimate is None:
+        st.info(f"No estimated utilization for {plain(run)}: {plain(why or views.get('utilization', {}).get('error'))}")
         return
-    r = by_group[by_group["by"] == "run"].iloc[0]
+    L, iv = glossary.FIGURES, glossary.INTERVALS["model"].label
     a, b = st.columns(2)
-    a.metric("compact utilization (estimated ceiling)", f"{r['utilization']:.1%}",
-             help=f"95% interval [{r['util_lo']:.1%}, {r['util_hi']:.1%}]")
+    a.metric(f"compact {L['utilization'].label}", glossary.fmt("utilization", u.estimate),
+             help=f"{iv}: {glossary.show('utilization', u)}")
     b.metric("trimmed blocks model-based", f"{tail.get('summary.n_unresolved', '?')} / "
                                            f"{tail.get('summary.n_censored', '?')}")
-    st.caption(f"utilization 95% interval [{r['util_lo']:.1%}, {r['util_hi']:.1%}]. "
+    st.caption(f"{L['utilization'].label} {glossary.show('utilization', u)} ({iv}). "
                + str(tail.get("summary.statement", "")))
