@@ -25,6 +25,7 @@ from __future__ import annotations
 # estimators.accumulator, extension estimators in estimators.registry). Importing them here costs
 # `import acceptscope.estimators.tail` +1.2 s and nothing after `import acceptscope.report` or `acceptscope.figures`.
 from acceptscope.estimators.registry import Chunk, RunInfo, Skip, register, registered
+from acceptscope.estimators import trim_regret  # noqa: F401 - registers TrimRegret (estimators.registry)
 from acceptscope.estimators.run import STREAM_ROWS, run_all, run_all_runs
 from acceptscope.estimators.run_data import (RUN_KEYS, ResultTable, fit_calibration, fit_cost, hazard_compatibility,
                                              hazard_runs, load_run, read_training, sglang_bracket, sts_in_force,

@@ -177,8 +177,10 @@ def _expected(est: dict, figs: dict, windows, expr: str, lab: dict) -> float:
                 and str(m["position"]) == lab["position"]][0]["ece"]
     if expr.startswith("acceptscope_cost_model_error_ms"):
         return e["cost"][lab["split"]]["mae_ms"]
-    if expr.startswith("acceptscope_trim_regret"):
-        return e["bracket"]["trim"]["trim_regret_rate"]
+    if expr.startswith("acceptscope_trim_regret"):  # estimators.trim_regret, its row of the panel's group
+        g = [g for g in e["trim_regret"]["by_group"] if g["by"] == lab["group_by"] and str(g["group"]) == lab["group"]][0]
+        key = "first_accepted" if expr.startswith("acceptscope_trim_regret_first_accepted") else "trim_regret"
+        return g[key + {"point": "_rate", "lo": "_lo", "hi": "_hi"}[lab["bound"]]]
     if expr.startswith("acceptscope_trim_ratio"):
         return {"point": e["bracket"]["trim"]["trim_ratio"], "lo": 1 - run["util_hi"], "hi": 1 - run["util_lo"]}[lab["bound"]]
     raise AssertionError(f"no expected value for {expr}")
@@ -223,6 +225,25 @@ def test_every_panel_query_returns_the_estimators_values(prom, tmp_path):
         shutil.copy(png, os.environ["ACCEPTSCOPE_GRAFANA_PNG"])
 
 
+def _banded(res: list) -> list[tuple[dict, float, dict | None]]:
+    """A query's samples as bars: a series with ``bound`` point/lo/hi is one bar at its point with its band
+    as an error bar (as the dashboard's band); any other sample is a bar of its own."""
+    series: dict = {}
+    for s in res:
+        lab = dict(s["metric"])
+        b = lab.pop("bound", None)
+        series.setdefault(tuple(sorted(lab.items())), {})[b] = float(s["value"][1])
+    out = []
+    for key, v in series.items():
+        lab = dict(key)
+        if "point" in v and {"lo", "hi"} <= set(v):
+            out.append((lab, v["point"], dict(type="data", symmetric=False, array=[v["hi"] - v["point"]],
+                                              arrayminus=[v["point"] - v["lo"]], color="white", thickness=1.5)))
+        else:
+            out += [({**lab, "bound": b} if b else lab, x, None) for b, x in v.items()]
+    return out
+
+
 def _render(drawn, out: Path) -> Path | None:
     """The panels drawn from the Prometheus query results (one subplot a panel), as a PNG."""
     if importlib.util.find_spec("kaleido") is None:  # optional: only the screenshot needs it
@@ -237,14 +258,13 @@ def _render(drawn, out: Path) -> Path | None:
     for i, (panel, targets) in enumerate(panels):
         row, col = i // 2 + 1, i % 2 + 1
         for target, res in targets:
-            for s in res:
-                lab = s["metric"]
+            for lab, x, err in _banded(res):
                 name = target["legendFormat"]
                 for k, v in lab.items():
                     name = name.replace("{{" + k + "}}", v)
-                name = re.sub(r"audit-\d+-\d+-[0-9a-f]+-", "", name)  # the audit's arm, not its stamp
-                fig.add_trace(go.Bar(x=[float(s["value"][1])], y=[name[-48:]], orientation="h", showlegend=False,
-                                     hovertext=name), row=row, col=col)
+                name = re.sub(r"audit-\d+-\d+-[0-9a-f]+-", "", name.replace("{{bound}}", "")).strip()  # arm, not stamp
+                fig.add_trace(go.Bar(x=[x], y=[name[-48:]], orientation="h", showlegend=False, hovertext=name,
+                                     error_x=err), row=row, col=col)
     fig.update_layout(height=420 * ((len(panels) + 1) // 2), width=1600, template="plotly_dark",
                       title="acceptscope Grafana panels: values from Prometheus (instant queries)", font_size=10)
     fig.update_yaxes(tickfont_size=8)

@@ -27,7 +27,7 @@ FAMILIES = {  # every family the exporter serves (docs/prometheus.md)
     "acceptscope_run_info", "acceptscope_realized_accept_length", "acceptscope_ceiling_accept_length",
     "acceptscope_utilization", "acceptscope_in_window_accept_rate", "acceptscope_spec_accept_rate",
     "acceptscope_calibration_ece", "acceptscope_cost_model_error_ms", "acceptscope_cost_model_rel_error",
-    "acceptscope_trim_regret_rate", "acceptscope_trim_ratio", "acceptscope_planner_accepted_drafts_lost",
+    "acceptscope_trim_regret_rate", "acceptscope_trim_regret_first_accepted_rate", "acceptscope_trim_ratio", "acceptscope_planner_accepted_drafts_lost",
     "acceptscope_estimate_error", "acceptscope_exporter_errors_total", "acceptscope_exporter_up_to_date",
     "acceptscope_exporter_compute_seconds",
 }
@@ -94,8 +94,14 @@ def test_figures_equal_estimate_json(audit, served):
             checked += 1
         assert one(served, "acceptscope_cost_model_error_ms", run_id=rid, split="held_out", stat="mae") == pytest.approx(
             e["cost"]["held_out"]["mae_ms"], abs=1e-9)
-        assert one(served, "acceptscope_trim_regret_rate", run_id=rid) == pytest.approx(
-            e["bracket"]["trim"]["trim_regret_rate"], abs=1e-9)
+        for g in (e.get("trim_regret") or {}).get("by_group", []):  # static runs trim nothing: skipped
+            for b, suf in (("point", "_rate"), ("lo", "_lo"), ("hi", "_hi")):
+                for name, key in (("trim_regret_rate", "trim_regret"), ("trim_regret_first_accepted_rate", "first_accepted")):
+                    v = one(served, f"acceptscope_{name}", run_id=rid, group_by=g["by"], group=str(g["group"]), bound=b)
+                    assert v == pytest.approx(g[key + suf], abs=1e-9)
+                    checked += 1
+            if g["by"] == "run":  # TensorRT-LLM's point rate is the trim counters' (one definition)
+                assert g["trim_regret_rate"] == pytest.approx(e["bracket"]["trim"]["trim_regret_rate"], abs=1e-9)
         run = [g for g in e["utilization"]["by_group"] if g["by"] == "run"][0]
         assert one(served, "acceptscope_trim_ratio", run_id=rid, bound="lo") == pytest.approx(1 - run["util_hi"], abs=1e-9)
         for p in e["utilization"]["by_position"]:

@@ -26,8 +26,9 @@ Names (``docs/prometheus.md`` lists them with their definitions). The counters f
 
 Gauges with interval bounds (``bound`` = point | lo | hi; 95% bootstrap intervals of the estimators):
 utilization against the estimated ceiling, the ceiling accept length (bonus included), per-position
-ECE before/after STS, cost-model error, trim ratio (1 − utilization; TensorRT-LLM's name) and trim
-regret rate. ``acceptscope_run_info`` carries the OpenTelemetry GenAI resource attributes
+ECE before/after STS, cost-model error, trim ratio (1 − utilization; TensorRT-LLM's name), and trim
+regret (:mod:`acceptscope.estimators.trim_regret`: TensorRT-LLM's rate and the trimmed blocks whose first
+trimmed draft would have been accepted, per run and workload). ``acceptscope_run_info`` carries the OpenTelemetry GenAI resource attributes
 (``gen_ai.request.model``, ``gen_ai.provider.name``, dots as underscores) for a ``group_left`` join.
 """
 
@@ -238,7 +239,10 @@ def families(snap: Snapshot) -> list:
             ["method", "stage", "position", "bound"])
     cost_ms = G("cost_model_error_ms", "SPS cost-model error of the step time (ms).", ["split", "stat"])
     cost_rel = G("cost_model_rel_error", "SPS cost-model relative error of the step time.", ["split", "stat"])
-    regret = G("trim_regret_rate", "Trimmed blocks that accepted their whole window / trimmed blocks (TensorRT-LLM's rate).")
+    regret = G("trim_regret_rate", "Trimmed blocks that accepted their whole window / trimmed blocks (TensorRT-LLM's "
+               "rate), 95% request-clustered bootstrap interval.", ["group_by", "group", "bound"])
+    first_acc = G("trim_regret_first_accepted_rate", "Trimmed blocks whose first trimmed draft would have been accepted "
+                  "/ trimmed blocks; hi includes the blocks whose first outcome is unknown.", ["group_by", "group", "bound"])
     trim_ratio = G("trim_ratio", "1 - delivered / ceiling tokens; lo/hi from the utilization interval.", ["bound"])
     trimmed_blocks = C("num_trimmed_drafts", "Blocks whose window the planner trimmed below gamma.")
     lost = G("planner_accepted_drafts_lost", "Drafts the ceiling says would have been accepted, lost to trimming.")
@@ -292,7 +296,10 @@ def families(snap: Snapshot) -> list:
             _put(cost_rel, lv + [split, "median"], s.get("median_rel_err"))
             _put(cost_rel, lv + [split, "mean"], s.get("mean_rel_err"))
         trim = (est.get("bracket") or {}).get("trim") or {}
-        _put(regret, lv, trim.get("trim_regret_rate"))
+        for g in (est.get("trim_regret") or {}).get("by_group") or []:  # estimators.trim_regret
+            for b, suf in BOUNDS:
+                _put(regret, lv + [str(g["by"]), str(g["group"]), b], g["trim_regret" + (suf or "_rate")])
+                _put(first_acc, lv + [str(g["by"]), str(g["group"]), b], g["first_accepted" + (suf or "_rate")])
         _put(trimmed_blocks, lv, trim.get("trimmed_request_steps"))
         if trim.get("trim_ratio") is not None:
             trim_ratio.add_metric(lv + ["point"], float(trim["trim_ratio"]))
@@ -318,7 +325,7 @@ def families(snap: Snapshot) -> list:
     for rid, w, n in snap.windows:
         by_window.add_metric([rid, str(w)], float(n))
     return [drafts, draft_tok, acc_tok, acc_pos, ver_pos, trimmed, by_window, trimmed_blocks, info, realized, ceiling,
-            util, iw_rate, sg_rate, ece, cost_ms, cost_rel, regret, trim_ratio, lost, est_err]
+            util, iw_rate, sg_rate, ece, cost_ms, cost_rel, regret, first_acc, trim_ratio, lost, est_err]
 
 
 def health(snap: Snapshot, errors: int, up_to_date: bool) -> list:
