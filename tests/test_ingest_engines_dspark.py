@@ -319,3 +319,16 @@ def test_ranks_pool_their_latest_snapshots(tmp_path):
     assert ds["accepted"] == [int(rs["correct_drafts"].sum())] * 2
     # no max_draft_len key or planner line: K is only the largest window seen, so no upper bound is claimed
     assert ds["trim_loss_bound_hi"] is None and ds["trim_loss_trt_floor"] is not None
+
+
+def test_hostile_snapshot_lines_rejected_alone(tmp_path):
+    t, K = _sim(seed=13)
+    s, _ = dspark_summary(t["request_steps"], K, "compact")
+    f = tmp_path / "server.log"
+    bad = {**s, "steps_total": 10**30}  # past int64
+    f.write_text("DSpark ragged verify: {" + "(" * 100_000 + "\n" + f"DSpark ragged verify: {bad!r}\n"
+                 + f"DSpark verify planner: tiers=(2, {K})\nDSpark ragged verify: {s!r}\n")
+    b = parse_engine_file(f, "trtllm_dspark_stats", "h")
+    assert [(r["line"], r["field"]) for r in b.rejects] == [(1, "$"), (2, "steps_total")]
+    assert b.runs and b.runs[0]["gamma"] == K
+    assert json.loads(b.runs[0]["config_json"])["gamma"] == "K from planner tiers"

@@ -175,3 +175,17 @@ def test_saved_stream_reads_the_final_usage_chunk(tmp_path):
     assert not b.rejects and [(r["rid"], r["spec_num_correct_drafts"], r["completion_tokens"]) for r in b.requests] == [
         (body["id"], m["num_accepted_draft_tokens"], body["usage"]["completion_tokens"])]
     assert json.loads(b.runs[0]["config_json"])["not_stored"] == {"null": 0, "no_spec_decode": 3}
+
+
+def test_hostile_lines_rejected_alone(tmp_path):
+    """A line nested past the decoder's depth, or holding an integer past int64, is one reject; the rest is kept."""
+    rs, K, _ = _blocks(compact=True, seed=5)
+    lines = responses(rs, K)
+    huge = json.loads(json.dumps(lines[1]))
+    huge["metrics"]["speculative_decoding"]["num_draft_tokens"] = 2**70
+    f = tmp_path / "r.jsonl"
+    f.write_text("\n".join(["[" * 100_000, json.dumps(lines[0]), json.dumps(huge)] + [json.dumps(x) for x in lines[2:]]))
+    b = parse_engine_file(f, "vllm_request_metrics", "h")
+    assert [(r["line"], r["field"]) for r in b.rejects] == [(1, "$"), (3, "metrics.speculative_decoding.num_draft_tokens")]
+    assert "nested too deeply" in b.rejects[0]["reason"]
+    assert len(b.requests) == len(lines) - 1

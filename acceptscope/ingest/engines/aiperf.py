@@ -50,7 +50,7 @@ def parse_profile_export(data: bytes, source: str, run_id: str) -> EngineBatch:
             continue
         try:
             rec = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             b.reject(source, ln, "$", f"not JSON: {decode_failure(e)}", raw[:200], run_id)
             continue
         meta = rec.get("metadata") if isinstance(rec, dict) else None

@@ -41,7 +41,7 @@ def parse_accept_stats(data: bytes, source: str, run_id: str) -> EngineBatch:
     b = EngineBatch()
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         b.reject(source, 1, "$", f"not JSON: {decode_failure(e)}", data[:200], run_id)
         return b
     if not isinstance(doc, dict):

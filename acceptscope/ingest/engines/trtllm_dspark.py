@@ -161,7 +161,7 @@ def _snapshots(data: bytes, source: str, b: EngineBatch, run_id: str):
     text = data.decode("utf-8", errors="replace")
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if isinstance(doc, (dict, list)):
         for o in (doc if isinstance(doc, list) else [doc]):
@@ -186,7 +186,7 @@ def _snapshots(data: bytes, source: str, b: EngineBatch, run_id: str):
         elif line.lstrip().startswith("{"):
             try:
                 yield ln, None, None, json.loads(line)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 b.reject(source, ln, "$", f"not JSON: {decode_failure(e)}", line[:200], run_id)
 
 

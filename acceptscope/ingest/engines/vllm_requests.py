@@ -46,7 +46,7 @@ def _objects(data: bytes, source: str, b: EngineBatch, run_id: str) -> Iterator[
     """(line, field prefix, object) of every response body: a JSON document (an object or a list), else JSONL."""
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         doc = None
     if isinstance(doc, list):
         for i, o in enumerate(doc):
@@ -63,7 +63,7 @@ def _objects(data: bytes, source: str, b: EngineBatch, run_id: str) -> Iterator[
             continue
         try:
             yield ln, "", json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             b.reject(source, ln, "$", f"not JSON: {decode_failure(e)}", raw[:200], run_id)
 
 
