@@ -186,7 +186,8 @@ REQUEST_STEPS = Table(
         _c("target_logprob", F32_LIST, "log p(draft token) per position where the target scored it"),
         _c("committed_tokens", I64_LIST, "tokens appended to the output this step (accepted drafts + bonus, cut at EOS / max_new_tokens)"),
         _c("ceiling", pa.int32(), "uncapped correct drafts of a full verify (NULL in compact)"),
-        _c("temperature", pa.float64(), "this request's sampling temperature (0 = greedy)"),
+        _c("temperature", pa.float64(), "this request's sampling temperature (0 = greedy); filled on write: "
+           "its own, else the request's, else the run's (acceptscope.domain.temperature); NULL: unknown"),
         _c("workload", pa.string(), "workload label"),
         _c("finished", pa.bool_(), "request finished at this step"),
     ),
@@ -430,9 +431,11 @@ TABLES: dict[str, Table] = {t.name: t for t in ALL_TABLES}
 # (acceptscope.summaries), so a dashboard panel reads kilobytes, not millions of rows.
 # Not part of the record model: exports and row counts leave them out.
 # ---------------------------------------------------------------------------
-SCHEMA_VERSION = 7  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
+SCHEMA_VERSION = 8  # 1: no summaries, no store_meta table; 2: summary tables + store_meta; 3: + sum_step_bins,
 # sum_request_keys; 4: + sum_run_rids; 5: + sum_key_pairs, sum_pairs; 6: + sum_request_page, sum_page_runs;
-# 7: runs.role (filled by ROLE_SQL for the runs already in the file)
+# 7: runs.role (filled by ROLE_SQL for the runs already in the file); 8: request_steps.temperature filled on
+# write by the one rule (acceptscope.domain.temperature), the NULLs of an older file filled once
+TEMPERATURES_FILLED_SINCE = 8
 
 
 STORE_META = Table(

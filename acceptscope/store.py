@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from acceptscope import schema, store_lock, summaries
+from acceptscope.domain import temperature
 from acceptscope.runs_table import read_runs
 from acceptscope.schema import as_arrow  # noqa: F401 - re-exported: callers import it from here
 from acceptscope.store_dedupe import insert_new_rows
@@ -30,6 +31,30 @@ def incomplete_runs(runs: Any, run_ids: Any = None) -> list[str]:
         return []
     sel = runs if run_ids is None else runs[runs["run_id"].isin(list(run_ids))]
     return [str(r) for r in sel.loc[sel["completed_at"].isna(), "run_id"]]
+
+
+def _check_temperatures_filled(con: duckdb.DuckDBPyConnection, path: Path, version: int) -> None:
+    """Refuse a read-only open of a file from before schema version 8 whose request-steps lack a temperature
+    the rule fills (:mod:`acceptscope.domain.temperature`): readers read the column as stored, and the fill
+    is written once by a read-write open (which this one cannot do)."""
+    if version >= schema.TEMPERATURES_FILLED_SINCE:
+        return
+    n = temperature.fillable(con)
+    if n:
+        raise ValueError(f"{path}: written before schema version {schema.TEMPERATURES_FILLED_SINCE}; {n:,} "
+                         "request-steps lack the temperature their request or run records, filled once by a "
+                         "read-write open (any acceptscope ingest or live into this file, or "
+                         "acceptscope.store.Store(path) in Python)")
+
+
+def _fill_temperatures_of(con: duckdb.DuckDBPyConnection, written: Mapping[str, pa.Table]) -> None:
+    """After a write's inserts, in its transaction: the stored request-steps its request records fill, then
+    those its runs' temperatures fill (request-steps written before them; the rule's order)."""
+    if schema.REQUESTS.name in written:
+        temperature.fill_from_requests(con, written[schema.REQUESTS.name])
+    runs = written.get(schema.RUNS.name)
+    if runs is not None and runs.column("temperature").null_count < runs.num_rows:
+        temperature.fill_stored(con, runs.filter(runs.column("temperature").is_valid()).column("run_id").to_pylist())
 
 
 def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
@@ -123,7 +148,7 @@ class Store:
                     "AND constraint_type = 'PRIMARY KEY'"
                 ).fetchone()[0]
             if read_only:
-                summaries.check_version(con, self.path)
+                _check_temperatures_filled(con, self.path, summaries.check_version(con, self.path))
             elif not fresh:  # a file from before the summaries (or appended to by something else): rebuild them once
                 self.rebuilt_summaries = summaries.ensure(con, self.path)
         self.primary_keys = bool(pk)
@@ -159,7 +184,9 @@ class Store:
         """Insert Arrow tables in ONE transaction; returns rows actually inserted per table.
 
         Tables already in the record model's schema (``as_arrow`` output) go in as is;
-        others are conformed first.
+        others are conformed first. Request-step temperatures are filled here, in the same transaction
+        (:mod:`acceptscope.domain.temperature`: a batch before its INSERT, then the stored rows a request
+        record or a run's temperature of this write can fill).
         """
         if self.read_only:
             raise PermissionError(f"{self.path}: this Store was opened read_only")
@@ -167,6 +194,7 @@ class Store:
         with self.connect() as con:
             con.execute("BEGIN TRANSACTION")
             try:
+                written: dict[str, pa.Table] = {}
                 for name, tbl in tables.items():
                     if tbl.num_rows == 0:
                         inserted[name] = 0
@@ -174,7 +202,11 @@ class Store:
                     t = schema.table(name)
                     if tbl.schema != t.arrow_schema:
                         tbl = as_arrow(t, tbl)
+                    if name == schema.REQUEST_STEPS.name:
+                        tbl = temperature.fill_batch(con, tbl)
                     inserted[name] = insert_new_rows(con, t, tbl, self.primary_keys)
+                    written[name] = tbl
+                _fill_temperatures_of(con, written)
                 con.execute("COMMIT")
             except BaseException:
                 try:
@@ -211,7 +243,8 @@ class Store:
         return {name: tbl.num_rows for name, tbl in arrow.items()}
 
     def update_run(self, run_id: str, values: Mapping[str, Any]) -> int:
-        """Set columns of one ``runs`` row (links to tables, temperature); returns rows changed."""
+        """Set columns of one ``runs`` row (links to tables, temperature); returns rows changed. A temperature
+        set here fills the run's request-steps that no request record fills (:mod:`acceptscope.domain.temperature`)."""
         if self.read_only:
             raise PermissionError(f"{self.path}: this Store was opened read_only")
         if not values:
@@ -222,28 +255,17 @@ class Store:
                 raise ValueError("run_id is the key of runs; it cannot be updated")
         sets = ", ".join(f"{quote_ident(c)} = ?" for c in values)
         with self.connect() as con:
-            return int(con.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*values.values(), run_id])
-                       .fetchone()[0])
-
-    def fill_temperatures(self, run_ids: Sequence[str]) -> int:
-        """Fill ``request_steps.temperature`` where NULL: the request's own (``requests``), else the
-        run's (``runs.temperature``). SGLang's dumps carry none; written once here, every reader (the
-        estimators, an exported lake, the dashboard) sees the same temperatures. Returns rows filled."""
-        if self.read_only:
-            raise PermissionError(f"{self.path}: this Store was opened read_only")
-        ids = list(run_ids)
-        if not ids:
-            return 0
-        with self.connect() as con:
-            a = con.execute(
-                "UPDATE request_steps AS rs SET temperature = q.temperature FROM requests AS q "
-                "WHERE rs.run_id = q.run_id AND rs.rid = q.rid AND rs.temperature IS NULL "
-                "AND q.temperature IS NOT NULL AND rs.run_id IN (SELECT UNNEST(?))", [ids]).fetchone()[0]
-            b = con.execute(
-                "UPDATE request_steps AS rs SET temperature = r.temperature FROM runs AS r "
-                "WHERE rs.run_id = r.run_id AND rs.temperature IS NULL AND r.temperature IS NOT NULL "
-                "AND rs.run_id IN (SELECT UNNEST(?))", [ids]).fetchone()[0]
-        return int(a) + int(b)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                n = int(con.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*values.values(), run_id])
+                        .fetchall()[0][0])
+                if values.get("temperature") is not None:  # its request-steps nothing else fills
+                    temperature.fill_stored(con, [run_id])
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        return n
 
     def writer(self, **kwargs: Any) -> TelemetryWriter:
         """A streaming, buffered, thread-safe writer (see ``acceptscope.writer``)."""

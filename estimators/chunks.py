@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 
 from acceptscope.store import fetch_arrow, fetch_arrow_reader
 from acceptscope.estimators.bootstrap import request_keys, uniforms
-from acceptscope.estimators.run_data import temperature_filled_select
 
 TAIL_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window", "correct_drafts",
                 "cap_trim", "bonus_token", "draft_tokens", "confidence", "confidence_logit", "draft_logprob",
@@ -30,6 +29,12 @@ PLANNER_ROWS = 1 << 17  # request-steps of the first decode steps a big run's pl
 DUCKDB_MEMORY = "256MB"  # DuckDB's share while sorting by request (it spills beyond; 3M: 955 vs 1051 MB peak at 384MB)
 AUTO_MEMORY = "auto"  # run_all_stream: DuckDB's share from the rows sorted (:func:`sort_memory`)
 CHUNK_ROWS = 1 << 16  # request-steps per chunk: a chunk's estimator arrays sit on top of the sort (1 << 17: +~100 MB)
+
+
+def s_columns(columns) -> str:
+    """The SELECT list of ``columns`` over ``request_steps s``: plain column reads (temperatures are filled
+    where the data is written, :mod:`acceptscope.domain.temperature`)."""
+    return ", ".join(f's."{c}"' for c in columns)
 
 
 def sort_memory(rows: int) -> str:
@@ -65,8 +70,8 @@ def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_CO
     ``whole_runs``: cut only between runs (each run is one piece, however long)."""
     with store.connect(read_only=True) as con:
         configure(con, duckdb_memory)
-        cols, src = temperature_filled_select(con, columns, run_ids)
-        sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) {where} ORDER BY {S_ORDER}"
+        sql = (f"SELECT {s_columns(columns)} FROM request_steps s WHERE s.run_id IN (SELECT UNNEST(?)) {where} "
+               f"ORDER BY {S_ORDER}")
         reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []), batch_rows=min(chunk_rows, 1 << 16))
         for tbl in whole_requests(reader, chunk_rows, whole_runs):
             yield from split_runs(tbl)
@@ -163,13 +168,13 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
     sel = sample_requests(store, run_ids, max_rows, seed, duckdb_memory)
     with store.connect(read_only=True) as con:
         configure(con, duckdb_memory)
-        cols, src = temperature_filled_select(con, columns, run_ids)
+        cols = s_columns(columns)
         if sel is None:
-            sql = f"SELECT {cols} FROM {src} WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {S_ORDER}"
+            sql = f"SELECT {cols} FROM request_steps s WHERE s.run_id IN (SELECT UNNEST(?)) ORDER BY {S_ORDER}"
             return fetch_arrow(con, sql, [list(run_ids)])
         con.register("_acceptscope_sample", sel)
         try:
-            sql = (f"SELECT {cols} FROM {src} SEMI JOIN _acceptscope_sample k "
+            sql = (f"SELECT {cols} FROM request_steps s SEMI JOIN _acceptscope_sample k "
                    f"ON s.run_id = k.run_id AND s.rid = k.rid ORDER BY {S_ORDER}")
             return fetch_arrow(con, sql)
         finally:

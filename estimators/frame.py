@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from acceptscope import schema
+from acceptscope.domain.temperature import UNKNOWN_NOTE, as_served
 
 RS = schema.REQUEST_STEPS
 
@@ -492,10 +493,10 @@ class BlockFrame:
                 del pending["committed_tokens"]
             ok = bonus < 0
             bonus = np.where(ok, committed[np.arange(n), np.clip(correct, 0, G)], bonus)
-        temperature = sort(get("temperature", np.nan, np.float64))
-        if np.isnan(temperature).any():
-            notes.append("temperature missing on some rows: treated as sampled (T>0)")
-            temperature = np.where(np.isnan(temperature), 1.0, temperature)
+        temperature = sort(get("temperature", np.nan, np.float64))  # as stored (filled on write)
+        if np.isnan(temperature).any():  # unknown: read by the one rule (acceptscope.domain.temperature)
+            notes.append(UNKNOWN_NOTE)
+            temperature = as_served(temperature)
         # codes by first appearance in row order (sorted rows: req0 already is)
         request = req0.astype(np.int64) if order is None else pd.factorize(req0[order])[0].astype(np.int64)
         epoch = sort(ep)

@@ -44,12 +44,11 @@ from acceptscope import schema
 from acceptscope.store import fetch_arrow
 from acceptscope.estimators.accumulator import RunAccumulator
 from acceptscope.estimators.chunks import (AUTO_MEMORY, CHUNK_ROWS, S_ORDER, TAIL_COLUMNS, configure, request_chunks,
-                                           sort_memory)
+                                           s_columns, sort_memory)
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.estimators.pipeline import (COST_STEPS, PLANNER_ROWS, STEP_COLUMNS, RunSide, assemble, count_steps,
                                              fit_hazards, new_accumulator, read_steps, run_meta, run_side, with_run)
 from acceptscope.estimators.planner import audit
-from acceptscope.estimators.run_data import temperature_filled_select
 
 
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
@@ -167,9 +166,9 @@ def planner_window(store, acc: RunAccumulator, steps: pd.DataFrame | None, table
         last = upto[-1] if len(upto) else per.index[0]
     with store.connect(read_only=True) as con:
         configure(con, duckdb_memory)
-        cols, src = temperature_filled_select(con, TAIL_COLUMNS, [acc.run_id])
-        tbl = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? AND (s.epoch < ? OR (s.epoch = ? AND "
-                               f"s.forward_ct <= ?)) ORDER BY {S_ORDER}", [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
+        tbl = fetch_arrow(con, f"SELECT {s_columns(TAIL_COLUMNS)} FROM request_steps s WHERE s.run_id = ? AND "
+                               f"(s.epoch < ? OR (s.epoch = ? AND s.forward_ct <= ?)) ORDER BY {S_ORDER}",
+                          [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
     frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
     p = audit(frame, with_run(steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto if len(upto) else [last])],
                               acc.run_id), table, ceiling_estimate=None)

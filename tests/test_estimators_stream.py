@@ -172,9 +172,10 @@ def test_many_runs_in_one_ordered_pass_equal_run_all_one_run_at_a_time(store, mo
     assert isinstance(many["nope"], KeyError) and "nope" in str(many["nope"])
 
 
-def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path):
-    """SGLang dumps carry no temperature: the streamed pass fills it from ``requests`` / ``runs`` in its
-    query, as ``load_run`` does, so the one-pass JSON equals ``run_all``'s on the ingested fixtures."""
+def test_many_runs_read_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path):
+    """SGLang dumps carry no temperature: a run's temperature set after its rows (``update_run``, as
+    ``ingest --temperature`` does) fills them where written (acceptscope.domain.temperature), the other
+    runs' stay unknown; the one-pass JSON equals ``run_all``'s on the ingested fixtures."""
     from typer.testing import CliRunner
 
     from acceptscope.cli import app
@@ -184,11 +185,13 @@ def test_many_runs_fill_temperatures_as_run_all_on_sglang_ingested_runs(tmp_path
     db = tmp_path / "sgl.duckdb"
     res = CliRunner().invoke(app, ["ingest", str(REPO_ROOT / "fixtures" / "sglang"), "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output
-    with Store(db).connect() as con:  # one run served greedy (a run-level temperature, none per request-step)
-        con.execute("UPDATE runs SET temperature = 0 WHERE run_id = (SELECT min(run_id) FROM runs)")
+    greedy = Store(db).runs().run_id.min()  # one run served greedy (a run-level temperature, none per request-step)
+    assert Store(db).update_run(greedy, {"temperature": 0}) == 1
     st = Store(db, read_only=True)
     ids = st.runs().run_id.tolist()
-    assert st.query_df("SELECT count(*) AS n FROM request_steps WHERE temperature IS NULL").n.iloc[0] > 0
+    nulls = st.query_df("SELECT run_id, count(*) FILTER (WHERE temperature IS NULL) AS n, count(*) FILTER "
+                        "(WHERE temperature = 0) AS z FROM request_steps GROUP BY run_id").set_index("run_id")
+    assert nulls.n[greedy] == 0 and nulls.z[greedy] > 0 and nulls.drop(greedy).n.sum() > 0
     many = run_all_runs(st, ids, n_boot=40)
     for rid in ids:
         one = run_all(st, rid, n_boot=40)
@@ -241,9 +244,9 @@ def test_big_run_steps_are_read_at_the_end_not_held(store, monkeypatch):
 
 
 def test_read_request_steps_fills_temperature_request_first_then_run_in_stored_order(tmp_path):
-    """The one read-time temperature rule (``run_data.temperature_filled_select``): a request-step's
-    own temperature, else its request's, else its run's; rows come back in stored order with the
-    record model's types, as ``Store.read_table`` returns them."""
+    """The one temperature rule, applied where the data is written (``acceptscope.domain.temperature``): a
+    request-step's own temperature, else its request's, else its run's; ``read_request_steps`` returns the
+    stored rows in stored order with the record model's types, as ``Store.read_table`` returns them."""
     from acceptscope.estimators.run_data import read_request_steps
 
     st = Store(tmp_path / "t.duckdb")

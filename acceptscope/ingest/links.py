@@ -38,7 +38,7 @@ def named_tables(config_json: Optional[str]) -> dict[str, str]:
 def link_run_tables(store: Any, this_ingest: Iterable[str] = (), *, run_dirs: Optional[dict] = None,
                     temperature: Optional[float] = None) -> list[str]:
     """Fill empty ``runs.sts_hash`` / ``sps_hash`` from ingested tables; set ``temperature`` on the
-    runs of ``this_ingest`` and fill their request-steps' temperatures (request records first).
+    runs of ``this_ingest`` (the store fills their request-steps: :mod:`acceptscope.domain.temperature`).
     Returns one note per link made or missing (runs of this ingest)."""
     this_ingest = set(this_ingest)
     run_dirs = run_dirs or {}
@@ -70,20 +70,6 @@ def link_run_tables(store: Any, this_ingest: Iterable[str] = (), *, run_dirs: Op
     if temperature is not None:
         for rid in this_ingest:
             updates[rid]["temperature"] = float(temperature)
-    for rid, values in updates.items():
+    for rid, values in updates.items():  # (a temperature set here fills the run's request-steps: the store's rule)
         store.update_run(rid, values)
-    if this_ingest and hasattr(store, "fill_temperatures") and _has_temperature(store, sorted(this_ingest)):
-        n = store.fill_temperatures(sorted(this_ingest))
-        if n:
-            notes.append(f"temperature filled on {n} request-steps (from request records or --temperature)")
     return notes
-
-
-def _has_temperature(store: Any, run_ids: list[str]) -> bool:
-    """Whether a request record or a run of ``run_ids`` carries a temperature: else filling them
-    would scan every request-step of the runs (two UPDATE joins) to change nothing."""
-    got = store.query_arrow(
-        "SELECT EXISTS (SELECT 1 FROM requests WHERE temperature IS NOT NULL AND run_id IN (SELECT UNNEST(?))) "
-        "OR EXISTS (SELECT 1 FROM runs WHERE temperature IS NOT NULL AND run_id IN (SELECT UNNEST(?))) AS t",
-        [run_ids, run_ids])
-    return bool(got.column("t")[0].as_py())

@@ -14,8 +14,8 @@ something that bypassed ``Store.write_arrow``) are detected per run by comparing
 (:func:`stale_runs`); such runs are aggregated from the raw tables by DuckDB with the same
 SQL (:func:`agg_sql`), so every query answers the same either way. A read-write open
 (:func:`ensure`) rebuilds them once. Nothing deletes rows, and the only in-place UPDATE the store
-makes (``fill_temperatures``) touches a column no summary reads; an UPDATE of a summarised column
-from outside would not be noticed (row counts are unchanged).
+makes (the temperature fill, :mod:`acceptscope.domain.temperature`) touches a column no summary
+reads; an UPDATE of a summarised column from outside would not be noticed (row counts are unchanged).
 
 One module per concern:
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from acceptscope import batch_summaries, schema
+from acceptscope.domain import temperature
 from acceptscope.summaries import freshness, pages, pairs
 from acceptscope.summaries.definitions import (KEY_SUMS, NEW_IN_3, NEW_IN_4, RELIABILITY_BINS, REQ, RS, STEPS,
                                                SUMMARIES_OF, Step, agg_sql, has_rows, ident, inline_step,
@@ -251,6 +252,8 @@ def ensure(con: duckdb.DuckDBPyConnection, path: object = "store") -> list[str]:
         stale = own(lambda: pages.ensure_pages(con, v, stale))  # new in version 6: sum_request_page
         if v < 7:  # runs.role is new in version 7: each stored run's role from its arm and audit group
             own(lambda: con.execute(f"UPDATE {schema.RUNS.name} SET role = {schema.ROLE_SQL} WHERE role IS NULL"))
+        if v < schema.TEMPERATURES_FILLED_SINCE:  # version 8: request-step temperatures filled on write
+            own(lambda: temperature.fill_stored(con))
 
         def finish() -> None:
             record_version(con)
