@@ -192,6 +192,10 @@ def test_trt_bound_beside_acceptscope_interval_on_the_same_blocks(tmp_path):
     assert (e[hit] == w[hit]).any()
     assert nat["trim_loss_trt_floor"] == pytest.approx(hit.sum() / N, abs=1e-12)
     assert truth < trt["trim_loss_trt_floor"]  # here the claimed floor is above the true loss (0.050 vs 0.112)
+    # the share of TensorRT-LLM's regret that is real: first trimmed draft accepted (the simulation's ceiling > window)
+    real = float(((w < K) & (e > w)).sum()) / float((w < K).sum())
+    assert nat["first_accepted_rate"] <= real <= nat["first_accepted_bound_hi"] <= trt["trim_regret_rate"]
+    assert nat["first_accepted_lo"] <= nat["first_accepted_rate"] and nat["trim_regret_ci_lo"] <= nat["trim_regret_rate"] <= nat["trim_regret_ci_hi"]
     assert lo <= truth <= hi  # (seed 5: acceptscope's interval [0.034, 0.069] holds it)
 
 

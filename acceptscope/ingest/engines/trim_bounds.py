@@ -24,6 +24,14 @@ What each side gives for it:
   (``trim_loss_estimate`` [``trim_loss_lo``, ``trim_loss_hi``]), inside the model-free bounds its telemetry
   proves (``trim_loss_identified_lo`` / ``_hi``: window-and-walk floor, first known rejection).
 
+The regret rate has a second reading, also side by side: a request-step that accepted its whole window lost a
+draft only if its first trimmed draft would have been accepted. acceptscope's ``estimators.trim_regret`` counts
+those (``first_accepted_rate``: trimmed request-steps whose first trimmed draft would have been accepted /
+trimmed request-steps, known from the committed stream or the capped bonus; ``first_accepted_bound_hi`` counts
+the unresolved ones as accepted; a 95% request-clustered bootstrap interval ``first_accepted_lo`` / ``_hi``),
+so TensorRT-LLM's ``trim_regret_rate`` is a model-free upper bound of ``first_accepted_rate``, and
+``trim_regret_ci_lo`` / ``_hi`` give the sampling interval TensorRT-LLM does not state.
+
 Not the same quantity, so never equated: TensorRT-LLM's ``trim_ratio`` (1 - delivered / ceiling tokens
 *submitted to the target*, bonus included, bucket-rounded: compute saved) versus acceptscope's
 ``trim_ratio`` (1 - emitted / no-trim emitted tokens: acceptance lost). The comparison shows TensorRT-LLM's
@@ -44,7 +52,8 @@ from acceptscope.ingest.engines.trtllm_dspark import rate_preimage
 LOSS_COLUMNS = ("trim_regret_rate", "trim_regret_rate_lo", "trim_regret_rate_hi", "submitted_trim_ratio",
                 "trim_loss_measured", "trim_loss_bound_lo", "trim_loss_bound_hi", "trim_loss_trt_floor",
                 "trim_loss_estimate", "trim_loss_lo", "trim_loss_hi", "trim_loss_identified_lo",
-                "trim_loss_identified_hi", "trim_loss_source")
+                "trim_loss_identified_hi", "trim_loss_source", "trim_regret_ci_lo", "trim_regret_ci_hi",
+                "first_accepted_rate", "first_accepted_bound_hi", "first_accepted_lo", "first_accepted_hi")
 
 
 def latest_snapshots(df: pd.DataFrame) -> dict[int, dict]:
@@ -139,11 +148,18 @@ def native_trim(q: pd.DataFrame, G: int, arm: str) -> dict:
 
 
 def estimate_loss(est: Optional[dict], mean_accepted: Optional[float]) -> dict:
-    """acceptscope's interval of the trim loss from a run's ``estimate --json`` dict (tail aggregate 'all')."""
+    """acceptscope's interval of the trim loss from a run's ``estimate --json`` dict (tail aggregate 'all'),
+    and its trim regret figures (``estimators.trim_regret``'s run summary)."""
     out = {"trim_loss_estimate": None, "trim_loss_lo": None, "trim_loss_hi": None,
            "trim_loss_identified_lo": None, "trim_loss_identified_hi": None}
     if not est or "error" in est or mean_accepted is None:
         return out
+    reg = (est.get("trim_regret") or {}).get("summary") or {}
+    for key, col in (("trim_regret_lo", "trim_regret_ci_lo"), ("trim_regret_hi", "trim_regret_ci_hi"),
+                     ("first_accepted_rate", "first_accepted_rate"), ("first_accepted_bound_hi", "first_accepted_bound_hi"),
+                     ("first_accepted_lo", "first_accepted_lo"), ("first_accepted_hi", "first_accepted_hi")):
+        if reg.get(key) is not None:
+            out[col] = float(reg[key])
     tail: Any = est.get("tail") or {}
     agg = [a for a in tail.get("aggregate") or [] if a.get("group") == "all"]
     if agg:
