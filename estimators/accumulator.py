@@ -69,6 +69,7 @@ class StreamTail:
     notes: list[str] = field(default_factory=list)
     sums: dict = field(default_factory=dict)  # (grouping, n_boot, target, seed) -> [replicate partial sums]
     blocks: pd.DataFrame | None = None  # per-block predictions, kept when the run was one chunk
+    advice: list = field(default_factory=list)  # the audit that reaches target widths (estimators.audit_size)
 
     def summary(self) -> dict:
         c = self.counts
@@ -83,7 +84,7 @@ class StreamTail:
                     statement=observation_statement(int(c["n"]), int(c["n_censored"]), int(c["resolved"]),
                                                     c["sum_truth"] / max(c["n"], 1) if recorded else None,
                                                     self.notes),
-                    hazard=self.hazard_info, notes=self.notes)
+                    hazard=self.hazard_info, notes=self.notes, audit_advice=self.advice)
 
     def aggregate(self, by: list[str] | str | None = None, level: float = 0.95, n_boot: int = 400,
                   target: str = "run", seed: int = 0) -> pd.DataFrame:
@@ -161,7 +162,8 @@ class RunAccumulator:
         self.hazard_boot, self.seed = hazard_boot, seed
         self.cal_fraction, self.temperatures = cal_fraction, temperatures
         self.counts = dict(n=0, n_censored=0, sum_mean=0.0, greedy_resolved=0, modes={}, resolved=0, n_truth=0,
-                           sum_truth=0.0, sum_bound_lo=0.0, sum_bound_hi=0.0)
+                           sum_truth=0.0, sum_bound_lo=0.0, sum_bound_hi=0.0, sum_sens_lo=0.0, sum_sens_hi=0.0,
+                           n_requests=0, n_open_requests=0)
         self.stats = {g: [] for g in GROUPINGS}
         self.shifts = {g: [] for g in GROUPINGS}
         self.util = {g: [] for g in GROUPINGS}
@@ -211,12 +213,17 @@ class RunAccumulator:
             c["modes"][m] = c["modes"].get(m, 0) + int(v)
         c["greedy_resolved"] += int((cens & (b["mode"].to_numpy() == "greedy") & b["resolved"].to_numpy(bool)).sum())
         c["resolved"] += int((cens & b["resolved"].to_numpy(bool)).sum())
+        rid = pd.factorize(b["rid"])[0]  # a chunk holds whole requests of one run
+        c["n_requests"] += int(rid.max()) + 1 if n else 0
+        c["n_open_requests"] += int(np.unique(rid[cens & ~b["resolved"].to_numpy(bool)]).size)
         if "truth" in b:
             t = b["truth"].to_numpy(float)
             c["n_truth"] += int((~np.isnan(t)).sum())
             c["sum_truth"] += float(np.nansum(t))
         c["sum_bound_lo"] += float(b["bound_lo"].sum())
         c["sum_bound_hi"] += float(b["bound_hi"].sum())
+        c["sum_sens_lo"] += float(b["sens_lo"].sum())  # the unobserved-position band's ends (audit-size advice)
+        c["sum_sens_hi"] += float(b["sens_hi"].sum())
         deltas = tail._boot["means"] - b["mean"].to_numpy(float)[None, :] if tail._boot else None
         # ceiling for utilization: exact where recorded, else the estimate
         if self.exact:

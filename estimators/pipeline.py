@@ -23,6 +23,7 @@ import pandas as pd
 
 from acceptscope import schema
 from acceptscope.estimators.accumulator import RunAccumulator, aggregate_specs
+from acceptscope.estimators.audit_size import advice_for
 from acceptscope.estimators.calibration import calibration_data
 from acceptscope.estimators.chunks import read_sample
 from acceptscope.estimators.frame import BlockFrame
@@ -77,44 +78,73 @@ def run_meta(store, run_ids) -> pd.DataFrame:
     return store.query_df(q, [list(run_ids)])
 
 
-def hazard_training(store, run_id: str, gamma: int, exact: bool, audit_group=None,
-                    hazards_from: str | None = None) -> tuple[tuple, str]:
-    """The runs whose outcomes train this run's tail hazards, and the note that says so: the run itself
-    when its ceiling is recorded (nothing is estimated), else :func:`estimators.run_data.hazard_runs`'s
-    choice (its audit arm, a named run, or its own observed outcomes)."""
+@dataclass(frozen=True)
+class HazardPlan:
+    """What a run's tail hazards are fitted on (``fit``) and which truth-bearing runs measure the shift past
+    the positions the walk can follow (``calibrate``: an audit arm or a run named by ``--hazards-from``;
+    empty: the prior of :mod:`estimators.margin` alone), and the note that says so."""
+
+    fit: tuple
+    calibrate: tuple
+    note: str
+
+
+def hazard_plan(store, run_id: str, gamma: int, exact: bool, audit_group=None,
+                hazards_from: str | None = None) -> HazardPlan:
+    """The run itself when its ceiling is recorded (nothing is estimated). Else the hazards are the run's
+    own (its observed outcomes), and :func:`estimators.run_data.hazard_runs`' choice of truth-bearing runs
+    (its audit arm, or a named run) measures the shift past the walk
+    (:meth:`estimators.tail.TailEstimator.calibrate_prior`)."""
     if exact:
-        return (run_id,), EXACT_NOTE
+        return HazardPlan((run_id,), (), EXACT_NOTE)
     others, note = hazard_runs(store, run_id, gamma, audit_group, hazards_from)
-    return tuple(others) or (run_id,), note
+    if not others:
+        return HazardPlan((run_id,), (), note)
+    return HazardPlan((run_id,), tuple(others),
+                      note.replace("hazards fitted on", "hazards fitted on this run's own observed outcomes; the "
+                                   "shift past the positions the walk could follow measured on", 1))
+
+
+def _fit(store, runs: tuple, gamma: int, fit_rows: int, seed: int, duckdb_memory):
+    """A TailEstimator fitted on a stable hash-sample of whole requests of ``runs``, and its notes."""
+    tbl = read_sample(store, runs, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
+    n_fit = tbl.num_rows
+    est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
+    del tbl
+    n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
+                                 [list(runs)]).n.iloc[0])
+    return est, ([f"hazards fitted on a stable hash-sample of {n_fit} of {n_total} request-steps (whole requests)"]
+                 if n_fit < n_total else [])
 
 
 def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_from: str | None = None,
                 duckdb_memory: str | None = None, hazard_boot: int = 0):
     """The run's fitted TailEstimator (on a stable hash-sample of whole requests of its training runs,
-    at most ``fit_rows`` request-steps), :meth:`~estimators.tail.TailEstimator.frozen` with its
-    ``hazard_boot`` refits, and the notes on what it was fitted on. ``cache``: fits shared by runs with
-    the same training runs."""
+    at most ``fit_rows`` request-steps; the shift past the walk measured on its audit, :class:`HazardPlan`),
+    :meth:`~estimators.tail.TailEstimator.frozen` with its ``hazard_boot`` refits, and the notes on what it
+    was fitted on. ``cache``: fits shared by runs with the same plan."""
     rid, gamma = meta_row.run_id, int(meta_row.gamma)
-    train, note = hazard_training(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows),
-                                  meta_row.get("audit_group"), hazards_from)
+    plan = hazard_plan(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows), meta_row.get("audit_group"),
+                       hazards_from)
     boot = 0 if meta_row.n_truth == meta_row.n_rows else hazard_boot
-    if (train, boot) not in cache:
-        tbl = read_sample(store, train, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
-        n_fit = tbl.num_rows
-        fit_note = None
+    key = (plan.fit, plan.calibrate, boot)
+    if key not in cache:
+        notes, note = [], plan.note
         try:
-            est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma)).frozen(boot, seed)
+            est, notes = _fit(store, plan.fit, gamma, fit_rows, seed, duckdb_memory)
+            if plan.calibrate:
+                audit = read_sample(store, plan.calibrate, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
+                est.calibrate_prior(BlockFrame.from_request_steps(audit, gamma=gamma), seed)
+                del audit
         except ValueError as e:  # nothing past any window to learn from (e.g. static runs never trim)
-            est = TailEstimator.confidence_only(gamma, str(e))
-            fit_note = f"{e}: the hazards are the confidences themselves"
-        del tbl
-        n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
-                                     [list(train)]).n.iloc[0])
-        sample_note = (f"hazards fitted on a stable hash-sample of {n_fit} of {n_total} request-steps "
-                       f"(whole requests)") if n_fit < n_total else None
-        cache[(train, boot)] = (est, [x for x in (sample_note, fit_note) if x])
-    est, fit_notes = cache[(train, boot)]
-    return est, [note] + fit_notes
+            if plan.calibrate:  # the audit's truth still shows every position: hazards fitted on it
+                est, notes = _fit(store, plan.calibrate, gamma, fit_rows, seed, duckdb_memory)
+                note = f"{e} in this run's own outcomes: hazards fitted on {', '.join(plan.calibrate)} (its audit)"
+            else:
+                est = TailEstimator.confidence_only(gamma, str(e))
+                notes = [f"{e}: the hazards are the confidences themselves"]
+        cache[key] = (est.frozen(boot, seed), [note] + notes)
+    return cache[key]
 
 
 @dataclass
@@ -172,6 +202,9 @@ def assemble(acc: RunAccumulator, side: RunSide, n_boot: int, seed: int, planner
     if acc.last_tail is not None:  # one chunk: the per-block predictions are at hand (validation reads them)
         tail.blocks = acc.last_tail.blocks
     res["tail"] = tail
+    if not acc.exact:
+        run = tail.aggregate().iloc[0]
+        tail.advice = advice_for(tail.counts, (float(run["lo"]), float(run["hi"])), tail.hazard_info.get("unobserved_prior"))
     res["bracket"] = sglang_bracket(data, acc.trim_counters(), acc.G)
     res["utilization"] = acc.utilization_result(tail, n_boot, seed)
 

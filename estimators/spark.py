@@ -61,7 +61,7 @@ from acceptscope.estimators.accumulator import RunAccumulator
 from acceptscope.estimators.calibration import LOG_T_BOUNDS, calibration_data
 from acceptscope.estimators.chunks import TAIL_COLUMNS, sample_from_counts, whole_requests
 from acceptscope.estimators.frame import BlockFrame
-from acceptscope.estimators.pipeline import (PLANNER_ROWS, assemble, hazard_training, new_accumulator, run_side,
+from acceptscope.estimators.pipeline import (PLANNER_ROWS, assemble, hazard_plan, new_accumulator, run_side,
                                              step_rows)
 from acceptscope.estimators.planner import audit
 from acceptscope.estimators.registry import registered
@@ -359,6 +359,15 @@ class SparkTail:
             est.fit_margin(_frame(rs.toArrow(), gamma))
         return est
 
+    def calibrate(self, est, run_ids: list[str], gamma: int, fit_rows: int | None, seed: int) -> None:
+        """The shift past the walk measured on the truth-bearing ``run_ids`` (an audit), on the driver from
+        the requests the local path reads (:meth:`estimators.tail.TailEstimator.calibrate_prior`)."""
+        rs = self._rs(run_ids, TAIL_COLUMNS)
+        sample = None if fit_rows is None else self._sample(run_ids, fit_rows, seed)
+        if sample is not None:
+            rs = rs.join(F.broadcast(self.spark.createDataFrame(sample.to_pandas())), ["run_id", "rid"], "left_semi")
+        est.calibrate_prior(_frame(rs.toArrow(), gamma), seed)
+
     def reduce(self, est, refits, acc: RunAccumulator, steps: pd.DataFrame, rows_per_step) -> RunAccumulator:
         """The run's accumulator (:class:`~estimators.accumulator.RunAccumulator`, as every executor runs
         it) on the executors, one state per partition (per-replicate partial sums, per-group and
@@ -539,13 +548,22 @@ def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200
         raise ValueError(f"run {run_id!r} has no request_steps")
     side = run_side(store, run_id, [], steps=store.read_table("steps", run_id))
     gamma, exact = int(side.data["run"]["gamma"]), n_truth == n_rows
-    train, train_note = hazard_training(store, run_id, gamma, exact, side.data["run"].get("audit_group"))
+    plan = hazard_plan(store, run_id, gamma, exact, side.data["run"].get("audit_group"))
+    train_note = plan.note
     cache = {} if cache is None else cache
-    if train not in cache:
-        est = engine.fit(store, list(train), None, gamma, fit_rows=fit_rows, seed=seed,
-                         expect_truth=exact or train != (run_id,) or n_truth > 0)
-        cache[train] = (est, engine.fit_note, {})
-    est, fit_note, refit_cache = cache[train]
+    if (plan.fit, plan.calibrate) not in cache:
+        try:
+            est = engine.fit(store, list(plan.fit), None, gamma, fit_rows=fit_rows, seed=seed,
+                             expect_truth=exact or n_truth > 0)
+            if plan.calibrate:
+                engine.calibrate(est, list(plan.calibrate), gamma, fit_rows, seed)
+        except ValueError as e:
+            if not plan.calibrate:
+                raise
+            est = engine.fit(store, list(plan.calibrate), None, gamma, fit_rows=fit_rows, seed=seed, expect_truth=True)
+            train_note = f"{e} in this run's own outcomes: hazards fitted on {', '.join(plan.calibrate)} (its audit)"
+        cache[(plan.fit, plan.calibrate)] = (est, engine.fit_note, {}, train_note)
+    est, fit_note, refit_cache, train_note = cache[(plan.fit, plan.calibrate)]
     side.notes = [train_note] + ([fit_note] if fit_note else [])
     hb = 0 if exact else hazard_boot
     if hb and hasattr(est.hazard, "_train") and (hb, seed) not in refit_cache:

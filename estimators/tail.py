@@ -58,11 +58,20 @@ import pyarrow as pa
 from acceptscope.estimators.bootstrap import aggregate_stats, cluster_weights, request_stats, row_request_keys, shift_sums
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.estimators.hazard import HazardModel
-from acceptscope.estimators.margin import MIN_MARGIN, UnobservedPrior, fit_shift, margin_outcomes, shift_hazards
+from acceptscope.estimators.margin import (MIN_MARGIN, SHIFT_GRID, UnobservedPrior, audit_posterior, fit_shift,
+                                          margin_outcomes, shift_hazards)
 
 LEVELS = (0.8, 0.9, 0.95)
 _MODES = ("exact-in-window", "greedy", "logprob", "confidence")  # blocks.mode, by code
 _STATE = np.array([0, 2, 0, 2, 3, 3, 1, 1], np.int64)  # walk state by 4*path_ok + 2*unknown + diverged
+
+
+def prior_rows(prior: UnobservedPrior | None, mode: np.ndarray) -> np.ndarray:
+    """The open blocks (by ``mode``, a code of :data:`_MODES` or its name) the prior's shift applies to:
+    the sampled blocks with log-probs for the prior alone, every open block once an audit measured it."""
+    if prior is not None and prior.scope == "open":
+        return np.ones(len(mode), bool)
+    return (mode == 2) if mode.dtype.kind in "iu" else (mode == "logprob")
 
 
 def prior_applied(hm: np.ndarray, delta: float, rows: np.ndarray) -> np.ndarray:
@@ -495,7 +504,7 @@ class TailEstimator:
             feats = self.hazard.features(frame, ro, np.concatenate([p["state"] for p in parts]))  # shared by every refit
             h_op = np.concatenate([p["h"] for p in parts])
             delta = self.prior_.center if self.prior_ else 0.0
-            lp = res.blocks["mode"].to_numpy()[ro] == "logprob"  # the prior's blocks (prior_applied)
+            lp = prior_rows(self.prior_, res.blocks["mode"].to_numpy()[ro])  # the prior's blocks
             for i, model in enumerate(models):
                 hm = prior_applied(model.predict_features(feats), delta, lp)
                 _, mc, vc = self._pmf(frame, ro, h_op, hm)
@@ -517,16 +526,7 @@ class TailEstimator:
         wk = self._walk(frame, rows, gather)
         Hk = wk["h"]
         G = frame.gamma
-        w = frame.window[rows]
-        # identification bounds: leading exact accepts / first exact rejection
-        blo, bhi = w.copy(), w.copy()
-        lead1, notzero = np.ones(len(w), bool), np.ones(len(w), bool)
-        for j in range(G):  # column by column (an accumulate along rows is several times slower)
-            before = w > j
-            lead1 &= (Hk[:, j] == 1.0) | before
-            notzero &= (Hk[:, j] != 0.0) | before
-            blo += lead1 & ~before
-            bhi += notzero & ~before
+        blo, bhi = identification_bounds(frame.window[rows], Hk)
         op = np.flatnonzero(blo != bhi)
         ro = rows[op]
         cell[rows] = blo
@@ -541,7 +541,7 @@ class TailEstimator:
             h_op, st_op = Hk[op], wk["state"][op]
             hm = self.hazard.predict(frame, ro, st_op)
             sh = self.prior_
-            lp = col["mode"][ro] == 2  # the prior's blocks (prior_applied)
+            lp = prior_rows(sh, col["mode"][ro])  # the prior's blocks
             pmo, col["mean"][ro], col["var"][ro] = self._pmf(frame, ro, h_op, prior_applied(hm, sh.center, lp) if sh else hm)
             if sh:  # the band's ends: the positions the walk could not follow under the band's shifts
                 lo_d, hi_d = sh.band()
@@ -560,6 +560,39 @@ class TailEstimator:
                 lo[ro], hi[ro], m[ro] = iv[L]
         return dict(open=ro, pmf=pmo, h=h_op, state=st_op)
 
+    def calibrate_prior(self, audit, seed: int = 0) -> "TailEstimator":
+        """The unobserved-position shift measured on ``audit`` (a truth-bearing frame of the same traffic:
+        a cap-accept arm; :func:`estimators.margin.audit_posterior`), in place of the prior alone. Its
+        ceilings are hidden from the walk and the model, as in :meth:`estimate`; only the open blocks
+        (those the walk leaves between two bounds) carry information about the shift. A fit on truth
+        (no prior) is left as it is."""
+        if self.prior_ is None:
+            return self
+        frame = _as_frame(audit, self.gamma_)
+        rows = np.flatnonzero(frame.censored & frame.has_truth)
+        wk = self._walk(frame, rows, None)
+        blo, bhi = identification_bounds(frame.window[rows], wk["h"])
+        op = np.flatnonzero(blo != bhi)
+        ro = rows[op]
+        rid = frame.pandas_columns(("run_id", "rid"))
+        codes, uniq = pd.factorize(pd.Series(rid["run_id"].astype(str).to_numpy()[ro]) + "\x00"
+                                   + rid["rid"].astype(str).to_numpy()[ro])
+        curves = np.zeros((len(uniq), SHIFT_GRID.size))
+        truth = np.bincount(codes, weights=frame.ceiling[ro].astype(float), minlength=len(uniq))
+        if ro.size:
+            hm = self.hazard.predict(frame, ro, wk["state"][op])
+            h_op = wk["h"][op]
+            for g, d in enumerate(SHIFT_GRID):
+                curves[:, g] = np.bincount(codes, weights=self._pmf(frame, ro, h_op, shift_hazards(hm, d))[1],
+                                           minlength=len(uniq))
+        lp = wk["has_lp"][op] & ~frame.greedy[ro] & (self.mode != "confidence")  # the prior's own blocks
+        lp_share = float(lp.mean()) if op.size else 0.0
+        self.prior_ = audit_posterior(self.prior_, curves, truth, lp_share)
+        n_req = int(pd.factorize(rid["rid"].astype(str) + "\x00" + rid["run_id"].astype(str))[1].size)
+        self.prior_.audit.update(n_open_blocks=int(ro.size), n_blocks=int(frame.n), n_audited_requests=n_req)
+        self.hazard.info_ = dict(self.hazard.info_, unobserved_prior=self.prior_.to_json())
+        return self
+
     @staticmethod
     def _pmf(frame, rows, Hk, Hm):
         G = frame.gamma
@@ -574,6 +607,21 @@ class TailEstimator:
         mean = (pm * v).sum(1)
         var = np.maximum((pm * v * v).sum(1) - mean ** 2, 0)
         return pm, mean, var
+
+
+def identification_bounds(w: np.ndarray, Hk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per block, the ceiling's model-free bounds from its window ``w`` and the walk's known hazards
+    ``Hk`` (blocks x positions; 1/0 known, NaN unknown): the leading exact accepts past the window, and
+    the first exact rejection (or gamma)."""
+    blo, bhi = w.copy(), w.copy()
+    lead1, notzero = np.ones(len(w), bool), np.ones(len(w), bool)
+    for j in range(Hk.shape[1]):  # column by column (an accumulate along rows is several times slower)
+        before = w > j
+        lead1 &= (Hk[:, j] == 1.0) | before
+        notzero &= (Hk[:, j] != 0.0) | before
+        blo += lead1 & ~before
+        bhi += notzero & ~before
+    return blo, bhi
 
 
 def _first_from_bonus(frame: BlockFrame, rows: np.ndarray, wk: dict) -> dict:

@@ -136,8 +136,9 @@ def test_lake_read_as_exported_and_partitioning_does_not_matter(ref, spark):
         eng.parts = parts
         results.append(to_jsonable(run_lake(store, eng, "0100", n_boot=50, hazard_boot=5, seed=3)))
         assert 1 <= eng.stats["reduce_partitions"] <= parts
-        # training positions: one row per trimmed position with a known outcome (+ one per request)
-        assert eng.stats["fit_rows_collected"] < 2 * n
+        # training positions, not request-steps: one row per position with a known outcome (at most gamma
+        # per block; the run's own observed outcomes train its hazards) plus one per request
+        assert eng.stats["fit_rows_collected"] < 8 * n
     worst, m = _compare(results[0], results[1])
     assert m > 200 and worst <= RTOL
     # and with the single-machine path's seeds they are its results
