@@ -27,6 +27,7 @@ from acceptscope.estimators.audit_size import advice_for
 from acceptscope.estimators.calibration import calibration_data
 from acceptscope.estimators.chunks import read_sample
 from acceptscope.estimators.frame import BlockFrame
+from acceptscope.estimators.health import interval_health
 from acceptscope.estimators.registry import Skip
 from acceptscope.estimators.run_data import (RUN_KEYS, ResultTable, fit_calibration, fit_cost, hazard_runs, load_run,
                                              sglang_bracket, sts_in_force)
@@ -92,20 +93,25 @@ class HazardPlan:
 def hazard_plan(store, run_id: str, gamma: int, exact: bool, audit_group=None,
                 hazards_from: str | None = None) -> HazardPlan:
     """The run itself when its ceiling is recorded (nothing is estimated). Else the hazards are the run's
-    own (its observed outcomes), and :func:`estimators.run_data.hazard_runs`' choice of truth-bearing runs
-    (its audit arm, or a named run) measures the shift past the walk
-    (:meth:`estimators.tail.TailEstimator.calibrate_prior`)."""
+    own (its observed outcomes), and the cap-accept runs among :func:`estimators.run_data.hazard_runs`'
+    choice of truth-bearing runs (its audit arm, or a named run) measure the shift past the walk
+    (:meth:`estimators.tail.TailEstimator.calibrate_prior`); a choice of static runs only (they never trim,
+    so they show no shift) trains the hazards on their truth, as before audits measured the shift."""
     if exact:
         return HazardPlan((run_id,), (), EXACT_NOTE)
     others, note = hazard_runs(store, run_id, gamma, audit_group, hazards_from)
+    arms = store.query_df("SELECT run_id, arm FROM runs WHERE run_id IN (SELECT UNNEST(?))", [list(others)])
+    replays = tuple(r for r in others if r in set(arms.run_id[arms.arm == "cap-accept"]))
     if not others:
         return HazardPlan((run_id,), (), note)
-    return HazardPlan((run_id,), tuple(others),
+    if not replays:  # static arms never trim, so they show no shift past a window: their truth trains the hazards
+        return HazardPlan(tuple(others), (), note)
+    return HazardPlan((run_id,), replays,
                       note.replace("hazards fitted on", "hazards fitted on this run's own observed outcomes; the "
                                    "shift past the positions the walk could follow measured on", 1))
 
 
-def _fit(store, runs: tuple, gamma: int, fit_rows: int, seed: int, duckdb_memory):
+def fit_estimator(store, runs: tuple, gamma: int, fit_rows: int, seed: int, duckdb_memory=None):
     """A TailEstimator fitted on a stable hash-sample of whole requests of ``runs``, and its notes."""
     tbl = read_sample(store, runs, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
     n_fit = tbl.num_rows
@@ -131,20 +137,36 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
     if key not in cache:
         notes, note = [], plan.note
         try:
-            est, notes = _fit(store, plan.fit, gamma, fit_rows, seed, duckdb_memory)
+            est, notes = fit_estimator(store, plan.fit, gamma, fit_rows, seed, duckdb_memory)
             if plan.calibrate:
                 audit = read_sample(store, plan.calibrate, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
                 est.calibrate_prior(BlockFrame.from_request_steps(audit, gamma=gamma), seed)
                 del audit
         except ValueError as e:  # nothing past any window to learn from (e.g. static runs never trim)
             if plan.calibrate:  # the audit's truth still shows every position: hazards fitted on it
-                est, notes = _fit(store, plan.calibrate, gamma, fit_rows, seed, duckdb_memory)
+                est, notes = fit_estimator(store, plan.calibrate, gamma, fit_rows, seed, duckdb_memory)
                 note = f"{e} in this run's own outcomes: hazards fitted on {', '.join(plan.calibrate)} (its audit)"
             else:
                 est = TailEstimator.confidence_only(gamma, str(e))
                 notes = [f"{e}: the hazards are the confidences themselves"]
         cache[key] = (est.frozen(boot, seed), [note] + notes)
     return cache[key]
+
+
+def add_interval_health(store, results: dict, meta_row, hazard_boot: int, seed: int, fit_rows: int = 1 << 18) -> None:
+    """``results['interval_health']`` (:mod:`estimators.health`) for a run whose audit arm replayed part of
+    its traffic: its own intervals, as production computes them, scored against the audit's truth; a
+    reason in ``results['skipped']`` when the check cannot run. Nothing for other runs."""
+    rid, gamma = meta_row.run_id, int(meta_row.gamma)
+    plan = hazard_plan(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows), meta_row.get("audit_group"))
+    if not plan.calibrate:
+        return
+    try:
+        results["interval_health"] = interval_health(
+            store, rid, plan.calibrate[0], gamma, lambda runs: fit_estimator(store, runs, gamma, fit_rows, seed),
+            hazard_boot=hazard_boot, seed=seed)
+    except ValueError as e:
+        results["skipped"]["interval_health"] = str(e)
 
 
 @dataclass
