@@ -27,7 +27,8 @@ def test_a_block_of_replicates_is_each_replicate_alone():
     assert np.array_equal(poisson_weights(keys, idx, 5)[3], poisson_weights(keys, 399, 5))
     w = cluster_weights(keys, 6, seed=2, start=10)
     assert all(np.array_equal(w[j], poisson_weights(keys, 10 + j, 2)) for j in range(6))
-    assert [b.tolist() for b in replicate_blocks(5, 3, cells=6)] == [[0, 1], [2, 3], [4]]
+    assert [b.tolist() for b in replicate_blocks(9, 3, cells=12)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert [b.tolist() for b in replicate_blocks(3, 3, cells=6)] == [[0], [1], [2]]
 
 
 def test_group_sums_are_the_rows_bincounts():
@@ -72,3 +73,24 @@ def test_iid_replicates_exact_and_normal_limit():
     cov = np.array([[2.0, 0.5], [0.5, 1.0]])
     z = iid_replicates(4000, 1, total=np.array([10.0, -3.0]), cov=cov)
     assert np.allclose(z.mean(0), [10.0, -3.0], atol=0.1) and np.allclose(np.cov(z.T), cov, atol=0.15)
+
+
+def test_kept_draws_are_the_draws():
+    """A chunk's aggregates reuse the last key set's normal draws: the sums equal those drawn afresh."""
+    import acceptscope.estimators.bootstrap as bs
+    from acceptscope.estimators.bootstrap import replicate_sums
+
+    rng = np.random.default_rng(3)
+    n = 900
+    b = pd.DataFrame({"run_id": "r", "rid": rng.integers(0, 150, n).astype(str), "band": rng.choice(["x", "y"], n),
+                      "mean": rng.random(n) * 4, "var": rng.random(n), "censored": rng.random(n) < 0.5})
+    old = bs.MEMO_CELLS
+    try:
+        got = [replicate_sums(request_stats(b, by), by, n_boot=nb) for by, nb in (([], 400), ([], 200), (["band"], 200))]
+        bs.MEMO_CELLS = 0  # nothing kept: every draw made again
+        want = [replicate_sums(request_stats(b, by), by, n_boot=nb) for by, nb in (([], 400), ([], 200), (["band"], 200))]
+    finally:
+        bs.MEMO_CELLS = old
+    for g, w in zip(got, want):
+        assert np.array_equal(g["num"], w["num"]) and list(g["labels"]) == list(w["labels"])
+    assert np.array_equal(got[0]["num"][:200], got[1]["num"])  # the first 200 of 400 replicates are the 200
