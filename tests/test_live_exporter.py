@@ -133,6 +133,11 @@ def test_counters_equal_the_request_steps(audit, served):
     info = one(served, "acceptscope_run_info", run_id=ok[0])
     labels = [dict(lab) for (n, lab) in served if n == "acceptscope_run_info" and dict(lab)["run_id"] == ok[0]][0]
     assert info == 1 and labels["gen_ai_provider_name"] == labels["engine"] and labels["gen_ai_request_model"]
+    models = Store(db, read_only=True).query_df("SELECT run_id, target_model FROM runs").set_index("run_id").target_model
+    for n, lab in served:  # a run without a model (a NULL) gets an empty label, never the text "nan"
+        if n == "acceptscope_run_info":
+            m = models.get(dict(lab)["run_id"])
+            assert dict(lab)["gen_ai_request_model"] == ("" if m is None or m != m else str(m))
 
 
 def test_new_data_makes_a_new_snapshot(audit, tmp_path):

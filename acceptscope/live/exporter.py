@@ -251,8 +251,9 @@ def families(snap: Snapshot) -> list:
     for r in snap.runs:
         rid = str(r["run_id"])
         gammas[rid] = int(r["gamma"])
-        info.add_metric([rid, str(r["arm"]), str(r["engine"]), str(r["gamma"]), str(r.get("target_model") or ""),
-                         str(r["engine"])], 1.0)
+        model = r.get("target_model")
+        model = "" if model is None or (isinstance(model, float) and model != model) else str(model)  # NULL: no label value
+        info.add_metric([rid, str(r["arm"]), str(r["engine"]), str(r["gamma"]), model, str(r["engine"])], 1.0)
     for rid, est in snap.estimates.items():
         lv = [rid]
         est_err.add_metric(lv, 1.0 if "error" in est else 0.0)
