@@ -37,6 +37,7 @@ from acceptscope.parity import PAIR_KEY, ParityReport, check_parity
 from acceptscope.reader import Reader, select_runs
 from acceptscope.store import incomplete_runs
 from acceptscope.estimators.bootstrap import cluster_weights, request_keys
+from acceptscope.estimators.audit_size import advice_sentences
 from acceptscope.estimators.registry import registered
 
 # section ids, in page order (tests check that each is present)
@@ -578,6 +579,12 @@ def _production_only(c: _Ctx) -> None:
 def _tail_section(c: _Ctx) -> None:
     shown = _est_figs(c, "tail", "tail", [c.compact])
     shown = _est_figs(c, "validation", "tail", [c.truth_run]) or shown
+    _est_figs(c, "interval_health", "tail", [c.compact])
+    views = c.views.get(c.compact or "", {})
+    if (hv := views.get("interval_health")) is not None and hv.raw is not None:  # estimators.health
+        c.find("ok" if hv.raw.table["covered"].all() else "warn", "tail", hv.raw.verdict())
+    for line in advice_sentences(getattr(getattr(views.get("tail"), "raw", None), "advice", [])):
+        c.find("info", "tail", f"audit size for the compact run's mean ceiling, {line}")
     val = c.views.get(c.truth_run or "", {}).get("validation")
     if val is not None and not val.error:
         cover = val.summary.get("targets.aggregate95_cover_rate")

@@ -83,3 +83,18 @@ def advice_for(summary_counts: dict, run_interval: tuple[float, float], prior: d
     audit = prior.get("audit")
     return [audit_advice(hi - lo, band_width, tuple(prior["band"]), summary_counts.get("n_requests", 0),
                          summary_counts.get("n_open_requests", 0), audit, h) for h in TARGETS]
+
+
+def advice_sentences(advice: list[dict]) -> list[str]:
+    """One line per target, as the CLI, the report and the dashboard state it."""
+    out = []
+    for a in advice or []:
+        h = a["half_width"]
+        if a["reachable"] and a.get("why") == "the interval is that narrow already":
+            out.append(f"±{h:.2f} drafts: the interval is that narrow already")
+        elif a["reachable"]:
+            out.append(f"±{h:.2f} drafts: audit about {a['fraction']:.0%} of the traffic ({a['audited_requests']} "
+                       f"requests of this run's size); {a['why']}")
+        else:
+            out.append(f"±{h:.2f} drafts: not by auditing this traffic; {a['why']}")
+    return out

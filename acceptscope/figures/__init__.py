@@ -6,7 +6,7 @@ the telemetry tables (through :class:`acceptscope.reader.Reader`), ``estimates``
 (:func:`figure_of` picks the figure for a result), ``regime`` sets an audit next to the SGLang blog.
 """
 
-from acceptscope.figures import estimates, regime, tables, trim_regret  # trim_regret: its figure_for registration
+from acceptscope.figures import estimates, health, regime, tables, trim_regret  # health, trim_regret: figure_for
 from acceptscope.figures.estimates import figure_for, figure_of
 
-__all__ = ["estimates", "figure_for", "figure_of", "regime", "tables", "trim_regret"]
+__all__ = ["estimates", "figure_for", "figure_of", "health", "regime", "tables", "trim_regret"]
