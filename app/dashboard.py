@@ -29,10 +29,11 @@ from acceptscope import audit_sampling  # noqa: E402
 from acceptscope.estimate_views import figures as estimate_figures, run_estimates  # noqa: E402
 from acceptscope.figures import tables as figures  # noqa: E402
 from acceptscope.reader import Reader, select_runs  # noqa: E402
-from acceptscope.app.panels import calibration, cost, drilldown, estimates, overview, regime, utilization, windows  # noqa: E402
+from acceptscope.app.panels import (calibration, cost, drilldown, engines, estimates, overview, regime,  # noqa: E402
+                                     utilization, windows)
 from acceptscope.app.panels._ctx import Ctx, plain  # noqa: E402
 
-PANELS = (overview, regime, calibration, windows, utilization, estimates, cost, drilldown)
+PANELS = (overview, regime, calibration, windows, utilization, estimates, cost, engines, drilldown)
 
 
 def db_path() -> str:
