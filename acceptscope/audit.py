@@ -219,12 +219,13 @@ def run_curve(cfg: AuditConfig, group: str, opts: dict, by_workload: dict,
                                                          "run_id", "audit_group", "max_running_requests",
                                                          "per_position", "workload", "max_new_tokens")}
     points = []
+    total = 2 * len(chosen) * sum(max(int(b), int(cfg.curve_min_requests)) for b in cfg.curve_batches)
     for wl in chosen:
         for b in cfg.curve_batches:
             n = max(int(b), int(cfg.curve_min_requests))
             for arm in (PRODUCTION_ARM, "static"):
                 rid = f"{group}-curve-{wl}-b{b}-{arm}"
-                cb = None if progress is None else (lambda n_done, _t: progress("curve", n_done, None))
+                cb = None if progress is None else (lambda n_done, _t: progress("curve", n_done, total))
                 s = run_engine(_engine_config(cfg, arm, group, keep, run_id=rid, audit_group=f"{group}/curve",
                                               workload=labels[wl], num_requests=n, max_running_requests=int(b),
                                               max_new_tokens=int(cfg.curve_max_new_tokens), per_position=False),

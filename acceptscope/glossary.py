@@ -107,10 +107,16 @@ def trimmed(res: dict) -> Value:
 
 
 def ceiling_drafts(res: dict) -> Value:
-    a = _tail_all(res)
-    if a is None:
+    """The ceiling utilization is against (its ceiling tokens per block - 1): the recorded one where the run
+    recorded it on every request-step (a point: the tail estimator's forecast of it is validation, not the
+    figure), else the tail estimator's, with its model interval."""
+    r, a = _run_row(res), _tail_all(res)
+    if r is None or not r.get("n"):
         return Value(None)
-    return Value(_f(a.get("mean_ceiling")), _f(a.get("lo")), _f(a.get("hi")))
+    point = r["ceiling_tokens"] / r["n"] - 1.0
+    if r.get("exact") or a is None:
+        return Value(point, point, point) if r.get("exact") else Value(point)
+    return Value(point, _f(a.get("lo")), _f(a.get("hi")))
 
 
 def ceiling_tokens(res: dict) -> Value:

@@ -129,6 +129,11 @@ def test_the_glossary_names_one_function_per_figure():
         assert f.interval is None or f.interval in glossary.INTERVALS
     labels = [f.label for f in glossary.FIGURES.values()]
     assert len(set(labels)) == len(labels)  # figures that differ on purpose never share a label
+    doc = (REPO / "docs" / "glossary.md").read_text(encoding="utf-8")  # the page users read says the same
+    for key, f in glossary.FIGURES.items():
+        assert f"| {f.label} | {f.unit} | {f.definition} |" in doc and f"`glossary.{key}`" in doc, key
+    for i in glossary.INTERVALS.values():
+        assert f"**{i.label}**: {i.definition}." in doc
 
 
 def test_audit_command_output(ref):
@@ -167,8 +172,7 @@ def test_estimate_json_and_table(ref):
     L = glossary.FIGURES
     for rid in ids:
         for key in ("realized_accept_length", "ceiling_drafts", "utilization", "window", "trimmed"):
-            label = L[key].label + (" [95%]" if key in ("ceiling_drafts", "utilization") else "")
-            _agree(cells[rid][label], ref["figs"][rid][key], f"estimate table {rid} {key}")
+            _agree(cells[rid][L[key].label], ref["figs"][rid][key], f"estimate table {rid} {key}")
 
 
 class _Table(HTMLParser):
@@ -292,23 +296,33 @@ def metrics(ref):
     return {(s.name, s.labels): s.value for s in parse_metrics(r.text, prefix="acceptscope_")}
 
 
-@pytest.mark.parametrize("key", [
-    pytest.param("realized_accept_length", marks=pytest.mark.xfail(
-        strict=True, reason="the exporter serves acceptscope_realized_accept_length from tail.summary."
-                            "mean_accept_length, which is the ceiling + 1, not committed tokens per block "
-                            "(acceptscope/live/exporter.py, another helper's file: reported)")),
-    "ceiling_tokens", "utilization"])
-def test_exporter(ref, metrics, key):
+def _exporter_gap(why: str):
+    return pytest.mark.xfail(strict=True, reason=f"acceptscope/live/exporter.py (another helper's file; reported): {why}")
+
+
+REALIZED_GAP = "acceptscope_realized_accept_length serves tail.summary.mean_accept_length, the ceiling + 1, not " \
+               "committed tokens per block"
+RECORDED_GAP = "acceptscope_ceiling_accept_length serves the tail estimator's forecast and its model interval on a " \
+               "run whose ceiling is recorded (the audit arm), not the recorded ceiling utilization is against"
+
+
+@pytest.mark.parametrize("key,arm", [
+    pytest.param("realized_accept_length", "compact", marks=_exporter_gap(REALIZED_GAP)),
+    pytest.param("realized_accept_length", "cap-accept", marks=_exporter_gap(REALIZED_GAP)),
+    ("ceiling_tokens", "compact"),
+    pytest.param("ceiling_tokens", "cap-accept", marks=_exporter_gap(RECORDED_GAP)),
+    ("utilization", "compact"), ("utilization", "cap-accept")])
+def test_exporter(ref, metrics, key, arm):
     name, labels = EXPORTED[key]
-    for rid, figs in ref["figs"].items():
-        v = figs[key]
-        for bound, want in (("point", v.estimate), ("lo", v.lo), ("hi", v.hi)):
-            lab = {k: (bound if x is None else x) for k, x in labels.items()}
-            if "group_by" in lab:
-                lab["group"] = rid
-            if want is None or ("bound" not in lab and bound != "point"):
-                continue
-            hits = [val for (n, ls), val in metrics.items() if n == name and dict(ls).get("run_id") == rid
-                    and all(dict(ls).get(k) == x for k, x in lab.items())]
-            assert len(hits) == 1, (name, rid, lab, hits)
-            assert hits[0] == pytest.approx(want, abs=EXACT), (key, rid, bound)
+    rid = ref["runs"][arm]
+    v = ref["figs"][rid][key]
+    for bound, want in (("point", v.estimate), ("lo", v.lo), ("hi", v.hi)):
+        lab = {k: (bound if x is None else x) for k, x in labels.items()}
+        if "group_by" in lab:
+            lab["group"] = rid
+        if want is None or ("bound" not in lab and bound != "point"):
+            continue
+        hits = [val for (n, ls), val in metrics.items() if n == name and dict(ls).get("run_id") == rid
+                and all(dict(ls).get(k) == x for k, x in lab.items())]
+        assert len(hits) == 1, (name, rid, lab, hits)
+        assert hits[0] == pytest.approx(want, abs=EXACT), (key, rid, bound)

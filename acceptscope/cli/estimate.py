@@ -82,6 +82,7 @@ def register(app: typer.Typer) -> None:
         import duckdb
 
         from acceptscope.estimators import run_all, run_all_runs, to_jsonable
+        from acceptscope.estimators.audit_size import advice_sentences
         from acceptscope.schema import ROLES
 
         if hazards_from is not None and run is None:
@@ -148,6 +149,10 @@ def register(app: typer.Typer) -> None:
             if "error" not in r:
                 console.print(f"{rid}: {r['tail']['summary']['statement']}", markup=False, highlight=False,
                               soft_wrap=True)
+                lines = [f"interval health: {r['interval_health']['verdict']}"] if "interval_health" in r else []
+                lines += [f"audit size: {x}" for x in advice_sentences(r["tail"]["summary"].get("audit_advice"))]
+                for line in lines:  # run ids and workload names are data: printed without markup
+                    console.print(f"{rid}: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _estimate_lake(lake: Path, run: Optional[str], master: str, n_boot: int, seed: int) -> dict:
@@ -178,7 +183,7 @@ def _with_figures(out: dict) -> dict:
 
 _L = glossary.FIGURES
 _COLUMNS = ("arm", "request-steps", "censored", "ceiling is", _L["realized_accept_length"].label,
-            _L["ceiling_drafts"].label + " [95%]", _L["utilization"].label + " [95%]", _L["window"].label,
+            _L["ceiling_drafts"].label, _L["utilization"].label, _L["window"].label,
             _L["trimmed"].label, "in-window acc", "spec_accept_rate", "trim regret", "cost held-out MAE ms")
 
 

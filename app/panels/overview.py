@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from acceptscope import glossary
@@ -42,10 +43,12 @@ def render(ctx) -> None:
             util = f"{row.arm} {L['audited_utilization'].label} {glossary.fmt('audited_utilization', audited.estimate)}"
         else:
             util = f"{row.arm} utilization: ceiling not recorded in this arm (Estimators panel)"
-        col.caption(f"{L['window'].label} {glossary.fmt('window', row.mean_window)} · {util} · {row.blocks or 0} blocks")
-    st.dataframe(s[[c for c in COLS if c in s.columns]], hide_index=True)
+        col.caption(f"{L['window'].label} {glossary.fmt('window', row.mean_window)} · {util} · {_count(row.blocks)} blocks")
+    named = {"mean_window": L["window"].label, "mean_acc_len": L["realized_accept_length"].label,
+             "ceiling_accept_len": L["ceiling_tokens"].label + " recorded", "utilization": "utilization (ceiling recorded)"}
+    st.dataframe(s[[c for c in COLS if c in s.columns]].rename(columns=named), hide_index=True)
     for row in s.itertuples(index=False):
-        if row.arm == "compact" and (row.blocks or 0) > 0 and row.mean_window is not None \
+        if row.arm == "compact" and _count(row.blocks) > 0 and row.mean_window is not None \
                 and row.mean_window >= row.gamma - 1e-9:
             st.error(f"{plain(row.run_id)}: compact verified every draft (window = gamma = {row.gamma} on every block): "
                      "no trimming, zero scheduling gain (SGLang degenerates to verify-all without an SPS table).")
@@ -56,3 +59,8 @@ def render(ctx) -> None:
     dq = ctx.q("data_quality", ctx.run_ids)
     if len(dq) and (dq["rejects"].sum() or dq["gaps"].sum()):
         st.warning(f"{int(dq['rejects'].sum())} rejected records, {int(dq['gaps'].sum())} stream gaps in the selection")
+
+
+def _count(v) -> int:
+    """A count column of the overview (NULL/NA for a run of another engine, which records no blocks) as an int."""
+    return 0 if pd.isna(v) else int(v)
