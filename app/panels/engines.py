@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from acceptscope.app.panels._ctx import plain
+from acceptscope.estimators import run_all, to_jsonable
 from acceptscope.ingest.engines.identify import COUNTED_ENGINES, DEFINITIONS, NOT_IDENTIFIED, compare
 from acceptscope.store import Store
 
@@ -27,8 +28,6 @@ SHOWN = ("run_id", "engine", "arm", "gamma", "drafts", "mean_acceptance_length",
 @st.cache_data(max_entries=32, show_spinner=False)
 def _compare(db: str, version: tuple, run_ids: tuple[str, ...]) -> pd.DataFrame:
     """The comparison, with acceptscope's own estimate of each native run (its trim-loss interval)."""
-    from acceptscope.estimators import run_all, to_jsonable  # the estimators only when engines are compared
-
     store = Store(db, read_only=True)
     engines = store.query_df("SELECT run_id, engine FROM runs WHERE run_id IN (SELECT UNNEST(?))", [list(run_ids)])
     est = {}

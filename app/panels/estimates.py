@@ -12,6 +12,7 @@ import streamlit as st
 
 from acceptscope import glossary
 from acceptscope.app.panels._ctx import plain
+from acceptscope.estimators.audit_size import advice_sentences
 
 TITLE = "Estimators"
 _ORDER = {"compact": 0, "cap-accept": 1, "static": 2}
@@ -49,6 +50,11 @@ def render(ctx) -> None:
         if v["error"]:
             st.warning(f"{name} failed: {plain(v['error'])}")
             continue
+        if name == "interval_health" and v["summary"].get("verdict"):  # estimators.health: its own verdict
+            st.info(plain(v["summary"]["verdict"]))
+        adv = v["tables"].get("summary.audit_advice")  # the tail's audit-size advice, as every surface words it
+        for line in advice_sentences(adv.to_dict("records") if adv is not None else []):
+            st.caption(plain(f"audit size: {line}"))
         for i, fig in enumerate(v["figures"]):
             st.plotly_chart(fig, key=f"est_{name}_{i}")
         if v["summary"]:
