@@ -146,9 +146,11 @@ def _normals(keys: np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray | Non
     if n_boot * ks.size > MEMO_CELLS:
         return None, ks, kcode
     m = _MEMO
-    if m.get("seed") != seed or m["keys"].shape != ks.shape or not np.array_equal(m["keys"], ks) or \
-            m["z"].shape[0] < n_boot:
-        m.update(seed=seed, keys=ks, z=normal_draws(ks, np.arange(n_boot), seed))
+    if m.get("seed") != seed or m["keys"].shape != ks.shape or not np.array_equal(m["keys"], ks):
+        m.update(seed=seed, keys=ks, z=np.empty((0, ks.size)))
+    have = m["z"].shape[0]
+    if have < n_boot:  # the replicates not drawn yet (200 first, then 400: only 200..399)
+        m["z"] = np.vstack([m["z"], normal_draws(ks, np.arange(have, n_boot), seed)])
     return m["z"][:n_boot], ks, kcode
 
 

@@ -95,24 +95,45 @@ def _argmax_theta(A: np.ndarray, N: np.ndarray, k: np.ndarray, table: SpsTable) 
     return i, th[r, i], st[r, i]
 
 
+def _step_ordinals(st: pd.DataFrame, rows: pd.DataFrame, lag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``rows``, its decode step's ordinal within its (run, rank, epoch) in ``st`` (steps by
+    ``forward_ct``) and that step's ``lag``; NaN ordinal where the step is not in ``st``. One integer key per
+    step (per-column codes in value order, combined by radix) and a sorted search: a pandas merge on the
+    four columns, string run ids included, was most of the planner audit's rebuild of the lagged survival."""
+    ns = len(st)
+    code = np.zeros(ns + len(rows), np.int64)
+    for c in st.columns:
+        cc, uniq = pd.factorize(pd.concat([st[c], rows[c]], ignore_index=True), sort=True, use_na_sentinel=False)
+        span = max(len(uniq), 1)  # the last column's (forward_ct): key // span is the (run, rank, epoch)
+        code = code * span + cc
+    ks, kr = code[:ns], code[ns:]
+    order = np.argsort(ks, kind="stable")
+    ks = ks[order]
+    grp = ks // span  # (run, rank, epoch)
+    start = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+    ordinal = np.arange(ns) - np.repeat(start, np.diff(np.r_[start, ns]))
+    if not ns:
+        return np.full(len(rows), np.nan), np.zeros(len(rows), np.int64)
+    at = np.minimum(np.searchsorted(ks, kr), ns - 1)
+    hit = ks[at] == kr
+    return np.where(hit, ordinal[at], np.nan), np.where(hit, lag[order][at], 0)
+
+
 def lagged_survival(frame: BlockFrame, steps: pd.DataFrame | None = None, default_lag: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """Per request-step, the same rid's survival ``lag`` decode steps back (ones when fresh).
 
     Returns ``(S_lag (n, G), fresh (n,))``. Decode-step ordinals come from the ``steps`` table
     of each (run, rank, epoch) when given, else from the request-steps' forward_ct values."""
-    df = frame.df
-    key = ["run_id", "rank", "epoch"]
+    cols = ["run_id", "rank", "epoch", "forward_ct"]
+    df = frame.pandas_columns(cols)
     if steps is not None and len(steps):
-        st = steps[key + ["forward_ct", "lag_steps"]].copy()
+        st = steps[cols]
+        lag_steps = steps["lag_steps"].to_numpy(float) if "lag_steps" in steps else np.full(len(steps), np.nan)
     else:
-        st = df[key + ["forward_ct"]].drop_duplicates().copy()
-        st["lag_steps"] = np.nan
-    st = st.sort_values(key + ["forward_ct"])
-    st["ord"] = st.groupby(key).cumcount()
-    st["lag"] = st["lag_steps"].fillna(default_lag).clip(lower=1).astype(np.int64)
-    m = df[key + ["forward_ct"]].reset_index().merge(st, on=key + ["forward_ct"], how="left").sort_values("index")
-    ord_ = m["ord"].to_numpy()
-    lag = m["lag"].fillna(default_lag).to_numpy(np.int64)
+        st = df.drop_duplicates()
+        lag_steps = np.full(len(st), np.nan)
+    ord_, lag = _step_ordinals(st, df, np.clip(np.nan_to_num(lag_steps, nan=default_lag), 1, None).astype(np.int64))
+    lag = np.where(np.isnan(ord_), default_lag, lag)
     surv = np.where(np.isnan(frame.confidence), np.nan, np.cumprod(np.nan_to_num(frame.confidence, nan=1.0), 1))
     # rows are sorted by request then step: find, per row, the latest earlier row of the same
     # request whose ordinal <= ord - lag
