@@ -88,6 +88,11 @@ def flatten(j: dict) -> tuple[dict, dict]:
     return flat, tables
 
 
+# summary keys whose name reads as another glossary figure, renamed where a surface shows them (the tail's
+# "mean_accept_length" is the mean ceiling + 1: the ceiling in tokens per block, not the realized accept length)
+RENAMED = {("tail", "summary.mean_accept_length"): "summary.mean_ceiling_tokens_per_block"}
+
+
 def view(name: str, result: Any) -> EstimateView:
     """Normalise one estimator result."""
     if isinstance(result, Exception):
@@ -96,6 +101,7 @@ def view(name: str, result: Any) -> EstimateView:
     try:
         j = result.to_json() if hasattr(result, "to_json") else {}
         v.summary, v.tables = flatten(j if isinstance(j, dict) else {})
+        v.summary = {RENAMED.get((name, k), k): x for k, x in v.summary.items()}
         if isinstance(result, CalibrationResult):  # positions 1..gamma on every surface
             v.tables = {k: one_based_positions(t) for k, t in v.tables.items()}
     except Exception as e:

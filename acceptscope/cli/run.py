@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from acceptscope import glossary
 from acceptscope.console import safe
 from acceptscope.cli._common import EXIT_USAGE, JsonOption, check_names, console, emit_json, require_extra
 
@@ -95,7 +96,7 @@ def register(app: typer.Typer) -> None:
         t.add_column("workload")
         t.add_column("requests", justify="right")
         t.add_column("tokens", justify="right")
-        t.add_column("accept length", justify="right")
+        t.add_column(glossary.FIGURES["accept_length_per_step"].label, justify="right")  # not the per-block figure
         for w, d in sorted(summary.by_workload.items()):
             al = d["accept_length"]
             t.add_row(w, str(d["requests"]), str(d["tokens"]), f"{al:.2f}" if al else "-")
