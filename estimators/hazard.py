@@ -30,6 +30,12 @@ Methods:
   without training data (a temperature the training runs never served, a workload label they
   never carried) gets the training-share-weighted mean of the levels' terms, the pooled hazard,
   and the estimate says so in its notes. ``binned`` is not keyed.
+  ``temperature_model='continuous'``: instead of levels, a centred, scaled temperature ``tau`` and
+  ``tau * logit(c)`` for sampled requests (greedy ones: no temperature term), so a temperature
+  between trained ones is interpolated and one outside the trained range is clamped to it (with a
+  note); ``temperature_position`` adds a ``tau`` term per cell index. Not the default: on the paired
+  grid's truth runs it beat the pooled levels at held-out temperatures but was no better calibrated,
+  and the levels fitted a pooled multi-temperature run better (docs/hazard.md has the numbers).
 * ``binned``: per (greedy, walk state, offset ``k - window`` into the trimmed
   tail), quantile bins of ``logit(c)``, rates shrunk toward the (greedy, walk state) rate
   pooled over offsets, made monotone in confidence by weighted isotonic regression. The
@@ -129,6 +135,8 @@ class HazardModel:
     index: str = "offset"  # cells by offset into the trimmed tail (k - window) or absolute "position" k
     source: str = "auto"  # truth | observed | auto (truth rows if any, else observed)
     keys: tuple = KEYS  # logistic: per-level intercept and confidence slope for each (see _set_levels)
+    temperature_model: str = "levels"  # logistic: one-hot "levels" or "continuous" (tau, tau * logit c): docs/hazard.md
+    temperature_position: bool = False  # continuous: a tau term per cell index too (measured: docs/hazard.md)
     fitted_: bool = False
     info_: dict = field(default_factory=dict)
 
@@ -316,29 +324,81 @@ class HazardModel:
         with the share-weighted mean of the trained levels' terms: the pooled hazard, said in the
         estimate's notes (:meth:`fallback_notes`)."""
         n = L["k"].size
+        if self.temperature_model not in ("levels", "continuous"):
+            raise ValueError(f"unknown temperature_model {self.temperature_model!r} (levels or continuous)")
         use_t = "temperature" in self.keys and "temp" in L
         use_w = "workload" in self.keys and "workload" in L
         t = temperature_key(L["temp"]) if use_t else np.zeros(n)
         self.temps_ = np.unique(t) if use_t else np.zeros(0)
+        self.trange_ = None
+        if self.temperature_model == "continuous":
+            self._set_tau(t, L["wt"], use_t)
+            L["tau"] = self._tau(t)
         wl = np.asarray(L["workload"], object) if use_w else np.zeros(0, object)
         wc, wu = pd.factorize(wl, sort=True) if use_w else (np.zeros(n, np.int64), [])
         self.workloads_ = [str(w) for w in wu]
-        L["t"] = np.searchsorted(self.temps_, t).astype(np.int64) if use_t else np.zeros(n, np.int64)
+        if self.trange_ is not None:  # the distinct tau values' codes: what _logistic_cells dedupes by
+            L["t"] = np.asarray(pd.factorize(L["tau"], sort=True)[0], np.int64)
+        else:
+            L["t"] = np.searchsorted(self.temps_, t).astype(np.int64) if use_t else np.zeros(n, np.int64)
         L["w"] = np.asarray(wc, np.int64)
-        NT, NW = len(self.temps_), len(self.workloads_)
+        NT, NW = self._nlev(), len(self.workloads_)
         self.shares_ = {}
         for g in (False, True):
             m = L["greedy"] == g
             ts = np.bincount(L["t"][m], weights=L["wt"][m], minlength=NT)[:NT]
             ws = np.bincount(L["w"][m], weights=L["wt"][m], minlength=NW)[:NW]
             self.shares_[g] = (ts / max(ts.sum(), 1e-300), ws / max(ws.sum(), 1e-300))
-        self.info_.update(temperatures=self.temps_.tolist(), workloads=list(self.workloads_))
+        self.info_.update(temperatures=self.temps_.tolist(), workloads=list(self.workloads_),
+                          temperature_model=self.temperature_model if use_t else "none")
+        if self.trange_ is not None:
+            self.info_["temperature_range"] = [float(v) for v in self.trange_]
+
+    def _set_tau(self, t: np.ndarray, wt: np.ndarray, use_t: bool) -> None:
+        """The continuous temperature term's centring, scale and trained range, from the sampled
+        training positions (greedy ones carry no temperature term). Why: production requests pick their
+        own temperatures (0.6, 0.65, 0.72 ...); one-hot levels made a sparse level of each and pooled any
+        temperature the training never served, where a slope in temperature interpolates."""
+        s = t > 0
+        if not use_t or not s.any():
+            return
+        ts, ws = t[s], np.maximum(wt[s], 0) + 1e-12
+        c = float(np.average(ts, weights=ws))
+        sd = float(np.sqrt(np.average((ts - c) ** 2, weights=ws)))
+        self.tcs_ = (c, sd if sd > 1e-6 else 1.0)
+        self.trange_ = (float(ts.min()), float(ts.max()))
+
+    def _tau(self, t: np.ndarray) -> np.ndarray:
+        """Centred, scaled temperature of sampled rows, clamped to the trained range; 0 for greedy rows
+        (no temperature term) and for every row of a model without a trained range."""
+        t = np.asarray(t, float)
+        if self.trange_ is None:
+            return np.zeros(t.shape)
+        (c, sd), (lo, hi) = self.tcs_, self.trange_
+        return np.where(t > 0, (np.clip(t, lo, hi) - c) / sd, 0.0)
+
+    def _continuous(self) -> bool:
+        return getattr(self, "trange_", None) is not None
+
+    def _nlev(self) -> int:
+        """Temperature levels of the one-hot model (0 for the continuous one)."""
+        return 0 if self.temperature_model == "continuous" else len(getattr(self, "temps_", ()))
+
+    def _ntcol(self) -> int:
+        """Design columns of the temperature term: 2 per level, or tau and tau * x (and tau per cell
+        index past the first, with ``temperature_position``)."""
+        if self._continuous():
+            return 2 + (self.gamma_ - 1 if self.temperature_position else 0)
+        return 2 * self._nlev()
 
     def _codes(self, frame: BlockFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Temperature and workload codes of rows (``len(levels)``: unseen, pooled)."""
-        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
+        """Temperature and workload codes of rows (``len(levels)``: unseen, pooled); the continuous
+        model's temperature code is the row's tau (clamped to the trained range)."""
+        NT, NW = self._nlev(), len(getattr(self, "workloads_", ()))
         t = np.full(len(rows), NT, np.int64)
-        if NT:
+        if self._continuous():
+            t = self._tau(temperature_key(frame.temperature[rows]))
+        elif NT:
             tk = temperature_key(frame.temperature[rows])
             i = np.minimum(np.searchsorted(self.temps_, tk), NT - 1)
             t = np.where(self.temps_[i] == tk, i, NT)
@@ -355,7 +415,14 @@ class HazardModel:
             return []
         out = []  # compares the rows' distinct levels with the trained ones (no per-row codes)
         fmt = lambda v: ", ".join(f"{x:g}" for x in v)  # noqa: E731
-        if len(self.temps_):
+        if self._continuous():
+            out += self._clamp_notes(np.unique(temperature_key(frame.temperature[rows])), fmt)
+        elif len(self.temps_) and self.temperature_model == "continuous":  # no sampled training: greedy only
+            unseen = np.setdiff1d(np.unique(temperature_key(frame.temperature[rows])), self.temps_)
+            if unseen.size:
+                out.append(f"hazard: temperature {fmt(unseen)} has no training data (trained on {fmt(self.temps_)}): "
+                           "those blocks use the hazards of the trained requests, not validated there")
+        elif len(self.temps_):
             unseen = np.setdiff1d(np.unique(temperature_key(frame.temperature[rows])), self.temps_)
             if unseen.size:
                 out.append(f"hazard: temperature {fmt(unseen)} has no training data (trained on {fmt(self.temps_)}): "
@@ -369,24 +436,39 @@ class HazardModel:
                            f"{', '.join(self.workloads_)}): those blocks use hazards pooled over the trained workloads")
         return out
 
+    def _clamp_notes(self, temps: np.ndarray, fmt) -> list[str]:
+        """Notes for sampled temperatures outside the continuous model's trained range (clamped), and for
+        greedy rows of a model trained on sampled requests only."""
+        lo, hi = self.trange_
+        out = []
+        far = temps[(temps > 0) & ((temps < lo - 5e-4) | (temps > hi + 5e-4))]
+        if far.size:
+            out.append(f"hazard: temperature {fmt(far)} is outside the trained range {lo:g}-{hi:g}: those blocks "
+                       f"use the hazard at the nearest trained temperature (clamped), not validated there")
+        if (temps <= 0).any() and not (self.temps_ <= 0).any():
+            out.append(f"hazard: temperature 0 (greedy) has no training data (trained on {lo:g}-{hi:g}): those "
+                       "blocks use the sampled requests' hazards at the centre temperature, not validated there")
+        return out
+
     def _key_tables(self, coef: np.ndarray, g: bool):
-        """Intercept and slope terms of each temperature and workload code (the last: unseen, the
-        share-weighted mean of the trained levels' terms)."""
+        """Intercept and slope terms of each temperature level and workload code (the last: unseen, the
+        share-weighted mean of the trained levels' terms); the continuous model has no temperature levels."""
         G, S = self.gamma_, self.NSTATE
-        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
-        o = 2 * G + 2 * S
+        NT, NW = self._nlev(), len(getattr(self, "workloads_", ()))
+        o, ow = 2 * G + 2 * S, 2 * G + 2 * S + self._ntcol()
         ts, ws = self.shares_[g] if NT + NW else (np.zeros(0), np.zeros(0))
         out = []
-        for at, n, sh in ((o, NT, ts), (o + NT, NT, ts), (o + 2 * NT, NW, ws), (o + 2 * NT + NW, NW, ws)):
+        for at, n, sh in ((o, NT, ts), (o + NT, NT, ts), (ow, NW, ws), (ow + NW, NW, ws)):
             c = coef[at:at + n]
             out.append(np.append(c, sh @ c if n else 0.0))
         return out  # t intercept, t slope, w intercept, w slope
 
     def _linear(self, k, x, st, coef, t=None, w=None, g: bool = True):
         """``_design(k, x, st, t, w, g) @ coef`` (to float rounding) read off the one-hot structure,
-        without building the design matrix (``t``/``w`` None: unseen, pooled)."""
+        without building the design matrix (``t``/``w`` None: unseen, pooled; the continuous model's
+        ``t`` is tau, None: the centre)."""
         G, S = self.gamma_, self.NSTATE
-        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
+        NT, NW = self._nlev(), len(getattr(self, "workloads_", ()))
         ta, tb, wa, wb = self._key_tables(coef, g)
         # per (k, state, t, w) cell: intercept and slope tables, one take each
         a = (coef[:G, None] + coef[None, 2 * G:2 * G + S]).reshape(-1)
@@ -395,13 +477,20 @@ class HazardModel:
         if NT + NW:
             a = (a[:, None, None] + ta[None, :, None] + wa[None, None, :]).reshape(-1)
             b = (b[:, None, None] + tb[None, :, None] + wb[None, None, :]).reshape(-1)
-            t = NT if t is None else t
+            tc = NT if t is None or self._continuous() else t  # continuous: no temperature level
             w = NW if w is None else w
-            cell = (cell * (NT + 1) + t) * (NW + 1) + w
-        return a.take(cell) + x * b.take(cell)
+            cell = (cell * (NT + 1) + tc) * (NW + 1) + w
+        z = a.take(cell) + x * b.take(cell)
+        if self._continuous() and t is not None:  # tau * (intercept + slope * x [+ per cell index])
+            o = 2 * G + 2 * S
+            term = coef[o] + coef[o + 1] * x
+            if self.temperature_position:
+                term = term + np.append(0.0, coef[o + 2:o + G + 1]).take(k)
+            z += t * term
+        return z
 
     def _ncoef(self) -> int:
-        return 2 * (self.gamma_ + self.NSTATE + len(getattr(self, "temps_", ())) + len(getattr(self, "workloads_", ())))
+        return 2 * (self.gamma_ + self.NSTATE + len(getattr(self, "workloads_", ()))) + self._ntcol()
 
     def _flat_coef(self, accepted: float, total: float) -> np.ndarray:
         """Logistic coefficients of a constant hazard (accepted + 0.5) / (total + 1) at every position."""
@@ -412,10 +501,11 @@ class HazardModel:
 
     def _design(self, k, x, st, t=None, w=None, g: bool = True):
         """Columns: cell intercepts, cell slopes, state intercepts, state slopes, then per temperature
-        level intercepts and slopes, per workload likewise (an unseen level, ``t``/``w`` None or
-        ``len(levels)``: the training shares of the levels, i.e. the pooled term)."""
+        level intercepts and slopes (continuous: tau, tau * x [, tau per cell index past the first]), per
+        workload likewise (an unseen level, ``t``/``w`` None or ``len(levels)``: the training shares of the
+        levels, i.e. the pooled term)."""
         G, S = self.gamma_, self.NSTATE
-        NT, NW = len(getattr(self, "temps_", ())), len(getattr(self, "workloads_", ()))
+        NT, NW = self._nlev(), len(getattr(self, "workloads_", ()))
         n = k.size
         X = np.zeros((n, self._ncoef()))
         X[np.arange(n), k] = 1.0
@@ -423,8 +513,14 @@ class HazardModel:
         X[np.arange(n), 2 * G + st] = 1.0
         X[np.arange(n), 2 * G + S + st] = x
         o = 2 * G + 2 * S
+        if self._continuous() and t is not None:
+            tau = np.broadcast_to(np.asarray(t, float), (n,))
+            X[:, o], X[:, o + 1] = tau, tau * x
+            if self.temperature_position:
+                at = np.flatnonzero(k > 0)
+                X[at, o + 1 + k[at]] = tau[at]
         for code, N, sh, at in ((t, NT, self.shares_[g][0] if NT else None, o),
-                                (w, NW, self.shares_[g][1] if NW else None, o + 2 * NT)):
+                                (w, NW, self.shares_[g][1] if NW else None, o + self._ntcol())):
             if not N:
                 continue
             code = np.full(n, N) if code is None else np.broadcast_to(code, (n,))
@@ -449,10 +545,12 @@ class HazardModel:
                 k, st, x = L["k"][m], L["state"][m], L["x"][m]
                 t, w = L["t"][m], L["w"][m]
                 xc, xu = pd.factorize(x)
-                kc = ((k.astype(np.int64) * self.NSTATE + st) * (len(self.temps_) + 1) + t) * (len(self.workloads_) + 1) + w
+                nt = int(L["t"].max()) + 2 if L["t"].size else 1
+                kc = ((k.astype(np.int64) * self.NSTATE + st) * nt + t) * (len(self.workloads_) + 1) + w
                 key = kc * (len(xu) + 1) + xc
                 _, first, cell = np.unique(key, return_index=True, return_inverse=True)
-                out[g] = (m, cell.reshape(-1), self._design(k[first], x[first], st[first], t[first], w[first], g))
+                tv = L["tau"][m][first] if self._continuous() else t[first]  # the continuous design reads tau
+                out[g] = (m, cell.reshape(-1), self._design(k[first], x[first], st[first], tv, w[first], g))
             L["_logistic_cells"] = out
         return L["_logistic_cells"]
 
