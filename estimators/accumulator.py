@@ -222,8 +222,9 @@ class RunAccumulator:
             c["sum_truth"] += float(np.nansum(t))
         c["sum_bound_lo"] += float(b["bound_lo"].sum())
         c["sum_bound_hi"] += float(b["bound_hi"].sum())
-        c["sum_sens_lo"] += float(b["sens_lo"].sum())  # the unobserved-position band's ends (audit-size advice)
-        c["sum_sens_hi"] += float(b["sens_hi"].sum())
+        # the unobserved-position band's ends (audit-size advice): band_* where an audit's posterior rode on the refits
+        c["sum_sens_lo"] += float(b["band_lo" if "band_lo" in b else "sens_lo"].sum())
+        c["sum_sens_hi"] += float(b["band_hi" if "band_hi" in b else "sens_hi"].sum())
         deltas = tail._boot["means"] - b["mean"].to_numpy(float)[None, :] if tail._boot else None
         # ceiling for utilization: exact where recorded, else the estimate
         if self.exact:

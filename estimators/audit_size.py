@@ -10,13 +10,15 @@ more audit.
 The reading, from what the estimate already holds:
 
 * the run's 95% interval width ``w`` and the band's part of it ``w_band`` (the mean ceiling at the band's
-  two ends, :meth:`estimators.tail.TailEstimator.estimate`'s ``sens_lo``/``sens_hi``); the rest
-  ``w_rest = w - w_band`` (the interval adds the band to the sampling quantiles linearly);
+  two ends); the rest ``w_rest``: ``w - w_band`` under the prior alone (its band is added to the sampling
+  quantiles whole: a range, not a law), ``sqrt(w^2 - w_band^2)`` once an audit measured the shift (its
+  posterior rides on the hazard refits, so the parts combine in quadrature);
 * the band in logits ``d`` now, and the per-request spread ``sigma`` of the shift: from the audit
-  (``d = 2 z sigma / sqrt(n)``) when there is one, else :data:`SIGMA_PER_REQUEST`;
-* a target half-width ``h``: the band must shrink to ``w_band' = 2h - w_rest``, i.e. ``d' = d w_band' /
-  w_band``, which takes ``n' = (2 z sigma / d')^2`` audited requests with an open block; requests with an
-  open block are a share of all requests (the run's own count), so the fraction is ``n' / open requests``.
+  (``audit['sigma_request']``) when there is one, else :data:`SIGMA_PER_REQUEST`;
+* a target half-width ``h``: with an audit the band must shrink to ``w_band' = sqrt((2h)^2 - w_rest^2)``,
+  i.e. ``d' = d w_band' / w_band``, which takes ``n' = (2 z sigma / d')^2`` audited requests with an open
+  block; requests with an open block are a share of all requests (the run's own count), so the fraction is
+  ``n' / open requests``.
 
 Example::
 
@@ -48,7 +50,10 @@ def sigma_from_audit(audit: dict | None) -> float | None:
 def audit_advice(width: float, band_width: float, band: tuple[float, float], n_requests: int, n_open_requests: int,
                  audit: dict | None, half_width: float) -> dict:
     """The audit that brings the interval to +-``half_width`` drafts (see the module docstring)."""
-    out = dict(half_width=half_width, width_now=width, band_part=band_width, rest_part=max(width - band_width, 0.0))
+    # the interval adds the prior's band to the sampling quantiles whole; an audit's posterior rides on the hazard
+    # refits, so the parts combine in quadrature (an audit is what the advice is about: the target is read that way)
+    rest = math.sqrt(max(width ** 2 - band_width ** 2, 0.0)) if audit else max(width - band_width, 0.0)
+    out = dict(half_width=half_width, width_now=width, band_part=band_width, rest_part=rest)
     sigma = sigma_from_audit(audit)
     out["sigma_source"] = "this run's audit" if sigma is not None else "the validation grid's tune split"
     sigma = SIGMA_PER_REQUEST if sigma is None else sigma
@@ -56,13 +61,12 @@ def audit_advice(width: float, band_width: float, band: tuple[float, float], n_r
         got = int((audit or {}).get("n_audited_requests", 0))
         return dict(out, reachable=True, audited_requests=got, fraction=got / max(n_requests, 1),
                     why="the interval is that narrow already")
-    rest = out["rest_part"]
     if band_width <= 0 or 2 * half_width <= rest:
         return dict(out, reachable=False, audited_requests=None, fraction=None,
                     why=(f"the interval's part that auditing does not shrink (imputation noise, hazard refits) is "
                          f"{rest:.3f} drafts wide already: more traffic, not more audit"))
     d_now = band[1] - band[0]
-    d_need = d_now * (2 * half_width - rest) / band_width
+    d_need = d_now * math.sqrt((2 * half_width) ** 2 - rest ** 2) / band_width
     n_need = math.ceil((2 * Z95 * sigma / d_need) ** 2)
     open_share = n_open_requests / max(n_requests, 1)
     fraction = min(1.0, n_need / max(n_open_requests, 1))

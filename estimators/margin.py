@@ -87,6 +87,13 @@ class UnobservedPrior:
     lo: float | None = None
     hi: float | None = None
     audit: dict | None = None
+    cdf: tuple | None = None  # the audit's posterior CDF on SHIFT_GRID (None: the prior alone, a band not a law)
+
+    def draws(self, n: int) -> np.ndarray:
+        """``n`` stratified draws of the shift from the audit's posterior (its ``(i + 0.5) / n`` quantiles):
+        the hazard refits each take one, so the interval carries the shift's uncertainty jointly with the
+        sampling noise (:meth:`estimators.tail.TailEstimator.estimate`)."""
+        return np.interp((np.arange(n) + 0.5) / n, np.asarray(self.cdf), SHIFT_GRID)
 
     def band(self) -> tuple[float, float]:
         if self.lo is not None and self.hi is not None:
@@ -143,7 +150,7 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
     slope = abs(tot[g] - tot[g - 1]) / (SHIFT_GRID[g] - SHIFT_GRID[g - 1])
     sigma = float(se[g] * np.sqrt(n) / slope) if slope > 1e-9 else None  # se: of the summed residual
     return UnobservedPrior(center=med, margin_check=prior.margin_check, scope="open", lo=lo, hi=hi,
-                           half_width=(hi - lo) / 2,
+                           half_width=(hi - lo) / 2, cdf=tuple(cdf.tolist()),
                            audit=dict(base, moment_shift=moment, band=[lo, hi], sigma_request=sigma,
                                       note=f"the shift past the walk measured on {n} audited requests"))
 

@@ -469,8 +469,15 @@ class TailEstimator:
         for L in self.levels:
             tag = int(round(L * 100))
             col[f"lo{tag}"], col[f"hi{tag}"], col[f"mass{tag}"] = correct.copy(), correct.copy(), np.ones(n)
+        # an audit's posterior of the shift past the walk rides on the hazard refits (one draw each): the
+        # interval then holds the shift and the sampling noise jointly; without refits, its band is added whole.
+        # Jointly, the band's ends are still kept (band_lo/band_hi, not widening): the audit-size advice reads them
+        joint = bool(hazard_boot and (refits is not None or hasattr(self.hazard, "_train")) and self.prior_ is not None
+                     and self.prior_.cdf is not None)
+        if joint:
+            col["band_lo"], col["band_hi"] = correct.astype(float), correct.astype(float)
         cell = correct.copy()  # the pmf's point mass: correct, or a resolved block's bound
-        parts = [self._censored(frame, r, gather, seed, col, cell)
+        parts = [self._censored(frame, r, gather, seed, col, cell, joint)
                  for r in np.array_split(rows, max(1, -(-rows.size // chunk_rows)))]
         if frame is not data:  # our own frame: its committed stream (a few arrays over all rows) is done
             frame._stream = None  # (freed now, the result's pmf and columns reuse its memory: fewer page faults)
@@ -503,17 +510,19 @@ class TailEstimator:
             ro = np.concatenate([p["open"] for p in parts])
             feats = self.hazard.features(frame, ro, np.concatenate([p["state"] for p in parts]))  # shared by every refit
             h_op = np.concatenate([p["h"] for p in parts])
-            delta = self.prior_.center if self.prior_ else 0.0
+            deltas = self.prior_.draws(len(models)) if joint else \
+                np.full(len(models), self.prior_.center if self.prior_ else 0.0)
             lp = prior_rows(self.prior_, res.blocks["mode"].to_numpy()[ro])  # the prior's blocks
             for i, model in enumerate(models):
-                hm = prior_applied(model.predict_features(feats), delta, lp)
+                hm = prior_applied(model.predict_features(feats), float(deltas[i]), lp)
                 _, mc, vc = self._pmf(frame, ro, h_op, hm)
                 means[i], vars_[i] = mean, var
                 means[i, ro], vars_[i, ro] = mc, vc
             res._boot = dict(means=means, vars=vars_)
         return res
 
-    def _censored(self, frame: BlockFrame, rows: np.ndarray, gather, seed: int, col: dict, cell: np.ndarray) -> dict:
+    def _censored(self, frame: BlockFrame, rows: np.ndarray, gather, seed: int, col: dict, cell: np.ndarray,
+                  joint: bool = False) -> dict:
         """Walk, hazards, predictive pmf, identification bounds and intervals of censored ``rows``,
         written into their rows of the result columns ``col`` (and ``cell``, the pmf's point mass).
 
@@ -543,12 +552,12 @@ class TailEstimator:
             sh = self.prior_
             lp = prior_rows(sh, col["mode"][ro])  # the prior's blocks
             pmo, col["mean"][ro], col["var"][ro] = self._pmf(frame, ro, h_op, prior_applied(hm, sh.center, lp) if sh else hm)
+            col["sens_lo"][ro] = col["sens_hi"][ro] = col["mean"][ro]
             if sh:  # the band's ends: the positions the walk could not follow under the band's shifts
                 lo_d, hi_d = sh.band()
-                col["sens_lo"][ro] = self._pmf(frame, ro, h_op, prior_applied(hm, lo_d, lp))[1]
-                col["sens_hi"][ro] = self._pmf(frame, ro, h_op, prior_applied(hm, hi_d, lp))[1]
-            else:
-                col["sens_lo"][ro] = col["sens_hi"][ro] = col["mean"][ro]
+                ends = ("band_lo", "band_hi") if joint else ("sens_lo", "sens_hi")  # jointly: kept, not widening
+                col[ends[0]][ro] = self._pmf(frame, ro, h_op, prior_applied(hm, lo_d, lp))[1]
+                col[ends[1]][ro] = self._pmf(frame, ro, h_op, prior_applied(hm, hi_d, lp))[1]
             iv = quantile_intervals(pmo, self.levels, self.interval, _block_uniforms(frame, ro, seed))
         else:
             h_op, st_op = Hk[:0], wk["state"][:0]
