@@ -71,9 +71,11 @@ class Figure:
 
 
 def _f(v: Any) -> float | None:
-    if v is None:
+    """A number, or None for what is missing (None, NaN, pandas' NA)."""
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
         return None
-    v = float(v)
     return None if math.isnan(v) else v
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from acceptscope import glossary, schema
+from acceptscope.app.panels._ctx import plain
 from acceptscope.store import Store
 from acceptscope.reader import Reader
 from tests.test_audit import build_audit_db
@@ -42,7 +43,7 @@ def test_page_loads_with_every_panel(app_test, audit):
     assert len(at.get("plotly_chart")) >= 7
     labels = [m.label for m in at.metric]
     acc, util_label = glossary.FIGURES["realized_accept_length"].label, glossary.FIGURES["audited_utilization"].label
-    assert {f"compact {acc}", f"cap-accept {acc}", f"compact {util_label}"} <= set(labels)
+    assert {f"compact {acc}", f"{plain('cap-accept')} {acc}", f"compact {util_label}"} <= set(labels)  # arms: data
     util = next(m for m in at.metric if m.label == f"compact {util_label}")
     assert util.value.endswith("%")
 
@@ -97,7 +98,7 @@ def test_no_raw_data_version_and_arms_named(app_test):
     assert not [c for c in captions if "data version" in c or re.search(r"\(-?\d+, -?\d+", c)], captions
     assert re.fullmatch(r"[\d,]+ rows · read \d\d:\d\d:\d\d", captions[0]), captions[0]
     util_captions = [c for c in captions if c.startswith("window ") and "utilization" in c]  # one per arm
-    assert len(util_captions) == 3 and all(any(f"{arm} utilization" in c for arm in ("compact", "cap-accept", "static"))
+    assert len(util_captions) == 3 and all(any(f"{plain(arm)} utilization" in c for arm in ("compact", "cap-accept", "static"))
                                  for c in util_captions)
 
 

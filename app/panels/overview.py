@@ -34,15 +34,16 @@ def render(ctx) -> None:
     L = glossary.FIGURES
     audited = _audited(ctx)
     for col, row in zip(cols, s.itertuples(index=False)):
-        col.metric(f"{row.arm} {L['realized_accept_length'].label}",
+        arm = plain(row.arm)  # (data: an ingested run's arm is whatever its file said)
+        col.metric(f"{arm} {L['realized_accept_length'].label}",
                    glossary.fmt("realized_accept_length", row.mean_acc_len),
                    help=f"{plain(row.run_id)}: {L['realized_accept_length'].definition}")
-        if row.utilization == row.utilization and row.utilization is not None:  # the arm recorded its ceiling
-            util = f"{row.arm} {L['utilization'].label} {glossary.fmt('utilization', row.utilization)} (ceiling recorded)"
+        if pd.notna(row.utilization):  # the arm recorded its ceiling
+            util = f"{arm} {L['utilization'].label} {glossary.fmt('utilization', row.utilization)} (ceiling recorded)"
         elif row.arm == "compact" and audited:  # the same figure, label and number as the Utilization panel
-            util = f"{row.arm} {L['audited_utilization'].label} {glossary.fmt('audited_utilization', audited.estimate)}"
+            util = f"{arm} {L['audited_utilization'].label} {glossary.fmt('audited_utilization', audited.estimate)}"
         else:
-            util = f"{row.arm} utilization: ceiling not recorded in this arm (Estimators panel)"
+            util = f"{arm} utilization: ceiling not recorded in this arm (Estimators panel)"
         col.caption(f"{L['window'].label} {glossary.fmt('window', row.mean_window)} · {util} · {_count(row.blocks)} blocks")
     named = {"mean_window": L["window"].label, "mean_acc_len": L["realized_accept_length"].label,
              "ceiling_accept_len": L["ceiling_tokens"].label + " recorded", "utilization": "utilization (ceiling recorded)"}
