@@ -199,6 +199,8 @@ def iid_replicates(n_boot: int, seed: int = 0, *, rows: tuple | None = None, sta
     if rows is None:
         return rng.multivariate_normal(total, cov, size=n_boot, method="eigh", check_valid="ignore")
     m = len(rows[0])
+    if n_boot == 0:  # no replicates, the statistic's width kept
+        return np.empty((0, np.size(stat(*rows))))
     return np.array([stat(*(c[i] for c in rows)) for i in (rng.integers(0, m, size=m) for _ in range(n_boot))])
 
 

@@ -70,6 +70,7 @@ def test_iid_replicates_exact_and_normal_limit():
     ref = np.random.default_rng(9)
     want = np.array([stat(*(c[i] for c in rows)) for i in (ref.integers(0, 50, size=50) for _ in range(30))])
     assert got.shape == (30, 2) and np.array_equal(got, want)
+    assert iid_replicates(0, 9, rows=rows, stat=stat).shape == (0, 2)
     cov = np.array([[2.0, 0.5], [0.5, 1.0]])
     z = iid_replicates(4000, 1, total=np.array([10.0, -3.0]), cov=cov)
     assert np.allclose(z.mean(0), [10.0, -3.0], atol=0.1) and np.allclose(np.cov(z.T), cov, atol=0.15)
