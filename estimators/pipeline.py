@@ -100,8 +100,8 @@ def hazard_plan(store, run_id: str, gamma: int, exact: bool, audit_group=None,
     if exact:
         return HazardPlan((run_id,), (), EXACT_NOTE)
     others, note = hazard_runs(store, run_id, gamma, audit_group, hazards_from)
-    arms = store.query_df("SELECT run_id, arm FROM runs WHERE run_id IN (SELECT UNNEST(?))", [list(others)])
-    replays = tuple(r for r in others if r in set(arms.run_id[arms.arm == "cap-accept"]))
+    runs = store.runs()  # the runs table (a DuckDB store or a Spark lake alike)
+    replays = tuple(r for r in others if r in set(runs.run_id[runs.arm == "cap-accept"]))
     if not others:
         return HazardPlan((run_id,), (), note)
     if not replays:  # static arms never trim, so they show no shift past a window: their truth trains the hazards
