@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from acceptscope import glossary
 from acceptscope.cli import app
 from acceptscope.store import Store
 from acceptscope.estimators import scenario_validation as sv
@@ -154,7 +155,8 @@ def test_report_on_a_production_arm_alone(db, tmp_path):
                          "--json").stdout)
     text = html_path.read_text()
     util = [f for f in res["findings"] if f["area"] == "utilization"]
-    assert util and "of the estimated ceiling" in util[0]["text"] and "model-based" in util[0]["text"]
+    label = glossary.FIGURES["utilization"].label  # "utilization (estimated ceiling)": the glossary's one label
+    assert util and label in util[0]["text"] and "model-based" in util[0]["text"]
     assert "estimated with predictive intervals" in text
 
 
