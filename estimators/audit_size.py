@@ -33,18 +33,21 @@ from __future__ import annotations
 import math
 
 Z95 = 1.959963984540054
-# the shift's spread between requests (logits; what one audited request is worth) where no audit measured
-# it: the median over the 13 informative audits of the validation grid's *tune* split (seeds 28600-28611;
-# quartiles 1.04 / 1.60 / 2.61), each audit's ``sigma_request`` (estimators.margin.audit_posterior)
-SIGMA_PER_REQUEST = 1.6
+# the shift's spread between requests (logits; what one audited request is worth: a band of d logits from n audited
+# requests with an open block is 2 z sigma / sqrt(n)) where no audit measured it: over the 13 informative audits of
+# the validation grid's *tune* split (seeds 28600-28611; :func:`sigma_from_audit` of each), median and quartiles
+SIGMA_PER_REQUEST = 1.32
+SIGMA_QUARTILES = (1.10, 1.68)
 TARGETS = (0.05, 0.10)  # half-widths (drafts) the estimate gives advice for
 
 
 def sigma_from_audit(audit: dict | None) -> float | None:
-    """The per-request spread of the shift an audit measured (None: no informative audit)."""
-    if not audit or audit.get("n_requests", 0) < 2 or not audit.get("sigma_request"):
+    """The per-request spread of the shift as an audit's band shows it, ``d sqrt(n) / 2z`` (None: no informative
+    audit). Read off the band itself, so the advice scales the band the estimate actually printed."""
+    if not audit or audit.get("n_requests", 0) < 2 or not audit.get("band"):
         return None
-    return float(audit["sigma_request"])
+    lo, hi = audit["band"]
+    return (hi - lo) * math.sqrt(audit["n_requests"]) / (2 * Z95)
 
 
 def audit_advice(width: float, band_width: float, band: tuple[float, float], n_requests: int, n_open_requests: int,
@@ -70,6 +73,8 @@ def audit_advice(width: float, band_width: float, band: tuple[float, float], n_r
     n_need = math.ceil((2 * Z95 * sigma / d_need) ** 2)
     open_share = n_open_requests / max(n_requests, 1)
     fraction = min(1.0, n_need / max(n_open_requests, 1))
+    if out["sigma_source"] != "this run's audit":  # the spread is the tune split's: its quartiles give a range
+        out["fraction_range"] = [min(1.0, (2 * Z95 * s / d_need) ** 2 / max(n_open_requests, 1)) for s in SIGMA_QUARTILES]
     return dict(out, reachable=n_need <= n_open_requests, audited_requests=int(math.ceil(fraction * n_requests)),
                 fraction=fraction, open_share=open_share,
                 why=(f"the band past the walk must narrow from {d_now:.2f} to {d_need:.2f} logits: about {n_need} "
@@ -97,7 +102,9 @@ def advice_sentences(advice: list[dict]) -> list[str]:
         if a["reachable"] and a.get("why") == "the interval is that narrow already":
             out.append(f"±{h:.2f} drafts: the interval is that narrow already")
         elif a["reachable"]:
-            out.append(f"±{h:.2f} drafts: audit about {a['fraction']:.0%} of the traffic ({a['audited_requests']} "
+            rng = a.get("fraction_range")
+            span = f" (between {rng[0]:.0%} and {rng[1]:.0%} at the tune split's quartiles of the spread)" if rng else ""
+            out.append(f"±{h:.2f} drafts: audit about {a['fraction']:.0%} of the traffic{span} ({a['audited_requests']} "
                        f"requests of this run's size); {a['why']}")
         else:
             out.append(f"±{h:.2f} drafts: not by auditing this traffic; {a['why']}")
