@@ -26,6 +26,7 @@ import pytest
 import requests
 from plotly.subplots import make_subplots
 
+from acceptscope import glossary
 from acceptscope.ingest.engines import ingest_engine_files
 from acceptscope.ingest.engines.identify import engine_figures
 from acceptscope.store import Store
@@ -144,7 +145,7 @@ def _counts_of(est: dict, figs: dict, rid: str) -> dict:
     pos = e["utilization"]["by_position"]
     return {"drafts": run["n"], "accepted": sum(p["accepted"] for p in pos), "tokens": sum(p["verified"] for p in pos),
             "acc_pos": [p["accepted"] for p in pos], "ver_pos": [p["verified"] for p in pos],
-            "realized": e["tail"]["summary"]["mean_accept_length"]}
+            "realized": run["committed"] / run["n"]}  # committed tokens per block (acceptscope.glossary)
 
 
 def _expected(est: dict, figs: dict, windows, expr: str, lab: dict) -> float:
@@ -169,9 +170,9 @@ def _expected(est: dict, figs: dict, windows, expr: str, lab: dict) -> float:
     run = [g for g in e["utilization"]["by_group"] if g["by"] == "run"][0]
     if expr.startswith("acceptscope_utilization"):
         return run[{"point": "utilization", "lo": "util_lo", "hi": "util_hi"}[lab["bound"]]]
-    if expr.startswith("acceptscope_ceiling"):
-        agg = [a for a in e["tail"]["aggregate"] if a["group"] == "all"][0]
-        return agg[{"point": "mean_ceiling", "lo": "lo", "hi": "hi"}[lab["bound"]]] + 1.0
+    if expr.startswith("acceptscope_ceiling"):  # the glossary's ceiling in tokens per block (recorded: a point)
+        c = glossary.ceiling_tokens(est[lab["run_id"]])
+        return {"point": c.estimate, "lo": c.lo, "hi": c.hi}[lab["bound"]]
     if expr.startswith("acceptscope_calibration_ece"):
         return [m for m in e["calibration"]["metrics"] if m["method"] == lab["method"] and m["stage"] == lab["stage"]
                 and str(m["position"]) == lab["position"]][0]["ece"]

@@ -296,21 +296,9 @@ def metrics(ref):
     return {(s.name, s.labels): s.value for s in parse_metrics(r.text, prefix="acceptscope_")}
 
 
-def _exporter_gap(why: str):
-    return pytest.mark.xfail(strict=True, reason=f"acceptscope/live/exporter.py (another helper's file; reported): {why}")
-
-
-REALIZED_GAP = "acceptscope_realized_accept_length serves tail.summary.mean_accept_length, the ceiling + 1, not " \
-               "committed tokens per block"
-RECORDED_GAP = "acceptscope_ceiling_accept_length serves the tail estimator's forecast and its model interval on a " \
-               "run whose ceiling is recorded (the audit arm), not the recorded ceiling utilization is against"
-
-
 @pytest.mark.parametrize("key,arm", [
-    pytest.param("realized_accept_length", "compact", marks=_exporter_gap(REALIZED_GAP)),
-    pytest.param("realized_accept_length", "cap-accept", marks=_exporter_gap(REALIZED_GAP)),
-    ("ceiling_tokens", "compact"),
-    pytest.param("ceiling_tokens", "cap-accept", marks=_exporter_gap(RECORDED_GAP)),
+    ("realized_accept_length", "compact"), ("realized_accept_length", "cap-accept"),
+    ("ceiling_tokens", "compact"), ("ceiling_tokens", "cap-accept"),
     ("utilization", "compact"), ("utilization", "cap-accept")])
 def test_exporter(ref, metrics, key, arm):
     name, labels = EXPORTED[key]

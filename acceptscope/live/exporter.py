@@ -43,6 +43,7 @@ from typing import Any, Iterable, Sequence
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from acceptscope import glossary
 from acceptscope.estimators import run_all_runs, to_jsonable
 from acceptscope.ingest.engines import engine_counts_rows
 from acceptscope.ingest.engines.identify import COUNTED_ENGINES, engine_figures
@@ -231,7 +232,8 @@ def families(snap: Snapshot) -> list:
     info = G("run_info", "Run attributes; gen_ai_* are the OpenTelemetry GenAI resource attributes.",
              ["arm", "engine", "gamma", "gen_ai_request_model", "gen_ai_provider_name"])
     realized = G("realized_accept_length", "Mean committed tokens per block (accepted drafts + 1 bonus).")
-    ceiling = G("ceiling_accept_length", "Uncapped (full-gamma verify) accept length, bonus included: the tail estimate.", ["bound"])
+    ceiling = G("ceiling_accept_length", "Uncapped (full-gamma verify) accept length, bonus included: recorded (a point) "
+                "where the run recorded it, else the tail estimate with its interval.", ["bound"])
     util = G("utilization", "Committed / ceiling tokens, 95% bootstrap interval.", ["group_by", "group", "bound"])
     iw_rate = G("in_window_accept_rate", "Accepted / verified draft tokens.")
     sg_rate = G("spec_accept_rate", "Accepted drafts / (gamma x blocks): SGLang's fixed-gamma rate.")
@@ -277,13 +279,12 @@ def families(snap: Snapshot) -> list:
         for g in (est.get("utilization") or {}).get("by_group") or []:
             for b, suf in BOUNDS:
                 _put(util, lv + [str(g["by"]), str(g["group"]), b], g.get("utilization" if not suf else "util" + suf))
-        summ = (est.get("tail") or {}).get("summary") or {}
-        _put(realized, lv, summ.get("mean_accept_length"))
-        agg = [a for a in (est.get("tail") or {}).get("aggregate") or [] if a.get("group") == "all"]
-        if agg:
-            for b, key in (("point", "mean_ceiling"), ("lo", "lo"), ("hi", "hi")):
-                if agg[0].get(key) is not None:
-                    ceiling.add_metric(lv + [b], float(agg[0][key]) + 1.0)
+        # the glossary's one function per figure: committed tokens per block; the ceiling in tokens per block
+        # (the recorded one, a point, where the run recorded it; else the estimate and its model interval)
+        _put(realized, lv, glossary.realized_accept_length(est).estimate)
+        c = glossary.ceiling_tokens(est)
+        for b, v in (("point", c.estimate), ("lo", c.lo), ("hi", c.hi)):
+            _put(ceiling, lv + [b], v)
         for m in (est.get("calibration") or {}).get("metrics") or []:
             for b, suf in BOUNDS:
                 _put(ece, lv + [str(m["method"]), str(m["stage"]), str(m["position"]), b], m.get("ece" + suf))
