@@ -27,7 +27,7 @@ from acceptscope.estimators.chunks import S_ORDER, TAIL_COLUMNS, configure, s_co
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.store import fetch_arrow
 
-HEALTH_ROWS = 1 << 18  # audited request-steps the check estimates (a stable hash-sample of audited requests beyond)
+HEALTH_ROWS = 1 << 16  # audited request-steps the check estimates (a stable hash-sample of audited requests beyond)
 LEVEL = 0.95
 
 
@@ -79,8 +79,8 @@ def _rows(store, run_id: str, keys: pd.DataFrame, columns) -> pa.Table:
 
 def interval_health(store, production: str, audit: str, gamma: int, fit, hazard_boot: int = 20, seed: int = 0,
                     max_rows: int = HEALTH_ROWS) -> IntervalHealth:
-    """The check (module docstring). ``fit(runs) -> (TailEstimator, notes)``: the pipeline's hazard fit
-    (:func:`estimators.pipeline.fit_estimator`), called with the production run alone."""
+    """The check (module docstring). ``fit(runs) -> (TailEstimator, notes)``: the production run's hazards alone,
+    frozen with their refits as the pipeline fitted them (:func:`estimators.pipeline.add_interval_health`)."""
     keys, sampled = _audited(store, production, audit, max_rows, seed)
     prod = _rows(store, production, keys, TAIL_COLUMNS)
     truth = _rows(store, audit, keys, ("rid", "workload", "ceiling")).to_pandas()
@@ -88,8 +88,7 @@ def interval_health(store, production: str, audit: str, gamma: int, fit, hazard_
     if prod.num_rows == 0 or truth["ceiling"].isna().all():
         raise ValueError(f"run {audit!r} audits no request of {production!r} with a recorded ceiling")
     est, fit_notes = fit((production,))
-    res = est.frozen(hazard_boot, seed).estimate(BlockFrame.from_request_steps(prod, gamma=gamma),
-                                                 hazard_boot=hazard_boot, seed=seed)
+    res = est.estimate(BlockFrame.from_request_steps(prod, gamma=gamma), hazard_boot=hazard_boot, seed=seed)
     b = res.blocks
     rows = []
     for by in (None, "workload"):

@@ -138,7 +138,8 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
         notes, note = [], plan.note
         try:
             est, notes = fit_estimator(store, plan.fit, gamma, fit_rows, seed, duckdb_memory)
-            if plan.calibrate:
+            if plan.calibrate:  # the run alone, as production estimates it: what interval health scores
+                cache[("alone",) + key] = (est.frozen(boot, seed), list(notes))
                 audit = read_sample(store, plan.calibrate, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
                 est.calibrate_prior(BlockFrame.from_request_steps(audit, gamma=gamma), seed)
                 del audit
@@ -153,18 +154,29 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
     return cache[key]
 
 
-def add_interval_health(store, results: dict, meta_row, hazard_boot: int, seed: int, fit_rows: int = 1 << 18) -> None:
+def add_interval_health(store, results: dict, meta_row, hazard_boot: int, seed: int, fit_rows: int = 1 << 18,
+                        cache: dict | None = None) -> None:
     """``results['interval_health']`` (:mod:`estimators.health`) for a run whose audit arm replayed part of
     its traffic: its own intervals, as production computes them, scored against the audit's truth; a
-    reason in ``results['skipped']`` when the check cannot run. Nothing for other runs."""
+    reason in ``results['skipped']`` when the check cannot run. Nothing for other runs. ``cache``:
+    :func:`fit_hazards`' cache, which holds the run's hazards alone (fitted before the audit measured the
+    shift), so the check does not fit them again."""
     rid, gamma = meta_row.run_id, int(meta_row.gamma)
     plan = hazard_plan(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows), meta_row.get("audit_group"))
     if not plan.calibrate:
         return
+    boot = 0 if meta_row.n_truth == meta_row.n_rows else hazard_boot
+
+    def alone(runs):
+        key = ("alone", plan.fit, plan.calibrate, boot)
+        if cache is not None and key in cache:
+            return cache[key]
+        est, notes = fit_estimator(store, runs, gamma, fit_rows, seed)
+        return est.frozen(boot, seed), notes
+
     try:
-        results["interval_health"] = interval_health(
-            store, rid, plan.calibrate[0], gamma, lambda runs: fit_estimator(store, runs, gamma, fit_rows, seed),
-            hazard_boot=hazard_boot, seed=seed)
+        results["interval_health"] = interval_health(store, rid, plan.calibrate[0], gamma, alone,
+                                                     hazard_boot=hazard_boot, seed=seed)
     except ValueError as e:
         results["skipped"]["interval_health"] = str(e)
 

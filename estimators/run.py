@@ -41,7 +41,9 @@ def run_all_runs(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, 
     big = [r for r in ids if n.get(r, 0) > STREAM_ROWS and not use_sglang_pg]
     small = [r for r in ids if r not in set(big)]
     out = {}
-    kw = dict(n_boot=n_boot, hazard_boot=hazard_boot, seed=seed, progress=progress, hazards_from=hazards_from)
+    cache: dict = {}  # the hazard fits, shared with interval health (the production run alone)
+    kw = dict(n_boot=n_boot, hazard_boot=hazard_boot, seed=seed, progress=progress, hazards_from=hazards_from,
+              cache=cache)
     if small:
         gather = _sglang_gather(store, small) if use_sglang_pg else None
         out.update(run_all_stream(store, small, chunk_rows=STREAM_ROWS, whole_runs=True, gather=gather, **kw))
@@ -54,7 +56,7 @@ def run_all_runs(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, 
     if hazards_from is None:  # a named run may be other traffic: nothing pairs with it
         meta = run_meta(store, [r for r in ids if not isinstance(out[r], Exception)]).set_index("run_id", drop=False)
         for r in meta.index:
-            add_interval_health(store, out[r], meta.loc[r], hazard_boot, seed)
+            add_interval_health(store, out[r], meta.loc[r], hazard_boot, seed, cache=cache)
     return {r: out[r] for r in ids}
 
 

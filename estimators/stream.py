@@ -54,21 +54,23 @@ from acceptscope.estimators.planner import audit
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
                    chunk_rows: int = CHUNK_ROWS, sample_rows: int = 1 << 19, fit_rows: int = 1 << 18,
                    duckdb_memory: str | None = AUTO_MEMORY, progress=None,
-                   hazards_from: str | None = None, whole_runs: bool = False, gather=None) -> dict[str, Any]:
+                   hazards_from: str | None = None, whole_runs: bool = False, gather=None,
+                   cache: dict | None = None) -> dict[str, Any]:
     """Every estimator for every run in ``run_ids`` (default: all) in one ordered pass over
     ``request_steps``; see the module docstring. Returns ``{run_id: results}``; a run that cannot be
     estimated maps to its ``ValueError`` (``KeyError`` for an unknown run). ``whole_runs``: every run
     is one chunk (small runs: the in-memory results). ``gather``: SGLang's pg p/q for the tail walk.
+    ``cache``: the hazard fits (:func:`estimators.pipeline.fit_hazards`), to share them with a caller.
 
     One read-only connection serves the whole pass (the ordered scan holds one anyway; every other read
     nests in it instead of opening the file again, ~14 ms each, hundreds of times over a store of runs)."""
     with store.connect(read_only=True):
         return _stream_runs(store, run_ids, n_boot, hazard_boot, seed, chunk_rows, sample_rows, fit_rows,
-                            duckdb_memory, progress, hazards_from, whole_runs, gather)
+                            duckdb_memory, progress, hazards_from, whole_runs, gather, cache)
 
 
 def _stream_runs(store, run_ids, n_boot, hazard_boot, seed, chunk_rows, sample_rows, fit_rows, duckdb_memory,
-                 progress, hazards_from, whole_runs, gather) -> dict[str, Any]:
+                 progress, hazards_from, whole_runs, gather, cache=None) -> dict[str, Any]:
     if run_ids is None:
         run_ids = store.runs().run_id.tolist()
     run_ids = list(run_ids)
@@ -85,7 +87,7 @@ def _stream_runs(store, run_ids, n_boot, hazard_boot, seed, chunk_rows, sample_r
         duckdb_memory = sort_memory(int(meta.n_rows.sum()))
     # every run's hazards are fitted before the ordered scan starts: the sample read and the fit then
     # never sit on top of the sort's memory (100M: 2.5 GB when they did)
-    cache: dict = {}
+    cache = {} if cache is None else cache
     fitted: dict[str, Any] = {}
     for rid in sorted(meta.run_id):
         try:
