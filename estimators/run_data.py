@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from acceptscope import schema
 from acceptscope.runs_table import read_runs
-from acceptscope.store import Store, fetch_arrow
+from acceptscope.store import Store
 from acceptscope.domain.sps import parse_sps
+from acceptscope.domain.temperature import as_served
 from acceptscope.ingest.links import named_tables
 from acceptscope.estimators.bracket import bracket_from_jsonl
 from acceptscope.estimators.calibration import compare
@@ -73,53 +73,24 @@ def sts_in_force(data: dict):
     return data["sts_temperatures"]
 
 
-def temperature_filled_select(con, columns, run_ids) -> tuple[str, str]:
-    """SELECT list and FROM clause over ``request_steps s`` with ``temperature`` filled: the
-    request's own (``requests``: a traffic driver's records), else the run's (``acceptscope ingest
-    --temperature``); SGLang's dumps carry none. The one place this read-time rule lives (the
-    streamed scan and :func:`read_request_steps` both use it); the join is made only when some row
-    of these runs lacks a temperature."""
-    cols = [f's."{c}"' for c in columns]
-    if "temperature" not in columns or not con.execute(
-            "SELECT count(*) FROM request_steps WHERE run_id IN (SELECT UNNEST(?)) AND temperature IS NULL",
-            [list(run_ids)]).fetchall()[0][0]:
-        return ", ".join(cols), "request_steps s"
-    cols[list(columns).index("temperature")] = \
-        'CAST(coalesce(s.temperature, q.temperature, r.temperature) AS DOUBLE) AS "temperature"'
-    return ", ".join(cols), ("request_steps s LEFT JOIN (SELECT run_id, rid, temperature FROM requests WHERE "
-                             "temperature IS NOT NULL) q ON s.run_id = q.run_id AND s.rid = q.rid "
-                             "LEFT JOIN runs r ON s.run_id = r.run_id")
-
-
 def read_request_steps(store, run_id: str, columns=None) -> pd.DataFrame:
-    """``request_steps`` of one run as ``store.read_table`` returns them (stored row order, the
-    record model's types), temperatures filled by :func:`temperature_filled_select`. A lake
-    (``estimators.spark.LakeStore``) applies the same rule in Spark."""
+    """``request_steps`` of one run as ``store.read_table`` returns them (stored row order, the record
+    model's types), temperatures as stored: filled where the data is written
+    (:mod:`acceptscope.domain.temperature`). A lake (``estimators.spark.LakeStore``) reads its own."""
     if not isinstance(store, Store):
         return store.read_request_steps(run_id, columns)
-    columns = list(columns or schema.REQUEST_STEPS.names)
-    with store.connect(read_only=True) as con:
-        cols, src = temperature_filled_select(con, columns, [run_id])
-        if src == "request_steps s":
-            got = None
-        else:
-            got = fetch_arrow(con, f"SELECT {cols} FROM {src} WHERE s.run_id = ? ORDER BY s.rowid", [run_id])
-    if got is None:
-        return store.read_table("request_steps", run_id, columns=columns)
-    want = pa.schema([schema.REQUEST_STEPS.arrow_schema.field(n) for n in got.column_names])
-    return got.cast(want).to_pandas()
+    return store.read_table("request_steps", run_id, columns=list(columns or schema.REQUEST_STEPS.names))
 
 
 def served_temperatures(store, run_id: str) -> np.ndarray:
-    """The distinct temperatures of a run's request-steps, filled by :func:`temperature_filled_select`'s
-    rule (NaN: none known), computed where the rows are (a 100M-row run's rows are never read out)."""
+    """The distinct stored temperatures of a run's request-steps (NaN: unknown), computed where the rows
+    are (a 100M-row run's rows are never read out)."""
     if isinstance(store, Store):
-        with store.connect(read_only=True) as con:
-            cols, src = temperature_filled_select(con, ["temperature"], [run_id])
-            got = con.execute(f"SELECT DISTINCT {cols} FROM {src} WHERE s.run_id = ?", [run_id]).fetchall()
-    else:  # a lake (``estimators.spark.LakeStore``): the same rule in Spark
-        got = store.filled_request_steps([run_id], ["temperature"]).distinct().collect()
-    return np.array([np.nan if r[0] is None else float(r[0]) for r in got], float)
+        got = store.query_arrow("SELECT DISTINCT temperature FROM request_steps WHERE run_id = ?", [run_id]) \
+            .column("temperature").to_pylist()
+    else:  # a lake (``estimators.spark.LakeStore``)
+        got = [r[0] for r in store.request_steps([run_id], ["temperature"]).distinct().collect()]
+    return np.array([np.nan if t is None else float(t) for t in got], float)
 
 
 def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
@@ -144,9 +115,8 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
         out.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
     temps = {}
     for r in (run_id, other):
-        t = served_temperatures(store, r)
-        # as the frame reads them: a missing temperature is sampled (T = 1)
-        temps[r] = None if np.isnan(t).all() else set(temperature_key(np.nan_to_num(t, nan=1.0)).tolist())
+        t = served_temperatures(store, r)  # (unknown ones read as the frame reads them: as_served)
+        temps[r] = None if np.isnan(t).all() else set(temperature_key(as_served(t)).tolist())
     if (temps[run_id] is None) != (temps[other] is None):
         out.append("temperature known for one run only (ingest --temperature or request records)")
     elif temps[run_id] is not None and temps[run_id] - temps[other]:
@@ -179,7 +149,7 @@ def hazard_runs(store, run_id: str, gamma: int, audit_group=None, hazards_from: 
 
 
 def read_training(store, runs: list[str]) -> pd.DataFrame:
-    """``request_steps`` of truth-bearing runs, with their temperatures filled as :func:`load_run` does."""
+    """``request_steps`` of truth-bearing runs, read as :func:`load_run` reads them."""
     return pd.concat([read_request_steps(store, r) for r in runs], ignore_index=True)
 
 

@@ -191,33 +191,17 @@ class LakeStore:
                    columns: Sequence[str] | None = None) -> pd.DataFrame:
         return self.read_arrow(name, run_id, columns).to_pandas()
 
-    def filled_request_steps(self, run_ids, columns: Sequence[str] | None = None):
-        """``request_steps`` of ``run_ids`` (``columns`` only), temperatures filled by the rule of
-        :func:`estimators.run_data.temperature_filled_select` (the request's own, else the run's),
-        as Spark expressions over the lake's frames."""
-        ids = list(run_ids)
-        rs = self.frame("request_steps").where(F.col("run_id").isin(ids))
-        if columns is not None:
-            cols = [c for c in columns if c in schema.REQUEST_STEPS.names]
-            if "temperature" not in cols:
-                return rs.select(*cols)
-            rs = rs.select(*dict.fromkeys(["run_id", "rid", *cols]))  # the join's keys, whatever is asked
-        else:
-            cols = rs.columns
-        if "temperature" not in rs.columns:
-            return rs
-        req = (self.frame("requests").where(F.col("run_id").isin(ids) & F.col("temperature").isNotNull())
-               .select("run_id", "rid", F.col("temperature").cast("double").alias("_req_t")))
-        run = self.frame("runs").where(F.col("run_id").isin(ids)).select(
-            "run_id", F.col("temperature").cast("double").alias("_run_t"))
-        rs = rs.join(F.broadcast(req), ["run_id", "rid"], "left").join(F.broadcast(run), ["run_id"], "left")
-        return rs.withColumn("temperature", F.coalesce(F.col("temperature").cast("double"), F.col("_req_t"),
-                                                         F.col("_run_t"))).select(*cols)
+    def request_steps(self, run_ids, columns: Sequence[str] | None = None):
+        """``request_steps`` of ``run_ids`` (``columns`` only) as a Spark frame, read as stored: the lake is
+        exported from a store (:mod:`acceptscope.export`), whose temperatures are filled where the data is
+        written (:mod:`acceptscope.domain.temperature`), so a lake needs no fill of its own."""
+        rs = self.frame("request_steps").where(F.col("run_id").isin(list(run_ids)))
+        return rs if columns is None else rs.select(*[c for c in columns if c in schema.REQUEST_STEPS.names])
 
     def read_request_steps(self, run_id: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """:func:`estimators.run_data.read_request_steps` over the lake."""
         cols = list(columns) if columns is not None else [c for c in schema.REQUEST_STEPS.names if c not in WALK_ONLY]
-        return _to_model(self.filled_request_steps([run_id], cols).toArrow(), schema.REQUEST_STEPS).to_pandas()
+        return _to_model(self.request_steps([run_id], cols).toArrow(), schema.REQUEST_STEPS).to_pandas()
 
 
 # ---------------------------------------------------------------------------
@@ -304,7 +288,7 @@ class SparkTail:
         self.stats: dict[str, float] = {}
 
     def _rs(self, run_ids, columns: Sequence[str] | None = None):
-        return self.store.filled_request_steps(run_ids, columns)
+        return self.store.request_steps(run_ids, columns)
 
     def fit(self, store, run_ids: list[str], frame, gamma: int, fit_rows: int | None = None, seed: int = 0,
             expect_truth: bool | None = None):
