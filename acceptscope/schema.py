@@ -186,8 +186,7 @@ REQUEST_STEPS = Table(
         _c("target_logprob", F32_LIST, "log p(draft token) per position where the target scored it"),
         _c("committed_tokens", I64_LIST, "tokens appended to the output this step (accepted drafts + bonus, cut at EOS / max_new_tokens)"),
         _c("ceiling", pa.int32(), "uncapped correct drafts of a full verify (NULL in compact)"),
-        _c("temperature", pa.float64(), "this request's sampling temperature (0 = greedy); filled on write: "
-           "its own, else the request's, else the run's (acceptscope.domain.temperature); NULL: unknown"),
+        _c("temperature", pa.float64(), "sampling temperature (0 = greedy); filled on write (domain.temperature)"),
         _c("workload", pa.string(), "workload label"),
         _c("finished", pa.bool_(), "request finished at this step"),
     ),
