@@ -13,8 +13,8 @@ The reading, from what the estimate already holds:
   two ends); the rest ``w_rest``: ``w - w_band`` under the prior alone (its band is added to the sampling
   quantiles whole: a range, not a law), ``sqrt(w^2 - w_band^2)`` once an audit measured the shift (its
   posterior rides on the hazard refits, so the parts combine in quadrature);
-* the band in logits ``d`` now, and the per-request spread ``sigma`` of the shift: from the audit
-  (``audit['sigma_request']``) when there is one, else :data:`SIGMA_PER_REQUEST`;
+* the band in logits ``d`` now, and the per-request spread ``sigma`` of the shift: read off the audit's band
+  (:func:`sigma_from_audit`) when there is one, else :data:`SIGMA_PER_REQUEST`;
 * a target half-width ``h``: with an audit the band must shrink to ``w_band' = sqrt((2h)^2 - w_rest^2)``,
   i.e. ``d' = d w_band' / w_band``, which takes ``n' = (2 z sigma / d')^2`` audited requests with an open
   block; requests with an open block are a share of all requests (the run's own count), so the fraction is
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-Z95 = 1.959963984540054
+from acceptscope.estimators.margin import Z95
 # the shift's spread between requests (logits; what one audited request is worth: a band of d logits from n audited
 # requests with an open block is 2 z sigma / sqrt(n)) where no audit measured it: over the 13 informative audits of
 # the validation grid's *tune* split (seeds 28600-28611; :func:`sigma_from_audit` of each), median and quartiles
@@ -99,7 +99,7 @@ def advice_sentences(advice: list[dict]) -> list[str]:
     out = []
     for a in advice or []:
         h = a["half_width"]
-        if a["reachable"] and a.get("why") == "the interval is that narrow already":
+        if a["width_now"] <= 2 * h:  # audit_advice's first case
             out.append(f"±{h:.2f} drafts: the interval is that narrow already")
         elif a["reachable"]:
             rng = a.get("fraction_range")

@@ -77,17 +77,16 @@ def _rows(store, run_id: str, keys: pd.DataFrame, columns) -> pa.Table:
             con.unregister("_acceptscope_audited")
 
 
-def interval_health(store, production: str, audit: str, gamma: int, fit, hazard_boot: int = 20, seed: int = 0,
-                    max_rows: int = HEALTH_ROWS) -> IntervalHealth:
-    """The check (module docstring). ``fit(runs) -> (TailEstimator, notes)``: the production run's hazards alone,
-    frozen with their refits as the pipeline fitted them (:func:`estimators.pipeline.add_interval_health`)."""
+def interval_health(store, production: str, audit: str, gamma: int, est, fit_notes: list[str], hazard_boot: int = 20,
+                    seed: int = 0, max_rows: int = HEALTH_ROWS) -> IntervalHealth:
+    """The check (module docstring). ``est``, ``fit_notes``: the production run's hazards alone, frozen with their
+    refits as the pipeline fitted them (:func:`estimators.pipeline.add_interval_health`)."""
     keys, sampled = _audited(store, production, audit, max_rows, seed)
     prod = _rows(store, production, keys, TAIL_COLUMNS)
     truth = _rows(store, audit, keys, ("rid", "workload", "ceiling")).to_pandas()
     missing = np.setdiff1d(keys["rid"].astype(str).unique(), np.asarray(prod.column("rid").to_pylist(), dtype=str))
     if prod.num_rows == 0 or truth["ceiling"].isna().all():
         raise ValueError(f"run {audit!r} audits no request of {production!r} with a recorded ceiling")
-    est, fit_notes = fit((production,))
     res = est.estimate(BlockFrame.from_request_steps(prod, gamma=gamma), hazard_boot=hazard_boot, seed=seed)
     b = res.blocks
     rows = []

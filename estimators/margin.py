@@ -9,14 +9,14 @@ it learned from (``interval-diagnosis.md``; on the reference engine the model's 
 about one logit too high, an over-estimate of up to 0.35 drafts per block).
 
 So when hazards were fitted without truth, the model hazards of sampled blocks with log-probs (the walk
-could follow their realized tokens and did not; :func:`estimators.tail.prior_applied`) are moved by
+could follow their realized tokens and did not; :func:`estimators.tail.prior_rows`) are moved by
 :data:`PRIOR_CENTER` logits
 (the point estimate) and the estimate carries the band ``PRIOR_CENTER +- PRIOR_HALF_WIDTH``: two more
 predictive means per block, summed like the point estimate so every executor carries them, that widen
 the interval as a systematic term (:func:`estimators.bootstrap.request_stats`). The constants were
 chosen on the validation grid's *tune* seeds (``bench/paired_grid.py --split tune``) and are scored on
-its *score* seeds only (docs/validation.md). With a cap-accept audit (hazards fitted on truth) neither
-applies: the audit observed those positions.
+its *score* seeds only (docs/validation.md). Hazards fitted on truth (a static arm's, or a recorded run's
+own) get no prior: their training saw those positions.
 
 The first trimmed positions give one check of the model past the window that the data do identify:
 the logit shift that fits their outcomes (:func:`fit_shift`), reported as ``margin_check``.
@@ -54,7 +54,7 @@ PRIOR_HALF_WIDTH = 1.5  # the band: PRIOR_CENTER +- this
 MIN_MARGIN = 30  # known first-trimmed outcomes needed before the margin check is reported
 _CLIP = 1e-6
 SHIFT_GRID = np.round(np.arange(-8.0, 6.0 + 1e-9, 0.05), 2)  # logit shifts the audit's posterior is evaluated on
-_Z95 = 1.959963984540054
+Z95 = 1.959963984540054  # the normal 97.5% quantile: 95% bands
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class UnobservedPrior:
     """The shift applied to the hazards of positions the walk could not follow, and its band.
 
     ``scope``: which open blocks it shifts: ``logprob`` (the prior alone: where it was measured, see
-    :func:`estimators.tail.prior_applied`) or ``open`` (every open block: an audit measured it on all of
+    :func:`estimators.tail.prior_rows`) or ``open`` (every open block: an audit measured it on all of
     them). ``lo``/``hi``: an asymmetric band (the audit's posterior); default ``center +- half_width``.
     ``audit``: what the audit measured (:func:`audit_posterior`), or None."""
 
@@ -128,10 +128,10 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
     n = int(curves.shape[0])
     share = float(np.clip(logprob_share, 0.0, 1.0))
     c0 = prior.center * share
-    s0 = (prior.half_width * (2.0 - share)) / _Z95
-    base = dict(n_requests=n, prior_center=c0, prior_band=[c0 - _Z95 * s0, c0 + _Z95 * s0], logprob_share=share)
+    s0 = (prior.half_width * (2.0 - share)) / Z95
+    base = dict(n_requests=n, prior_center=c0, prior_band=[c0 - Z95 * s0, c0 + Z95 * s0], logprob_share=share)
     if n < 2:
-        return UnobservedPrior(center=c0, half_width=_Z95 * s0, margin_check=prior.margin_check, scope="open",
+        return UnobservedPrior(center=c0, half_width=Z95 * s0, margin_check=prior.margin_check, scope="open",
                                audit=dict(base, note=f"{n} audited request(s) with open blocks: the prior alone"))
     resid = truth[:, None] - curves  # (n, grid)
     tot = resid.sum(0)
@@ -144,8 +144,8 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
     lo, med, hi = (float(np.interp(q, cdf, SHIFT_GRID)) for q in (a, 0.5, 1 - a))
     # the shift whose predicted sum meets the recorded one (the residual falls with the shift; None: off the grid)
     moment = float(np.interp(0.0, -tot, SHIFT_GRID)) if tot[-1] <= 0 <= tot[0] else None
-    # the shift's spread between requests (logits; the likelihood's alone, at the posterior median): what
-    # one more audited request is worth (estimators.audit_size)
+    # the shift's spread between requests as the likelihood alone reads it (logits, at the posterior median),
+    # reported beside the band (estimators.audit_size scales the band itself, which the prior also shapes)
     g = int(np.clip(np.searchsorted(SHIFT_GRID, med), 1, SHIFT_GRID.size - 1))
     slope = abs(tot[g] - tot[g - 1]) / (SHIFT_GRID[g] - SHIFT_GRID[g - 1])
     sigma = float(se[g] * np.sqrt(n) / slope) if slope > 1e-9 else None  # se: of the summed residual

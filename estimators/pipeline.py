@@ -100,10 +100,11 @@ def hazard_plan(store, run_id: str, gamma: int, exact: bool, audit_group=None,
     if exact:
         return HazardPlan((run_id,), (), EXACT_NOTE)
     others, note = hazard_runs(store, run_id, gamma, audit_group, hazards_from)
-    runs = store.runs()  # the runs table (a DuckDB store or a Spark lake alike)
-    replays = tuple(r for r in others if r in set(runs.run_id[runs.arm == "cap-accept"]))
     if not others:
         return HazardPlan((run_id,), (), note)
+    runs = store.runs()  # the runs table (a DuckDB store or a Spark lake alike)
+    cap_accept = set(runs.run_id[runs.arm == "cap-accept"])
+    replays = tuple(r for r in others if r in cap_accept)
     if not replays:  # static arms never trim, so they show no shift past a window: their truth trains the hazards
         return HazardPlan(tuple(others), (), note)
     return HazardPlan((run_id,), replays,
@@ -139,12 +140,13 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
         try:
             est, notes = fit_estimator(store, plan.fit, gamma, fit_rows, seed, duckdb_memory)
             if plan.calibrate:  # the run alone, as production estimates it: what interval health scores
-                cache[("alone",) + key] = (est.frozen(boot, seed), list(notes))
+                cache[("alone", rid)] = (plan.calibrate[0], gamma, est.frozen(boot, seed), list(notes))
                 audit = read_sample(store, plan.calibrate, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
                 est.calibrate_prior(BlockFrame.from_request_steps(audit, gamma=gamma), seed)
                 del audit
         except ValueError as e:  # nothing past any window to learn from (e.g. static runs never trim)
             if plan.calibrate:  # the audit's truth still shows every position: hazards fitted on it
+                cache[("alone", rid)] = e  # and the run alone cannot be estimated: interval health says why
                 est, notes = fit_estimator(store, plan.calibrate, gamma, fit_rows, seed, duckdb_memory)
                 note = f"{e} in this run's own outcomes: hazards fitted on {', '.join(plan.calibrate)} (its audit)"
             else:
@@ -154,28 +156,21 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
     return cache[key]
 
 
-def add_interval_health(store, results: dict, meta_row, hazard_boot: int, seed: int, fit_rows: int = 1 << 18,
-                        cache: dict | None = None) -> None:
+def add_interval_health(store, results: dict, run_id: str, cache: dict, hazard_boot: int, seed: int) -> None:
     """``results['interval_health']`` (:mod:`estimators.health`) for a run whose audit arm replayed part of
     its traffic: its own intervals, as production computes them, scored against the audit's truth; a
     reason in ``results['skipped']`` when the check cannot run. Nothing for other runs. ``cache``:
-    :func:`fit_hazards`' cache, which holds the run's hazards alone (fitted before the audit measured the
-    shift), so the check does not fit them again."""
-    rid, gamma = meta_row.run_id, int(meta_row.gamma)
-    plan = hazard_plan(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows), meta_row.get("audit_group"))
-    if not plan.calibrate:
+    :func:`fit_hazards`' cache, which holds such a run's audit arm and its hazards alone (fitted before the
+    audit measured the shift), so the check neither plans nor fits again."""
+    entry = cache.get(("alone", run_id))
+    if entry is None:
         return
-    boot = 0 if meta_row.n_truth == meta_row.n_rows else hazard_boot
-
-    def alone(runs):
-        key = ("alone", plan.fit, plan.calibrate, boot)
-        if cache is not None and key in cache:
-            return cache[key]
-        est, notes = fit_estimator(store, runs, gamma, fit_rows, seed)
-        return est.frozen(boot, seed), notes
-
+    if isinstance(entry, ValueError):
+        results["skipped"]["interval_health"] = str(entry)
+        return
+    audit, gamma, est, notes = entry
     try:
-        results["interval_health"] = interval_health(store, rid, plan.calibrate[0], gamma, alone,
+        results["interval_health"] = interval_health(store, run_id, audit, gamma, est, notes,
                                                      hazard_boot=hazard_boot, seed=seed)
     except ValueError as e:
         results["skipped"]["interval_health"] = str(e)

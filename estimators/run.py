@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from acceptscope.estimators.pipeline import add_interval_health, run_meta
+from acceptscope.estimators.pipeline import add_interval_health
 from acceptscope.estimators.stream import run_all_stream
 
 # runs up to this many request-steps are estimated as one chunk (per-block tail predictions kept, the
@@ -54,9 +54,9 @@ def run_all_runs(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, 
             if isinstance(out[r], Exception):
                 raise out[r]
     if hazards_from is None:  # a named run may be other traffic: nothing pairs with it
-        meta = run_meta(store, [r for r in ids if not isinstance(out[r], Exception)]).set_index("run_id", drop=False)
-        for r in meta.index:
-            add_interval_health(store, out[r], meta.loc[r], hazard_boot, seed, cache=cache)
+        for r in ids:
+            if not isinstance(out[r], Exception):
+                add_interval_health(store, out[r], r, cache, hazard_boot, seed)
     return {r: out[r] for r in ids}
 
 

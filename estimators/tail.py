@@ -68,18 +68,18 @@ _STATE = np.array([0, 2, 0, 2, 3, 3, 1, 1], np.int64)  # walk state by 4*path_ok
 
 def prior_rows(prior: UnobservedPrior | None, mode: np.ndarray) -> np.ndarray:
     """The open blocks (by ``mode``, a code of :data:`_MODES` or its name) the prior's shift applies to:
-    the sampled blocks with log-probs for the prior alone, every open block once an audit measured it."""
+    the sampled blocks with log-probs for the prior alone, every open block once an audit measured it. Why
+    only those for the prior alone: it was measured there (the tune split's engine runs all carry log-probs);
+    blocks without log-probs (SGLang's dumps) or greedy ones were never seen to need it, and shifting them
+    broke the per-block calibration of SGLang's own recorder scenarios (cov90 0.76)."""
     if prior is not None and prior.scope == "open":
         return np.ones(len(mode), bool)
     return (mode == 2) if mode.dtype.kind in "iu" else (mode == "logprob")
 
 
 def prior_applied(hm: np.ndarray, delta: float, rows: np.ndarray) -> np.ndarray:
-    """Model hazards ``hm`` (open blocks x positions) with the unobserved-position prior's shift on ``rows``:
-    the sampled blocks whose walk could follow the realized tokens (log-probs) and did not. Why only those:
-    the shift was measured there (the tune split's engine runs all carry log-probs); blocks without
-    log-probs (SGLang's dumps) or greedy ones were never seen to need it, and shifting them broke the
-    per-block calibration of SGLang's own recorder scenarios (cov90 0.76)."""
+    """Model hazards ``hm`` (open blocks x positions) with the unobserved-position shift ``delta`` on ``rows``
+    (:func:`prior_rows`)."""
     if delta == 0 or not rows.any():
         return hm
     return np.where(rows[:, None], shift_hazards(hm, delta), hm)
@@ -583,9 +583,7 @@ class TailEstimator:
         blo, bhi = identification_bounds(frame.window[rows], wk["h"])
         op = np.flatnonzero(blo != bhi)
         ro = rows[op]
-        rid = frame.pandas_columns(("run_id", "rid"))
-        codes, uniq = pd.factorize(pd.Series(rid["run_id"].astype(str).to_numpy()[ro]) + "\x00"
-                                   + rid["rid"].astype(str).to_numpy()[ro])
+        codes, uniq = pd.factorize(frame.request[ro])  # the audited requests with an open block
         curves = np.zeros((len(uniq), SHIFT_GRID.size))
         truth = np.bincount(codes, weights=frame.ceiling[ro].astype(float), minlength=len(uniq))
         if ro.size:
@@ -597,7 +595,7 @@ class TailEstimator:
         lp = wk["has_lp"][op] & ~frame.greedy[ro] & (self.mode != "confidence")  # the prior's own blocks
         lp_share = float(lp.mean()) if op.size else 0.0
         self.prior_ = audit_posterior(self.prior_, curves, truth, lp_share)
-        n_req = int(pd.factorize(rid["rid"].astype(str) + "\x00" + rid["run_id"].astype(str))[1].size)
+        n_req = int(frame.request.max()) + 1 if frame.n else 0  # codes 0.. per (run_id, rid)
         self.prior_.audit.update(n_open_blocks=int(ro.size), n_blocks=int(frame.n), n_audited_requests=n_req)
         self.hazard.info_ = dict(self.hazard.info_, unobserved_prior=self.prior_.to_json())
         return self

@@ -159,19 +159,24 @@ def test_sampled_inference_coverage():
     assert np.mean(widths) < 0.5 * np.mean(direct_widths)
 
 
+def sampled_audit(db: Path, temperature: str, requests: int = 8, max_new_tokens: int = 16):
+    """`acceptscope audit --audit-fraction 0.5` of math and chat on the reference engine (sample seed 7, no STS,
+    no curve, no estimators): the CLI result (skips when the fixture models are not built)."""
+    why = _engine_ready()
+    if why:
+        pytest.skip(why)
+    return CliRunner().invoke(app, ["audit", "--db", str(db), "--no-report", "--json", "--workload", "math,chat",
+                                    "--requests", str(requests), "--max-new-tokens", str(max_new_tokens),
+                                    "--audit-fraction", "0.5", "--temperature", temperature, "--sample-seed", "7",
+                                    "--no-estimators", "--curve-batches", "", "--sts", "none", *MODEL_ARGS])
+
+
 @pytest.mark.parametrize("temperature", ["0", "1.0"])
 def test_sampled_audit_cli(tmp_path, temperature):
     """`--audit-fraction` serves a seeded sample in the audit arm (replaying production's windows,
     so parity holds under sampling too) and reports intervals."""
-    why = _engine_ready()
-    if why:
-        pytest.skip(why)
     db = tmp_path / "sampled.duckdb"
-    res = CliRunner().invoke(app, ["audit", "--db", str(db), "--no-report", "--json", "--workload", "math,chat",
-                                   "--requests", "8", "--max-new-tokens", "16", "--audit-fraction", "0.5",
-                                   "--temperature", temperature,
-                                   "--sample-seed", "7", "--no-estimators", "--curve-batches", "", "--sts", "none",
-                                   *MODEL_ARGS])
+    res = sampled_audit(db, temperature)
     assert res.exit_code == EXIT_OK, res.output
     s = json.loads(res.stdout[res.stdout.index("{"):])
     assert s["runs"]["compact"]["requests"] == 8 and s["runs"]["cap-accept"]["requests"] == 4

@@ -17,7 +17,7 @@ from acceptscope.cli import app
 from acceptscope.cli._common import EXIT_OK
 from acceptscope.estimators.audit_size import SIGMA_PER_REQUEST, audit_advice
 from acceptscope.estimators.margin import PRIOR_CENTER, SHIFT_GRID, UnobservedPrior, audit_posterior
-from tests.test_audit import MODEL_ARGS, _engine_ready
+from tests.test_audit import sampled_audit
 
 
 def _audit(n: int, true_shift: float, seed: int = 0, spread: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
@@ -73,14 +73,8 @@ def test_advice_says_when_auditing_cannot_reach_the_target():
 def test_sampled_audit_calibrates_the_compact_estimate(tmp_path):
     """`audit --audit-fraction`: the compact run's hazards are its own, the audit arm measures the shift,
     and the estimate carries the audit-size advice (the reference engine, sampled decoding)."""
-    why = _engine_ready()
-    if why:
-        pytest.skip(why)
     db = tmp_path / "sampled.duckdb"
-    res = CliRunner().invoke(app, ["audit", "--db", str(db), "--no-report", "--json", "--workload", "math,chat",
-                                   "--requests", "12", "--max-new-tokens", "24", "--audit-fraction", "0.5",
-                                   "--temperature", "1.0", "--sample-seed", "7", "--no-estimators",
-                                   "--curve-batches", "", "--sts", "none", *MODEL_ARGS])
+    res = sampled_audit(db, "1.0", requests=12, max_new_tokens=24)
     assert res.exit_code == EXIT_OK, res.output
     compact = json.loads(res.stdout[res.stdout.index("{"):])["runs"]["compact"]["run_id"]
     out = CliRunner().invoke(app, ["estimate", "--db", str(db), "--run", compact, "--json"])

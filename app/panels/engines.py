@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from acceptscope.app.panels._ctx import plain
-from acceptscope.estimators import run_all, to_jsonable
+from acceptscope.estimators import run_all_runs, to_jsonable
 from acceptscope.ingest.engines.identify import COUNTED_ENGINES, DEFINITIONS, NOT_IDENTIFIED, compare
 from acceptscope.store import Store
 
@@ -26,17 +26,12 @@ SHOWN = ("run_id", "engine", "arm", "gamma", "drafts", "mean_acceptance_length",
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def _compare(db: str, version: tuple, run_ids: tuple[str, ...]) -> pd.DataFrame:
-    """The comparison, with acceptscope's own estimate of each native run (its trim-loss interval)."""
+def _compare(db: str, version: tuple, run_ids: tuple[str, ...], native: tuple[str, ...]) -> pd.DataFrame:
+    """The comparison, with acceptscope's own estimate of each ``native`` run (its trim-loss interval; a run the
+    estimators cannot read keeps the engine-neutral figures)."""
     store = Store(db, read_only=True)
-    engines = store.query_df("SELECT run_id, engine FROM runs WHERE run_id IN (SELECT UNNEST(?))", [list(run_ids)])
-    est = {}
-    for rid, engine in engines.itertuples(index=False):
-        if engine not in COUNTED_ENGINES:
-            try:
-                est[rid] = to_jsonable(run_all(store, rid))
-            except ValueError as e:  # a run the estimators cannot read: its row keeps the engine-neutral figures
-                est[rid] = {"error": str(e)}
+    res = run_all_runs(store, list(native)) if native else {}
+    est = {r: {"error": str(v)} if isinstance(v, Exception) else to_jsonable(v) for r, v in res.items()}
     return compare(store, list(run_ids), estimates=est)
 
 
@@ -63,7 +58,8 @@ def render(ctx) -> None:
         return  # nothing to set side by side: every selected run is read by the estimators themselves
     st.header(TITLE)
     st.caption(plain("Definitions: " + DEFINITIONS))
-    df = _compare(ctx.db, ctx.version, tuple(ctx.run_ids))
+    native = tuple(r for r, e in engines.items() if e not in COUNTED_ENGINES)
+    df = _compare(ctx.db, ctx.version, tuple(ctx.run_ids), native)
     st.dataframe(df[[c for c in SHOWN if c in df.columns]], hide_index=True, key="engines_table")
     if df[["trim_loss_bound_lo", "trim_loss_bound_hi"]].notna().all(axis=1).any():
         st.plotly_chart(trim_loss_figure(df.dropna(subset=["trim_loss_bound_lo", "trim_loss_bound_hi"])),
