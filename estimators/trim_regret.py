@@ -30,13 +30,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from acceptscope.estimators.bootstrap import cluster_weights, row_request_keys
+from acceptscope.estimators.bootstrap import cluster_weights, replicate_blocks, row_request_keys
 from acceptscope.estimators.frame import NO_WORKLOAD
 from acceptscope.estimators.registry import Chunk, RunInfo, Skip, register
 
 N_BOOT = 400  # replicates (the tail summary's interval uses as many)
 LEVEL = 0.95
-BOOT_BLOCK = 50  # replicates drawn at a time (a (block, requests) weight matrix per chunk)
 STATS = ("trimmed", "regret", "first_accepted", "first_rejected")  # per trimmed block, summed
 UNKNOWN = {  # why a regret block's first trimmed draft has no known outcome (estimators.tail._first_from_bonus)
     "no_draft": "the drafts past the window were not recorded (no draft tokens on the row)",
@@ -131,10 +130,10 @@ class TrimRegret:
         for j in range(S):
             M[:, j::S] = np.bincount(kk * ng + col, weights=XX[:, j], minlength=nk * ng).reshape(nk, ng)
         reps = np.empty((N_BOOT, ng * S))
-        for start in range(0, N_BOOT, BOOT_BLOCK):
-            W = cluster_weights(np.asarray(kuniq, np.uint64), min(BOOT_BLOCK, N_BOOT - start), self.seed, start=start)
+        for blk in replicate_blocks(N_BOOT, nk):  # keyed draws: the same weights in any blocking
+            W = cluster_weights(np.asarray(kuniq, np.uint64), blk.size, self.seed, start=int(blk[0]))
             # einsum, not W @ M: a BLAS call this small took 30-40 ms under a loaded machine's thread contention
-            reps[start:start + W.shape[0]] = np.einsum("rk,kc->rc", W, M, optimize=False)
+            reps[blk] = np.einsum("rk,kc->rc", W, M, optimize=False)
         tot = M.sum(0)
         for j, g in enumerate(groups):
             cj, rj = tot[j * S:(j + 1) * S], reps[:, j * S:(j + 1) * S]
