@@ -20,6 +20,16 @@ one percentage point of standard error).
 
 Folds are by prompt (``rid``): runs of one workload mix share prompts across seeds and arms.
 
+**The model's misfit, measured out of sample** (:func:`misfit_terms`). Blocks of one request share a prompt
+the hazards do not see, and blocks of one run share a configuration the keyed model fits only on average,
+so per-block imputation noise alone under-states a group's uncertainty (pooled over the score split's 44
+runs, 51 of 61 aggregate groups covered). The cross-fitted residuals (truth minus the out-of-fold predicted
+mean) measure both: ``phi``, the request-level over-dispersion (summed residual squared over summed
+predictive variance, per request), scales the imputation noise; ``tau``, a run-level random effect per
+censored block (method of moments over (run, fold) cells, net of ``phi``), is drawn per run into the
+aggregate's replicates. For run ``R`` both come from the *other* runs' residuals (leave one run out), so a
+run's own truth never widens its own interval. Per-block intervals are unchanged.
+
 Example::
 
     >>> from acceptscope.estimators.synthetic import simulate
@@ -36,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from statistics import NormalDist
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -222,12 +233,62 @@ class ValidationResult:
         return "\n".join(out)
 
 
-def _agg_table(blocks: pd.DataFrame, boots: list, groups, levels, n_boot: int, seed: int) -> pd.DataFrame:
-    tr = TailResult(blocks=blocks.reset_index(drop=True), pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
+def misfit_terms(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Per run, the over-dispersion ``phi`` and the run-level effect ``tau`` (drafts per censored block)
+    measured on the *other* runs' cross-fitted residuals (see the module docstring). ``blocks``: one
+    variant's scored blocks (``run_id``, ``rid``, ``fold``, ``censored``, ``mean``, ``var``, ``truth``)."""
+    c = blocks[blocks.censored.to_numpy(bool)]
+    res = (c["truth"] - c["mean"]).to_numpy(float)
+    var = np.maximum(c["var"].to_numpy(float), 0)
+    run = c["run_id"].astype(str).to_numpy()
+    req = pd.DataFrame({"run": run, "rid": c["rid"].astype(str).to_numpy(), "s": res, "v": var}) \
+        .groupby(["run", "rid"], sort=False).sum()
+    req["s2"] = req.s ** 2
+    per_req = req.groupby(level="run")[["s2", "v"]].sum()
+    cell = pd.DataFrame({"run": run, "fold": c["fold"].to_numpy(), "s": res, "v": var, "n": 1.0}) \
+        .groupby(["run", "fold"]).sum()
+    cell["s2"], cell["n2"] = cell.s ** 2, cell.n ** 2
+    per_cell = cell.groupby(level="run")[["s2", "v", "n2"]].sum()
+    runs = blocks["run_id"].astype(str).unique()
+    per_req, per_cell = per_req.reindex(runs, fill_value=0.0), per_cell.reindex(runs, fill_value=0.0)
+    out = []
+    for r in runs:  # leave run r out: its own residuals never size its own interval
+        rq, cl = per_req.drop(index=r), per_cell.drop(index=r)
+        phi = max(1.0, float(rq.s2.sum() / rq.v.sum())) if rq.v.sum() > 0 else 1.0
+        tau2 = max(0.0, float((cl.s2.sum() - phi * cl.v.sum()) / cl.n2.sum())) if cl.n2.sum() > 0 else 0.0
+        out.append(dict(run_id=r, phi=phi, tau=float(np.sqrt(tau2))))
+    return pd.DataFrame(out)
+
+
+def _with_misfit(blocks: pd.DataFrame, boot: dict | None, terms: pd.DataFrame, seed: int):
+    """``blocks`` with the imputation variance scaled by the run's ``phi``, and the hazard-refit replicates
+    with the run's effect added to its censored blocks (one stratified N(0, tau^2) draw per replicate, shuffled
+    per run): every group the aggregate forms (run, workload, batch band) then carries the runs it holds."""
+    t = terms.set_index("run_id")
+    run = blocks["run_id"].astype(str)
+    blocks = blocks.assign(var=blocks["var"].to_numpy(float) * run.map(t.phi).fillna(1.0).to_numpy())
+    if boot is None:
+        return blocks, boot
+    R = boot["means"].shape[0]
+    z = np.array([NormalDist().inv_cdf((i + 0.5) / R) for i in range(R)])
+    rng = np.random.default_rng(seed + 7)
+    codes, uniq = pd.factorize(run)
+    effects = np.stack([rng.permutation(z) * float(t.tau.get(u, 0.0)) for u in uniq], 1)  # (R, runs)
+    cens = blocks["censored"].to_numpy(bool)
+    return blocks, dict(boot, means=boot["means"] + effects[:, codes] * cens[None, :])
+
+
+def _agg_table(blocks: pd.DataFrame, boots: list, groups, levels, n_boot: int, seed: int,
+               terms: pd.DataFrame | None = None) -> pd.DataFrame:
+    boot = None
     if boots:
         nb = min(x["means"].shape[0] for x in boots)
-        tr._boot = dict(means=np.concatenate([x["means"][:nb] for x in boots], 1),
-                        vars=np.concatenate([x["vars"][:nb] for x in boots], 1))
+        boot = dict(means=np.concatenate([x["means"][:nb] for x in boots], 1),
+                    vars=np.concatenate([x["vars"][:nb] for x in boots], 1))
+    if terms is not None:
+        blocks, boot = _with_misfit(blocks, boot, terms, seed)
+    tr = TailResult(blocks=blocks.reset_index(drop=True), pmf=np.zeros((0, 1)), gamma=0, levels=levels, hazard_info={})
+    tr._boot = boot
     aggs = []
     for grp in groups:
         a = tr.aggregate(by=grp, level=0.95, n_boot=n_boot, target="run", seed=seed)
@@ -348,7 +409,7 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
              hazard_method: str = "logistic", levels=(0.8, 0.9, 0.95), n_boot: int = 200,
              jsonl: dict | None = None, by=("run_id", "workload", "band", "rank"), seed: int = 0,
              interval: str = "randomized", hazard_boot: int = 30, use_sglang_pg: bool = False,
-             hazard_keys=KEYS) -> ValidationResult:
+             hazard_keys=KEYS, misfit: bool = True) -> ValidationResult:
     """Cross-fitted validation on a truth-bearing ``request_steps`` frame (see module docstring).
 
     ``jsonl``: optional ``{"rows", "gather", "eos"}`` SGLang estimator tables of the same run (for
@@ -357,6 +418,8 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
     weights of the training fold (model uncertainty in the aggregate intervals), for both variants.
     ``hazard_keys``: what the logistic hazard is keyed by beyond cell, walk state and greedy
     (:data:`estimators.hazard.KEYS`; ``()``: the unkeyed model, for before/after comparisons).
+    ``misfit``: the aggregate intervals carry the model's misfit measured on the other runs' residuals
+    (:func:`misfit_terms`; False: imputation noise and hazard refits alone, the harness before).
     """
     if "ceiling" not in truth or truth["ceiling"].isna().any():
         raise ValueError("validate needs request_steps with the ceiling on every row (a cap-accept or static run)")
@@ -381,11 +444,12 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
     blocks = _with_batch_band(pd.concat(outs, ignore_index=True), steps)
     cens = blocks[blocks.censored]
     # aggregate 95% intervals per group, per variant, against the true group mean
-    aggs, trs = [], {}
+    aggs, trs, terms = [], {}, {}
     for v in ("auto", "confidence"):
         vb = blocks[blocks.variant == v].reset_index(drop=True)
         groups = [None] + [[c] for c in by if c in vb and vb[c].notna().any() and vb[c].nunique() > 1]
-        a, trs[v] = _agg_table(vb, boots[v], groups, levels, n_boot, seed)
+        terms[v] = misfit_terms(vb) if misfit and vb["run_id"].nunique() > 1 else None
+        a, trs[v] = _agg_table(vb, boots[v], groups, levels, n_boot, seed, terms[v])
         a["variant"] = v
         aggs.append(a)
     agg = pd.concat(aggs, ignore_index=True)
@@ -394,6 +458,12 @@ def validate(truth: pd.DataFrame, *, steps: pd.DataFrame | None = None, folds: i
     notes = [f"{folds}-fold cross-fitting by prompt (rid); hazards: {hazard_method}{keyed}"
              + (f" (confidence bins chosen per fit: {bins})" if bins else "")
              + f"; intervals: {interval}; aggregate: {hazard_boot} hazard refits x imputation noise"]
+    for v, t in terms.items():
+        if t is not None:
+            notes.append(f"[{v}] model misfit from the other runs' residuals: over-dispersion phi median "
+                         f"{t.phi.median():.2f}, run effect tau median {t.tau.median():.3f} drafts per censored block")
+        elif misfit:
+            notes.append(f"[{v}] one run: no other run to measure the model's misfit on (imputation noise and refits alone)")
     return ValidationResult(per_mode=pd.DataFrame(_mode_rows(cens, levels)), aggregate=agg,
                             bracket=_bracket_comparison(blocks, truth, jsonl, trs["auto"], levels, n_boot, seed),
                             blocks=blocks, notes=notes, per_run=_per_run(cens, agg, levels))
@@ -439,6 +509,8 @@ def main(argv=None) -> None:
     ap.add_argument("--hazard-keys", default=",".join(KEYS),
                     help="logistic hazard keys, comma-separated (temperature,workload; 'none': unkeyed)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-misfit", action="store_true",
+                    help="aggregate intervals without the model-misfit terms (the harness before; for comparison)")
     ap.add_argument("--use-sglang-pg", action="store_true", help="feed SGLang's pg p/q into the walk (experimental)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -460,7 +532,8 @@ def main(argv=None) -> None:
                 dbs.append(db)
             rs, steps, jsonl = load_truth_runs(dbs, a.run)
     v = validate(rs, steps=steps, n_boot=a.n_boot, hazard_boot=a.hazard_boot, jsonl=jsonl, seed=a.seed,
-                 use_sglang_pg=a.use_sglang_pg, folds=a.folds, hazard_method=a.hazard_method, hazard_keys=keys)
+                 use_sglang_pg=a.use_sglang_pg, folds=a.folds, hazard_method=a.hazard_method, hazard_keys=keys,
+                 misfit=not a.no_misfit)
     print(v.report())
     for n in v.notes:
         print("note:", n)

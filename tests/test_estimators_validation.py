@@ -15,7 +15,8 @@ from acceptscope.figures import figure_of
 from acceptscope.store import Store
 from acceptscope.estimators.synthetic import simulate
 from acceptscope.estimators.utilization import utilization
-from acceptscope.estimators.validation import batch_band, binom_reading, expected_cover, load_truth_runs, validate
+from acceptscope.estimators.validation import (batch_band, binom_reading, expected_cover, load_truth_runs, misfit_terms,
+                                              validate)
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,56 @@ def test_validation_targets_on_synthetic():
     text = v.report()
     assert "aggregate [auto]" in text and "== per run" in text and "SGLang bracket" in text
     assert len(figure_of(v).data) > 0
+
+
+def _scored_blocks(run_bias: dict, n_req: int = 40, per_req: int = 6, seed: int = 0):
+    """Scored blocks of several runs: truth = mean + run bias + a request effect + block noise (var 1)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for run, bias in run_bias.items():
+        for r in range(n_req):
+            u = rng.normal(0, 1.0)  # request effect: over-dispersion phi ~ 1 + per_req * 1
+            for _ in range(per_req):
+                rows.append(dict(run_id=run, rid=f"q{r}", fold=r % 5, censored=True, mean=2.0, var=1.0,
+                                 truth=2.0 + bias + u + rng.normal(0, 1.0)))
+    return pd.DataFrame(rows)
+
+
+def test_misfit_terms_measure_overdispersion_and_run_effects_leaving_the_run_out():
+    biases = {f"r{i}": b for i, b in enumerate([-0.6, 0.5, -0.3, 0.7, 0.0, 0.4, -0.5, 0.2])}
+    b = _scored_blocks(biases)
+    t = misfit_terms(b).set_index("run_id")
+    assert 4.0 < t.phi.median() < 10.0  # 1 + 6 blocks x request variance 1 = 7
+    assert 0.15 < t.tau.median() < 0.9  # run biases' spread ~0.47 per block
+    # leave one run out: changing run r0's own truth does not move r0's terms, only the others'
+    b2 = b.copy()
+    b2.loc[b2.run_id == "r0", "truth"] += 5.0
+    t2 = misfit_terms(b2).set_index("run_id")
+    assert t2.loc["r0"].to_dict() == pytest.approx(t.loc["r0"].to_dict(), rel=1e-12)
+    assert t2.loc["r1", "tau"] > t.loc["r1", "tau"]
+    # well-specified blocks (no request or run effect): phi 1, tau 0
+    calm = b.assign(truth=2.0 + np.random.default_rng(1).normal(0, 1.0, len(b)))
+    tc = misfit_terms(calm)
+    assert tc.phi.max() < 1.2 and tc.tau.max() < 0.05
+
+
+def test_validation_misfit_widens_aggregates_and_leaves_blocks_alone():
+    sim = simulate(n_requests=300, seed=8)
+    rs = sim.tables["request_steps"]
+    codes = rs["rid"].astype(str).factorize()[0]
+    rs2 = rs.assign(run_id=np.where(codes % 2 == 0, "runA", "runB"))  # two runs: the misfit terms apply
+    kw = dict(steps=sim.tables["steps"], n_boot=100, hazard_boot=5, folds=3, seed=3)
+    on, off = validate(rs2, **kw), validate(rs2, misfit=False, **kw)
+    cols = ["mean", "var", "truth"]
+    assert np.allclose(on.blocks[cols].to_numpy(float), off.blocks[cols].to_numpy(float))
+    assert on.per_mode.equals(off.per_mode)
+    w_on = (on.aggregate.hi - on.aggregate.lo).to_numpy()
+    w_off = (off.aggregate.hi - off.aggregate.lo).to_numpy()
+    assert w_on.sum() > w_off.sum()  # wider in all (each group up to the replicates' noise: a few percent)
+    assert (w_on >= 0.9 * w_off).all()
+    assert any("model misfit" in n for n in on.notes) and not any("model misfit" in n for n in off.notes)
 
 
 def test_expected_cover_is_the_mean_over_the_interval_randomization():
