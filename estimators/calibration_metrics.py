@@ -127,11 +127,27 @@ class _Prepared:
         self.nb = num_bins
         self.bw = width_bins(self.p, num_bins)
         self.bm = mass_bins(self.p, num_bins)
-        self.u, self.ui = np.unique(self.p, return_inverse=True)
         self._bound = None  # (clusters, n_clusters, per-cluster sums): see _bind
+        self._ranks = False  # the binary labels' score order (see _pair_ranks); None: labels not binary
+
+    def _pair_ranks(self):
+        """For binary labels, the negatives in score order, the positives, and per positive how many
+        negatives score below it (``lo``) and at most as high (``hi``), as one array ``lo + hi``;
+        None otherwise. Sorted once per sample: the point AUROC and every replicate's read it."""
+        if self._ranks is False:
+            p, y = self.p, self.y
+            self._ranks = None
+            if np.isin(y, (0.0, 1.0)).all():
+                neg = np.flatnonzero(y == 0)
+                neg = neg[np.argsort(p[neg], kind="stable")]
+                pos = np.flatnonzero(y == 1)
+                ps = p[neg]
+                self._ranks = (neg, pos, np.concatenate([np.searchsorted(ps, p[pos], side) for side in ("left", "right")]))
+        return self._ranks
 
     def metrics(self, w=None) -> dict:
         p, y, nb = self.p, self.y, self.nb
+        unit = w is None
         w = np.ones_like(p) if w is None else w
         W = w.sum()
         out = {}
@@ -147,12 +163,23 @@ class _Prepared:
         out["ece_debiased"] = float(np.sqrt(max(0.0, (n[ok] * term[ok]).sum() / W)))
         out["brier"] = float((w * (p - y) ** 2).sum() / W)
         out["nll"] = float(-(w * (y * np.log(p) + (1 - y) * np.log1p(-p))).sum() / W)
-        pw = np.bincount(self.ui, weights=w * y, minlength=self.u.size)
-        nw = np.bincount(self.ui, weights=w * (1 - y), minlength=self.u.size)
+        out["auroc"] = self._auroc(w, unit)
+        return out
+
+    def _auroc(self, w, unit: bool) -> float:
+        """Weighted AUROC, ties counted one half. Unit weights on binary labels: the pair count read off
+        :meth:`_pair_ranks` (integers, so exactly the per-score sums' number, without a second sort)."""
+        ranks = self._pair_ranks() if unit else None
+        if ranks is not None:
+            P, N = float(ranks[1].size), float(ranks[0].size)
+            return float(int(ranks[2].sum()) * 0.5 / (P * N)) if P > 0 and N > 0 else float("nan")
+        y = self.y
+        u, ui = np.unique(self.p, return_inverse=True)
+        pw = np.bincount(ui, weights=w * y, minlength=u.size)
+        nw = np.bincount(ui, weights=w * (1 - y), minlength=u.size)
         below = np.cumsum(nw) - nw
         P, N = pw.sum(), nw.sum()
-        out["auroc"] = float((pw * (below + 0.5 * nw)).sum() / (P * N)) if P > 0 and N > 0 else float("nan")
-        return out
+        return float((pw * (below + 0.5 * nw)).sum() / (P * N)) if P > 0 and N > 0 else float("nan")
 
     def _bind(self, clusters: np.ndarray, nc: int) -> tuple:
         """Per-cluster sums of everything :meth:`metrics_many` reweights, made once per cluster coding.
@@ -173,13 +200,10 @@ class _Prepared:
         X = np.hstack([per_cluster(self.bw, nb, v) for v in (ones, p, y)] + [per_cluster(self.bm, nb, v) for v in (ones, p, y)]
                       + [per_cluster(np.zeros(p.size, np.int64), 1, v) for v in (ones, (p - y) ** 2, nll)])
         auc = None
-        if np.isin(y, (0.0, 1.0)).all():  # binary labels: the pair count in exact integer arithmetic
-            neg = np.flatnonzero(y == 0)
-            neg = neg[np.argsort(p[neg], kind="stable")]
-            pos = np.flatnonzero(y == 1)
-            ps = p[neg]
+        ranks = self._pair_ranks()
+        if ranks is not None:  # binary labels: the pair count in exact integer arithmetic
             # a positive's negatives strictly below, and below or tied, by index into the negatives' cumsum
-            auc = (clusters[neg], clusters[pos], np.concatenate([np.searchsorted(ps, p[pos], side) for side in ("left", "right")]))
+            auc = (clusters[ranks[0]], clusters[ranks[1]], ranks[2])
         self._bound = (clusters, nc, (X, auc))
         return self._bound[2]
 
@@ -227,15 +251,21 @@ class _Prepared:
         return auc
 
     def reliability(self, w=None) -> pd.DataFrame:
-        """Equal-width bins: mean prediction, observed frequency, count."""
-        w = np.ones_like(self.p) if w is None else w
-        n = np.bincount(self.bw, weights=w, minlength=self.nb)
-        sp = np.bincount(self.bw, weights=w * self.p, minlength=self.nb)
-        sy = np.bincount(self.bw, weights=w * self.y, minlength=self.nb)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return pd.DataFrame({"bin": np.arange(self.nb), "lo": np.arange(self.nb) / self.nb,
-                                 "hi": (np.arange(self.nb) + 1) / self.nb, "avg_pred": sp / n,
-                                 "avg_target": sy / n, "count": n})
+        return reliability_bins(self.p, self.y, self.nb, w)
+
+
+def reliability_bins(p, y, num_bins: int = 15, w=None) -> pd.DataFrame:
+    """Equal-width bins: mean prediction, observed frequency, count."""
+    p, y = _clamp(p), np.asarray(y, float)
+    b = width_bins(p, num_bins)
+    w = np.ones_like(p) if w is None else w
+    n = np.bincount(b, weights=w, minlength=num_bins)
+    sp = np.bincount(b, weights=w * p, minlength=num_bins)
+    sy = np.bincount(b, weights=w * y, minlength=num_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return pd.DataFrame({"bin": np.arange(num_bins), "lo": np.arange(num_bins) / num_bins,
+                             "hi": (np.arange(num_bins) + 1) / num_bins, "avg_pred": sp / n,
+                             "avg_target": sy / n, "count": n})
 
 
 def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 200, level: float = 0.95,
@@ -249,38 +279,48 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
     ``REPLICATE_BLOCK x n`` whatever ``n_boot``. BLAS runs on one thread here: its products are small
     and on a busy machine its threads' spinning cost 30x the CPU of the work (0.13 vs 4.1 CPU-s on a
     run's 87k test rows, 2 cores)."""
-    n, G = P.shape
-    keys = np.arange(n) if groups is None else groups
+    return position_metrics_many({0: P}, Y, groups, n_boot, level, num_bins, seed, mask)[0]
+
+
+def position_metrics_many(Ps: dict, Y: np.ndarray, groups=None, n_boot: int = 200, level: float = 0.95,
+                          num_bins: int = 15, seed: int = 0, mask: np.ndarray | None = None) -> dict:
+    """:func:`position_metrics` of several predictions ``{name: P}`` of the same rows and labels (the STS
+    methods scored on one test split): each block of replicate weights is drawn once for all of them,
+    and each frame equals its :func:`position_metrics` call."""
     preps, rows = {}, {}
-    for k in range(G):
-        m = np.ones(n, bool) if mask is None else mask[:, k]
-        if not m.any():
-            continue
-        prep = preps[k] = _Prepared(P[m, k], Y[m, k], num_bins)
-        r = rows[k] = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()),
-                       "target_mean": float(prep.y.mean())}
-        r.update(prep.metrics())
+    for name, P in Ps.items():
+        n, G = P.shape
+        for k in range(G):
+            m = np.ones(n, bool) if mask is None else mask[:, k]
+            if not m.any():
+                continue
+            prep = preps[name, k] = _Prepared(P[m, k], Y[m, k], num_bins)
+            r = rows[name, k] = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()),
+                                 "target_mean": float(prep.y.mean())}
+            r.update(prep.metrics())
     if n_boot and preps:
+        n = len(next(iter(Ps.values())))
         with threadpool_limits(1):
-            _bootstrap(preps, rows, keys, n_boot, level, seed, mask)
-    return pd.DataFrame([rows[k] for k in sorted(rows)])
+            _bootstrap(preps, rows, np.arange(n) if groups is None else groups, n_boot, level, seed, mask)
+    return {name: pd.DataFrame([rows[key] for key in sorted(k for k in rows if k[0] == name)]) for name in Ps}
 
 
 def _bootstrap(preps: dict, rows: dict, keys, n_boot: int, level: float, seed: int, mask) -> None:
-    """The basic bootstrap intervals of :func:`position_metrics`' rows, in place."""
+    """The basic bootstrap intervals of :func:`position_metrics_many`' rows (keyed (name, position)), in place."""
     a = (1 - level) / 2
     code, uniq = pd.factorize(np.asarray(keys))
-    codes = {k: code if mask is None else code[mask[:, k]] for k in preps}  # one array per position: _bind once
-    reps = {k: {name: [] for name in METRICS} for k in preps}
+    positions = {k for _, k in preps}  # one code array per position (a prep binds to it once)
+    codes = {k: code if mask is None else code[mask[:, k]] for k in positions}
+    reps = {key: {name: [] for name in METRICS} for key in preps}
     for start in range(0, n_boot, REPLICATE_BLOCK):
         Wc = cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - start), seed, start=start)
-        for k, prep in preps.items():
-            got = prep.metrics_many(codes[k], Wc)
+        for key, prep in preps.items():
+            got = prep.metrics_many(codes[key[1]], Wc)
             for name in METRICS:
-                reps[k][name].append(got[name])
-    for k, r in rows.items():
+                reps[key][name].append(got[name])
+    for key, r in rows.items():
         for name in METRICS:
-            v = np.concatenate(reps[k][name])
+            v = np.concatenate(reps[key][name])
             v = v[np.isfinite(v)]
             if not v.size:
                 r[f"{name}_lo"] = r[f"{name}_hi"] = np.nan
@@ -297,7 +337,7 @@ def reliability_table(P: np.ndarray, Y: np.ndarray, num_bins: int = 15) -> pd.Da
     """Long reliability table over positions (equal-width bins)."""
     out = []
     for k in range(P.shape[1]):
-        r = _Prepared(P[:, k], Y[:, k], num_bins).reliability()
+        r = reliability_bins(P[:, k], Y[:, k], num_bins)  # (not a _Prepared: no mass bins, no sort)
         r.insert(0, "position", k)
         out.append(r)
     return pd.concat(out, ignore_index=True)

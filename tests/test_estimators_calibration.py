@@ -14,7 +14,8 @@ import pytest
 from acceptscope.figures import figure_of
 from acceptscope.estimators.calibration import (StsCalibrator, calibration_data, check_sglang_sts, compare, fit_grid, fit_smooth,
                                     sglang_grid, survival)
-from acceptscope.estimators.calibration_metrics import _Prepared, ece, ece_binned, ece_rows
+from acceptscope.estimators.calibration_metrics import (_Prepared, ece, ece_binned, ece_rows, position_metrics,
+                                                        position_metrics_many)
 from acceptscope.estimators.synthetic import simulate
 
 SGLANG_PY = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
@@ -197,3 +198,21 @@ def test_replicate_metrics_equal_one_replicate_at_a_time():
             want = prep.metrics(Wc[i, clusters])
             for name, v in want.items():
                 assert math.isclose(got[name][i], v, rel_tol=1e-12, abs_tol=1e-15), (name, i)
+
+
+def test_methods_scored_together_equal_each_alone():
+    """compare scores every STS method with one draw of the replicate weights; each method's frame must
+    be its own position_metrics call, bit for bit; the unit-weight AUROC (read off the sorted pair ranks)
+    must be the per-score sums' number exactly (ties included)."""
+    rng = np.random.default_rng(11)
+    n, G = 2500, 3
+    groups = rng.integers(0, 150, n).astype(np.uint64)
+    Y = (rng.random((n, G)) < 0.6).astype(float)
+    Ps = {name: np.round(rng.random((n, G)), 3) for name in ("a", "b")}  # rounded: tied scores
+    mask = rng.random((n, G)) < 0.9
+    got = position_metrics_many(Ps, Y, groups, n_boot=70, seed=4, mask=mask)
+    for name, P in Ps.items():
+        alone = position_metrics(P, Y, groups, n_boot=70, seed=4, mask=mask)
+        pd.testing.assert_frame_equal(got[name], alone, check_exact=True)
+        prep = _Prepared(P[:, 0], Y[:, 0])
+        assert prep.metrics()["auroc"] == prep.metrics(np.ones(n))["auroc"]
