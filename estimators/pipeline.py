@@ -91,15 +91,16 @@ class HazardPlan:
 
 
 def hazard_plan(store, run_id: str, gamma: int, exact: bool, audit_group=None,
-                hazards_from: str | None = None) -> HazardPlan:
+                hazards_from: str | None = None, memo: dict | None = None) -> HazardPlan:
     """The run itself when its ceiling is recorded (nothing is estimated). Else the hazards are the run's
     own (its observed outcomes), and the cap-accept runs among :func:`estimators.run_data.hazard_runs`'
     choice of truth-bearing runs (its audit arm, or a named run) measure the shift past the walk
     (:meth:`estimators.tail.TailEstimator.calibrate_prior`); a choice of static runs only (they never trim,
-    so they show no shift) trains the hazards on their truth, as before audits measured the shift."""
+    so they show no shift) trains the hazards on their truth, as before audits measured the shift.
+    ``memo``: the runs' served temperatures read so far (:func:`estimators.run_data.served_temperature_sets`)."""
     if exact:
         return HazardPlan((run_id,), (), EXACT_NOTE)
-    others, note = hazard_runs(store, run_id, gamma, audit_group, hazards_from)
+    others, note = hazard_runs(store, run_id, gamma, audit_group, hazards_from, memo)
     if not others:
         return HazardPlan((run_id,), (), note)
     runs = store.runs()  # the runs table (a DuckDB store or a Spark lake alike)
@@ -129,10 +130,11 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
     """The run's fitted TailEstimator (on a stable hash-sample of whole requests of its training runs,
     at most ``fit_rows`` request-steps; the shift past the walk measured on its audit, :class:`HazardPlan`),
     :meth:`~estimators.tail.TailEstimator.frozen` with its ``hazard_boot`` refits, and the notes on what it
-    was fitted on. ``cache``: fits shared by runs with the same plan."""
+    was fitted on. ``cache``: fits shared by runs with the same plan (and the runs' served temperatures
+    their plans compared)."""
     rid, gamma = meta_row.run_id, int(meta_row.gamma)
     plan = hazard_plan(store, rid, gamma, bool(meta_row.n_truth == meta_row.n_rows), meta_row.get("audit_group"),
-                       hazards_from)
+                       hazards_from, memo=cache)
     boot = 0 if meta_row.n_truth == meta_row.n_rows else hazard_boot
     key = (plan.fit, plan.calibrate, boot)
     if key not in cache:

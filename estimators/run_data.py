@@ -85,15 +85,31 @@ def read_request_steps(store, run_id: str, columns=None) -> pd.DataFrame:
 def served_temperatures(store, run_id: str) -> np.ndarray:
     """The distinct stored temperatures of a run's request-steps (NaN: unknown), computed where the rows
     are (a 100M-row run's rows are never read out)."""
-    if isinstance(store, Store):
-        got = store.query_arrow("SELECT DISTINCT temperature FROM request_steps WHERE run_id = ?", [run_id]) \
-            .column("temperature").to_pylist()
-    else:  # a lake (``estimators.spark.LakeStore``)
-        got = [r[0] for r in store.request_steps([run_id], ["temperature"]).distinct().collect()]
-    return np.array([np.nan if t is None else float(t) for t in got], float)
+    return served_temperature_sets(store, [run_id])[run_id]
 
 
-def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
+def served_temperature_sets(store, run_ids, memo: dict | None = None) -> dict[str, np.ndarray]:
+    """:func:`served_temperatures` of several runs in one query (``memo``: runs already read, filled with
+    the rest; one estimate's hazard checks compare each run with every truth arm of its audit: 202
+    queries over a store of 23 runs, one per run with it)."""
+    memo = {} if memo is None else memo
+    want = [r for r in dict.fromkeys(run_ids) if ("served", r) not in memo]
+    if want:
+        if isinstance(store, Store):
+            got = store.query_arrow("SELECT DISTINCT run_id, temperature FROM request_steps WHERE run_id IN "
+                                    "(SELECT UNNEST(?))", [want]).to_pydict()
+            pairs = zip(got["run_id"], got["temperature"])
+        else:  # a lake (``estimators.spark.LakeStore``)
+            pairs = [(r[0], r[1]) for r in store.request_steps(want, ["run_id", "temperature"]).distinct().collect()]
+        temps: dict = {r: [] for r in want}
+        for r, t in pairs:
+            temps[r].append(np.nan if t is None else float(t))
+        for r in want:
+            memo["served", r] = np.array(temps[r], float)
+    return {r: memo["served", r] for r in run_ids}
+
+
+def hazard_compatibility(store, run_id: str, other: str, memo: dict | None = None) -> list[str]:
     """Why ``other``'s observed tails cannot stand in for ``run_id``'s (empty: compatible).
 
     Hazards transfer only between runs whose drafts were scheduled alike: the same gamma,
@@ -101,46 +117,58 @@ def hazard_compatibility(store, run_id: str, other: str) -> list[str]:
     at every sampling temperature of ``run_id``: the hazard is keyed by temperature (acceptance at
     a given confidence differs with it), so the mixes may differ, but a temperature ``other``
     never served would be predicted from other temperatures' hazards (T = 0.7 from T = 1 biased
-    aggregates by ~0.06 drafts on the reference engine)."""
-    runs = read_runs(store.query_df, [run_id, other], ["run_id", "gamma", "sts_hash", "temperature"]
+    aggregates by ~0.06 drafts on the reference engine). ``memo``: see :func:`served_temperature_sets`."""
+    return _incompatible(store, run_id, [other], memo)[other]
+
+
+def _incompatible(store, run_id: str, others: list[str], memo: dict | None = None) -> dict[str, list[str]]:
+    """:func:`hazard_compatibility` of ``run_id`` with each of ``others``: one read of their run rows and
+    one of their served temperatures."""
+    runs = read_runs(store.query_df, [run_id, *others], ["run_id", "gamma", "sts_hash", "temperature"]
                      ).set_index("run_id")
-    if other not in runs.index:
-        return [f"run {other!r} is not in {store.path}"]
-    a, b = runs.loc[run_id], runs.loc[other]
-    out = []
-    if int(a.gamma) != int(b.gamma):
-        out.append(f"gamma {int(b.gamma)} != {int(a.gamma)}")
-    sa, sb = (None if pd.isna(x) else x for x in (a.sts_hash, b.sts_hash))
-    if sa != sb:
-        out.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
-    temps = {}
-    for r in (run_id, other):
-        t = served_temperatures(store, r)  # (unknown ones read as the frame reads them: as_served)
-        temps[r] = None if np.isnan(t).all() else set(temperature_key(as_served(t)).tolist())
-    if (temps[run_id] is None) != (temps[other] is None):
-        out.append("temperature known for one run only (ingest --temperature or request records)")
-    elif temps[run_id] is not None and temps[run_id] - temps[other]:
-        fmt = lambda v: ", ".join(f"{x:g}" for x in sorted(v))  # noqa: E731
-        out.append(f"temperature {fmt(temps[run_id] - temps[other])} of {run_id} has no training data in {other} "
-                   f"(it served {fmt(temps[other])})")
+    served = served_temperature_sets(store, [r for r in (run_id, *others) if r in runs.index], memo)
+    temps = {r: None if np.isnan(t).all() else set(temperature_key(as_served(t)).tolist())  # as the frame reads them
+             for r, t in served.items()}
+    a = runs.loc[run_id]
+    fmt = lambda v: ", ".join(f"{x:g}" for x in sorted(v))  # noqa: E731
+    out = {}
+    for other in others:
+        if other not in runs.index:
+            out[other] = [f"run {other!r} is not in {store.path}"]
+            continue
+        b = runs.loc[other]
+        why = []
+        if int(a.gamma) != int(b.gamma):
+            why.append(f"gamma {int(b.gamma)} != {int(a.gamma)}")
+        sa, sb = (None if pd.isna(x) else x for x in (a.sts_hash, b.sts_hash))
+        if sa != sb:
+            why.append(f"STS table in force differs ({(sb or 'none')[:12]} vs {(sa or 'none')[:12]})")
+        if (temps[run_id] is None) != (temps[other] is None):
+            why.append("temperature known for one run only (ingest --temperature or request records)")
+        elif temps[run_id] is not None and temps[run_id] - temps[other]:
+            why.append(f"temperature {fmt(temps[run_id] - temps[other])} of {run_id} has no training data in {other} "
+                       f"(it served {fmt(temps[other])})")
+        out[other] = why
     return out
 
 
-def hazard_runs(store, run_id: str, gamma: int, audit_group=None, hazards_from: str | None = None):
+def hazard_runs(store, run_id: str, gamma: int, audit_group=None, hazards_from: str | None = None,
+                memo: dict | None = None):
     """Which runs the tail hazards of ``run_id`` (no recorded ceiling) are fitted on, and why.
 
     ``hazards_from`` (named by the user; ValueError unless :func:`hazard_compatibility` passes),
     else the compatible truth-bearing arms of the same audit, else none: the run's own observed
     outcomes. Never an unrelated run that merely shares gamma (other STS tables and temperature
-    mixes biased unresolved blocks by +0.15 drafts)."""
+    mixes biased unresolved blocks by +0.15 drafts). ``memo``: see :func:`served_temperature_sets`."""
     if hazards_from is not None:
-        problems = hazard_compatibility(store, run_id, hazards_from)
+        problems = hazard_compatibility(store, run_id, hazards_from, memo)
         if problems:
             raise ValueError(f"--hazards-from {hazards_from}: not compatible with {run_id}: " + "; ".join(problems))
         return [hazards_from], (f"hazards fitted on run {hazards_from} (named by --hazards-from; compatible: gamma, "
                                 "STS table, temperatures)")
-    others = [o for o in _audit_truth_runs(store, gamma, run_id, audit_group)
-              if not hazard_compatibility(store, run_id, o)]
+    truth = _audit_truth_runs(store, gamma, run_id, audit_group)
+    why = _incompatible(store, run_id, truth, memo) if truth else {}
+    others = [o for o in truth if not why[o]]
     if others:
         return others, f"hazards fitted on the truth-bearing arm of this audit: {', '.join(others)}"
     return [], ("hazards fitted on this run's own observed outcomes (in-window accepts and rejections, the exactly "
