@@ -43,6 +43,26 @@ def aggregate_specs(n_boot: int, seed: int) -> list[tuple]:
                    *((g, n_boot, "run", seed) for g in GROUPINGS)})
 
 
+def grouping_sums(st: pd.DataFrame, g: tuple, specs) -> list[tuple]:
+    """(spec, :func:`estimators.bootstrap.replicate_sums` part) of every spec of grouping ``g`` over the
+    per-request statistics ``st``. Specs that differ only in their number of replicates share one call:
+    replicate ``i``'s draws are keyed by (request, ``i``, seed) and each replicate's sums are its own row,
+    so the first 200 rows of 400 replicates are the 200-replicate part exactly (tested)."""
+    out = []
+    mine = [sp for sp in specs if sp[0] == g]
+    for target, seed in dict.fromkeys((sp[2], sp[3]) for sp in mine):
+        same = [sp for sp in mine if (sp[2], sp[3]) == (target, seed)]
+        top = max(sp[1] for sp in same)
+        part = replicate_sums(st, list(g), n_boot=top, target=target, seed=seed)
+        out += [(sp, part if sp[1] == top else first_replicates(part, sp[1])) for sp in same]
+    return out
+
+
+def first_replicates(part: dict, n_boot: int) -> dict:
+    """A :func:`estimators.bootstrap.replicate_sums` part cut to its first ``n_boot`` replicates."""
+    return dict(part, num=part["num"][:n_boot].copy(), den=None if part["den"] is None else part["den"][:n_boot].copy())
+
+
 def identified_bounds(counts: dict) -> dict:
     """The run's mean ceiling (drafts per block) as the telemetry proves it, whatever the hazard model:
     each block between its window-and-walk floor and gamma (or its first known rejection)."""
@@ -240,10 +260,8 @@ class RunAccumulator:
         for g in GROUPINGS:
             by = list(g)
             st = request_stats(b, by, keys=keys)
-            for sp in self.specs:
-                if sp[0] == g:
-                    part = replicate_sums(st, by, n_boot=sp[1], target=sp[2], seed=sp[3])
-                    self.sums[sp] = add_sums([self.sums[sp], part]) if sp in self.sums else part
+            for sp, part in grouping_sums(st, g, self.specs):
+                self.sums[sp] = add_sums([self.sums[sp], part]) if sp in self.sums else part
             if self.keep_stats:
                 self.stats[g].append(self._compact(st, g))
             if deltas is not None:
@@ -313,8 +331,7 @@ class RunAccumulator:
         """What an executor sends back: sums. The per-(group, request) statistics are reduced to the
         bootstrap's per-replicate partial sums of each aggregate the results use (``specs``)."""
         stats = {g: self._expand(pd.concat(v, ignore_index=True), g) for g, v in self.stats.items() if v}
-        sums = {sp: replicate_sums(stats[sp[0]], list(sp[0]), n_boot=sp[1], target=sp[2], seed=sp[3])
-                for sp in self.specs if sp[0] in stats}
+        sums = {sp: part for g, st in stats.items() for sp, part in grouping_sums(st, g, self.specs)}
         return dict(counts=self.counts, sums=sums, shifts=self.shifts, util=self.util, pos=self.pos,
                     windows=self.windows, per_request=self.per_request, trim=self.trim, cal=self.cal,
                     cal_req=self.cal_req, notes=self.notes, chunks=self.chunks, cpu_s=cpu_s, extra=self.extra)

@@ -296,3 +296,28 @@ def test_streamed_request_sample_equals_the_whole_table_selection(store):
             assert sorted(zip(got.run_id, got.rid)) == sorted(zip(want.run_id, want.rid)), (max_rows, batch_rows)
             assert len(want) >= 1
     assert sample_requests(store, runs, int(cum[-1]), 3, batch_rows=7) is None  # every request fits
+
+
+def test_specs_differing_in_replicates_share_one_draw_bit_for_bit():
+    """The accumulator computes the 400-replicate part once and cuts the 200-replicate part from it
+    (grouping_sums): that must be exactly what replicate_sums gives for 200 replicates (run and
+    population targets, a grouping with several groups)."""
+    from acceptscope.estimators.accumulator import grouping_sums
+    from acceptscope.estimators.bootstrap import replicate_sums
+
+    rng = np.random.default_rng(3)
+    n = 900
+    blocks = pd.DataFrame({"run_id": "r", "rid": [f"q{i}" for i in rng.integers(0, 120, n)],
+                           "workload": rng.choice(["a", "b", "c"], n), "mean": rng.random(n) * 4,
+                           "var": rng.random(n), "censored": rng.random(n) < 0.4})
+    for g in ((), ("workload",)):
+        st = request_stats(blocks, list(g))
+        specs = [(g, 200, t, 0) for t in ("run", "population")] + [(g, 400, t, 0) for t in ("run", "population")]
+        got = dict(grouping_sums(st, g, specs))
+        assert sorted(got) == sorted(specs)
+        for sp in specs:
+            want = replicate_sums(st, list(g), n_boot=sp[1], target=sp[2], seed=sp[3])
+            assert np.array_equal(got[sp]["num"], want["num"]) and list(got[sp]["labels"]) == list(want["labels"])
+            assert (got[sp]["den"] is None) == (want["den"] is None)
+            if want["den"] is not None:
+                assert np.array_equal(got[sp]["den"], want["den"])
