@@ -32,12 +32,8 @@ from __future__ import annotations
 
 import math
 
-from acceptscope.estimators.margin import Z95
-# the shift's spread between requests (logits; what one audited request is worth: a band of d logits from n audited
-# requests with an open block is 2 z sigma / sqrt(n)) where no audit measured it: over the 13 informative audits of
-# the validation grid's *tune* split (seeds 28600-28611; :func:`sigma_from_audit` of each), median and quartiles
-SIGMA_PER_REQUEST = 1.32
-SIGMA_QUARTILES = (1.10, 1.68)
+from acceptscope.estimators.margin import SIGMA_PER_REQUEST, SIGMA_QUARTILES, Z95  # noqa: F401 (SIGMA_*: the spread
+# where no audit measured it; re-exported for the advice's readers)
 TARGETS = (0.05, 0.10)  # half-widths (drafts) the estimate gives advice for
 
 

@@ -27,8 +27,9 @@ audit's blocks, with their ceilings hidden, the run's model predicts each open b
 function of the shift; per audited request the residual against the recorded ceilings is summed, and
 the shift's quasi-posterior is the prior times a Student-t likelihood of the mean residual (its
 variance from the spread between audited requests: the audit is a sample of requests, and blocks of one
-request are not independent). A handful of audited requests leaves the prior nearly as it was; a large
-audit overrides it. Why not hazards fitted on the audit arm alone (what an audit did before): fitted on
+request are not independent; pooled with the spread the tune split measured, as six requests' worth, so a
+handful of audited requests does not estimate its own spread alone). A handful of audited requests moves
+the prior part of the way; a large audit overrides it. Why not hazards fitted on the audit arm alone (what an audit did before): fitted on
 six requests, a whole hazard model was over-confident (10% audits of 64 requests covered 33 of 45);
 one shift, with its between-request spread, is what six requests can support.
 
@@ -55,6 +56,15 @@ MIN_MARGIN = 30  # known first-trimmed outcomes needed before the margin check i
 _CLIP = 1e-6
 SHIFT_GRID = np.round(np.arange(-8.0, 6.0 + 1e-9, 0.05), 2)  # logit shifts the audit's posterior is evaluated on
 Z95 = 1.959963984540054  # the normal 97.5% quantile: 95% bands
+# the shift's spread between requests (logits; what one audited request is worth: a band of d logits from n audited
+# requests with an open block is 2 z sigma / sqrt(n)): over the 13 informative audits of the validation grid's *tune*
+# split (seeds 28600-28611; estimators.audit_size.sigma_from_audit of each), median and quartiles
+SIGMA_PER_REQUEST = 1.32
+SIGMA_QUARTILES = (1.10, 1.68)
+# how many audited requests' worth the audit's posterior gives that spread before its own requests speak (a scaled
+# inverse chi-square prior on the spread): 6 matches the tune split's quartiles (sigma^2 ratio 2.33; chi-square with
+# 6 degrees of freedom: 2.27), which hold each audit's own estimation noise too, so the prior is weaker than the data
+SIGMA_PRIOR_DF = 6
 
 
 @dataclass(frozen=True)
@@ -112,8 +122,9 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
 
     Prior: normal, ``PRIOR_CENTER`` scaled by the share of open blocks with log-probs (the prior was
     measured on those; blocks without them were never seen to need a shift), its band a 95% interval
-    (widened by the rest's share). Likelihood: Student-t (``n - 1`` degrees of freedom) of the summed
-    residual over its between-request standard error. The result's center is the posterior median, its
+    (widened by the rest's share). Likelihood: Student-t of the summed residual over its standard error,
+    the between-request variance pooled with :data:`SIGMA_PER_REQUEST`'s as :data:`SIGMA_PRIOR_DF`
+    requests' worth (``SIGMA_PRIOR_DF + n - 1`` degrees of freedom). The result's center is the posterior median, its
     band the central ``level`` interval; fewer than 2 audited requests with open blocks leave the prior.
 
     Example::
@@ -135,9 +146,15 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
                                audit=dict(base, note=f"{n} audited request(s) with open blocks: the prior alone"))
     resid = truth[:, None] - curves  # (n, grid)
     tot = resid.sum(0)
-    se = np.sqrt(np.maximum(n / (n - 1) * ((resid - resid.mean(0)) ** 2).sum(0), 1e-12))
+    v_hat = n / (n - 1) * ((resid - resid.mean(0)) ** 2).sum(0)  # the summed residual's variance, between requests
+    # the same variance were every request's shift spread SIGMA_PER_REQUEST around the run's (its residual moves
+    # with its own slope), pooled with the audit's own as SIGMA_PRIOR_DF requests' worth: a handful of audited
+    # requests no longer has to estimate its spread alone (a Student-t with n - 1 degrees of freedom, 4 for 5)
+    v_0 = SIGMA_PER_REQUEST ** 2 * (np.gradient(resid, SHIFT_GRID, axis=1) ** 2).sum(0)
+    nu = SIGMA_PRIOR_DF + n - 1
+    se = np.sqrt(np.maximum((SIGMA_PRIOR_DF * v_0 + (n - 1) * v_hat) / nu, 1e-12))
     z = tot / se
-    logpost = -(n / 2) * np.log1p(z * z / (n - 1)) - 0.5 * ((SHIFT_GRID - c0) / s0) ** 2
+    logpost = -((nu + 1) / 2) * np.log1p(z * z / nu) - 0.5 * ((SHIFT_GRID - c0) / s0) ** 2
     w = np.exp(logpost - logpost.max())
     cdf = np.cumsum(w) / w.sum()
     a = (1 - level) / 2
@@ -148,7 +165,7 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
     # reported beside the band (estimators.audit_size scales the band itself, which the prior also shapes)
     g = int(np.clip(np.searchsorted(SHIFT_GRID, med), 1, SHIFT_GRID.size - 1))
     slope = abs(tot[g] - tot[g - 1]) / (SHIFT_GRID[g] - SHIFT_GRID[g - 1])
-    sigma = float(se[g] * np.sqrt(n) / slope) if slope > 1e-9 else None  # se: of the summed residual
+    sigma = float(np.sqrt(v_hat[g] * n) / slope) if slope > 1e-9 else None  # v_hat: of the summed residual
     return UnobservedPrior(center=med, margin_check=prior.margin_check, scope="open", lo=lo, hi=hi,
                            half_width=(hi - lo) / 2, cdf=tuple(cdf.tolist()),
                            audit=dict(base, moment_shift=moment, band=[lo, hi], sigma_request=sigma,
