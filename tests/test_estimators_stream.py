@@ -321,3 +321,21 @@ def test_specs_differing_in_replicates_share_one_draw_bit_for_bit():
             assert (got[sp]["den"] is None) == (want["den"] is None)
             if want["den"] is not None:
                 assert np.array_equal(got[sp]["den"], want["den"])
+
+
+def test_per_request_table_by_bincount_equals_the_groupby():
+    """The accumulator's per-request utilization rows (bincount over request codes) equal the (run_id, rid)
+    groupby they replace: order of first appearance, integer counts, float sums to 1e-12."""
+    from acceptscope.estimators.accumulator import RunAccumulator
+
+    rng = np.random.default_rng(8)
+    n = 700
+    df = pd.DataFrame({"run_id": "r", "rid": [f"q{i}" for i in rng.integers(0, 90, n)]})
+    acc, ceil, window = rng.integers(1, 6, n), rng.random(n) * 5, rng.integers(1, 7, n)
+    got = RunAccumulator._per_request(df, pd.factorize(df["rid"])[0], acc, ceil, window)
+    base = df.assign(acc_len=acc, ceiling=ceil, window=window)
+    want = base.groupby(["run_id", "rid"], sort=False).agg(n=("acc_len", "size"), committed=("acc_len", "sum"),
+                                                            ceiling_tokens=("ceiling", "sum"), mean_window=("window", "mean"))
+    want["ceiling_tokens"] += want["n"]
+    pd.testing.assert_frame_equal(got, want.reset_index(), check_exact=False, rtol=1e-12, check_dtype=False)
+    assert got["n"].dtype.kind == got["committed"].dtype.kind == "i"
