@@ -207,12 +207,13 @@ class _Prepared:
         self._bound = (clusters, nc, (X, auc))
         return self._bound[2]
 
-    def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray) -> dict:
+    def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray, aucs: dict | None = None) -> dict:
         """:meth:`metrics` under each row of cluster weights ``Wc`` (B, n_clusters), the rows' cluster
         codes ``clusters`` (n,) in ``0..n_clusters-1``. Why it is cheap: a replicate weighs whole
         clusters, so every binned sum is a per-cluster sum (:meth:`_bind`, once) times the weights: one
         matrix product for all replicates; the AUROC, a Mann-Whitney pair count, is one cumulative sum of
-        the negatives' weights per replicate (:meth:`_auroc_many`)."""
+        the negatives' weights per replicate (:meth:`_auroc_many`). ``aucs``: AUROC replicates of these
+        weights by pair ranks (:func:`share_pair_ranks`: samples whose scores order alike share them)."""
         nb = self.nb
         Wc = np.asarray(Wc, np.float64)
         X, bound_auc = self._bind(clusters, Wc.shape[1])
@@ -227,8 +228,14 @@ class _Prepared:
             out["ece_debiased"] = np.sqrt(np.maximum(0.0, np.where(n > 1, n * term, 0.0).sum(1) / W))
             out["brier"] = sq / W
             out["nll"] = nll / W
-        out["auroc"] = self._auroc_many(Wc) if bound_auc is not None else np.array(
-            [self.metrics(w)["auroc"] for w in Wc[:, clusters]])
+        if bound_auc is None:
+            out["auroc"] = np.array([self.metrics(w)["auroc"] for w in Wc[:, clusters]])
+        elif aucs is not None and id(self._ranks) in aucs:
+            out["auroc"] = aucs[id(self._ranks)]
+        else:
+            out["auroc"] = self._auroc_many(Wc)
+            if aucs is not None:
+                aucs[id(self._ranks)] = out["auroc"]
         for name in METRICS:
             out[name] = np.where(W > 0, out[name], np.nan)
         return out
@@ -299,10 +306,29 @@ def position_metrics_many(Ps: dict, Y: np.ndarray, groups=None, n_boot: int = 20
                                  "target_mean": float(prep.y.mean())}
             r.update(prep.metrics())
     if n_boot and preps:
+        share_pair_ranks(preps)
         n = len(next(iter(Ps.values())))
         with threadpool_limits(1):
             _bootstrap(preps, rows, np.arange(n) if groups is None else groups, n_boot, level, seed, mask)
     return {name: pd.DataFrame([rows[key] for key in sorted(k for k in rows if k[0] == name)]) for name in Ps}
+
+
+def share_pair_ranks(preps: dict) -> None:
+    """Samples of one position (keys (name, position)) whose scores order the rows alike, ties
+    included, get one pair-ranks object: their AUROC replicates are the same numbers, computed once
+    (:meth:`_Prepared.metrics_many`'s ``aucs``). Position 0's survival is ``sigmoid(z / T)``, the same
+    order for every STS table unless clamping ties some rows: one AUROC bootstrap for all methods."""
+    seen: dict = {}
+    for (_, k), prep in preps.items():
+        ranks = prep._pair_ranks()
+        if ranks is None:
+            continue
+        for other in seen.setdefault(k, []):
+            if all(np.array_equal(a, b) for a, b in zip(ranks, other)):
+                prep._ranks = other
+                break
+        else:
+            seen[k].append(ranks)
 
 
 def _bootstrap(preps: dict, rows: dict, keys, n_boot: int, level: float, seed: int, mask) -> None:
@@ -314,8 +340,9 @@ def _bootstrap(preps: dict, rows: dict, keys, n_boot: int, level: float, seed: i
     reps = {key: {name: [] for name in METRICS} for key in preps}
     for start in range(0, n_boot, REPLICATE_BLOCK):
         Wc = cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - start), seed, start=start)
+        aucs: dict = {}  # AUROC replicates of this block per shared pair ranks
         for key, prep in preps.items():
-            got = prep.metrics_many(codes[key[1]], Wc)
+            got = prep.metrics_many(codes[key[1]], Wc, aucs)
             for name in METRICS:
                 reps[key][name].append(got[name])
     for key, r in rows.items():

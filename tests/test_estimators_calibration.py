@@ -201,16 +201,19 @@ def test_replicate_metrics_equal_one_replicate_at_a_time():
 
 
 def test_methods_scored_together_equal_each_alone():
-    """compare scores every STS method with one draw of the replicate weights; each method's frame must
-    be its own position_metrics call, bit for bit; the unit-weight AUROC (read off the sorted pair ranks)
+    """compare scores every STS method with one draw of the replicate weights (and one AUROC bootstrap
+    where two methods order the rows alike); each method's frame must be its own position_metrics call,
+    bit for bit; the unit-weight AUROC (read off the sorted pair ranks)
     must be the per-score sums' number exactly (ties included)."""
     rng = np.random.default_rng(11)
     n, G = 2500, 3
     groups = rng.integers(0, 150, n).astype(np.uint64)
     Y = (rng.random((n, G)) < 0.6).astype(float)
     Ps = {name: np.round(rng.random((n, G)), 3) for name in ("a", "b")}  # rounded: tied scores
+    Ps["a2"] = Ps["a"] ** 2  # the same order and ties as "a" at every position: one AUROC bootstrap shared
     mask = rng.random((n, G)) < 0.9
     got = position_metrics_many(Ps, Y, groups, n_boot=70, seed=4, mask=mask)
+    assert not got["a"]["auroc_lo"].equals(got["b"]["auroc_lo"])
     for name, P in Ps.items():
         alone = position_metrics(P, Y, groups, n_boot=70, seed=4, mask=mask)
         pd.testing.assert_frame_equal(got[name], alone, check_exact=True)
