@@ -207,13 +207,13 @@ class _Prepared:
         self._bound = (clusters, nc, (X, auc))
         return self._bound[2]
 
-    def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray, aucs: dict | None = None) -> dict:
+    def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray, auroc: np.ndarray | None = None) -> dict:
         """:meth:`metrics` under each row of cluster weights ``Wc`` (B, n_clusters), the rows' cluster
         codes ``clusters`` (n,) in ``0..n_clusters-1``. Why it is cheap: a replicate weighs whole
         clusters, so every binned sum is a per-cluster sum (:meth:`_bind`, once) times the weights: one
         matrix product for all replicates; the AUROC, a Mann-Whitney pair count, is one cumulative sum of
-        the negatives' weights per replicate (:meth:`_auroc_many`). ``aucs``: AUROC replicates of these
-        weights by pair ranks (:func:`share_pair_ranks`: samples whose scores order alike share them)."""
+        the negatives' weights per replicate (:meth:`_auroc_many`). ``auroc``: those replicates when known
+        (a sample whose scores order the rows alike under the same weights, :func:`position_metrics_many`)."""
         nb = self.nb
         Wc = np.asarray(Wc, np.float64)
         X, bound_auc = self._bind(clusters, Wc.shape[1])
@@ -230,12 +230,8 @@ class _Prepared:
             out["nll"] = nll / W
         if bound_auc is None:
             out["auroc"] = np.array([self.metrics(w)["auroc"] for w in Wc[:, clusters]])
-        elif aucs is not None and id(self._ranks) in aucs:
-            out["auroc"] = aucs[id(self._ranks)]
         else:
-            out["auroc"] = self._auroc_many(Wc)
-            if aucs is not None:
-                aucs[id(self._ranks)] = out["auroc"]
+            out["auroc"] = self._auroc_many(Wc) if auroc is None else auroc
         for name in METRICS:
             out[name] = np.where(W > 0, out[name], np.nan)
         return out
@@ -292,62 +288,59 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
 def position_metrics_many(Ps: dict, Y: np.ndarray, groups=None, n_boot: int = 200, level: float = 0.95,
                           num_bins: int = 15, seed: int = 0, mask: np.ndarray | None = None) -> dict:
     """:func:`position_metrics` of several predictions ``{name: P}`` of the same rows and labels (the STS
-    methods scored on one test split): each block of replicate weights is drawn once for all of them,
-    and each frame equals its :func:`position_metrics` call."""
-    preps, rows = {}, {}
+    methods scored on one test split), each frame equal to its own call: the replicate weights are drawn
+    once for all (``n_boot x clusters`` numbers), the predictions scored one at a time (a prediction's
+    positions hold ~50 bytes a row each), and a position whose scores order the rows as the first
+    prediction's do, ties included, reuses its AUROC replicates (the same pair counts). Position 0's
+    survival, ``sigmoid(z / T)``, orders alike for every STS table unless clamping ties some rows."""
+    n = len(next(iter(Ps.values())))
+    code, uniq = pd.factorize(np.asarray(np.arange(n) if groups is None else groups))
+    blocks = [cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - s), seed, start=s)
+              for s in range(0, n_boot, REPLICATE_BLOCK)]
+    first: dict = {}  # position -> (the first prediction's pair ranks, its AUROC replicates per block)
+    out = {}
     for name, P in Ps.items():
-        n, G = P.shape
-        for k in range(G):
+        preps, rows = {}, {}
+        for k in range(P.shape[1]):
             m = np.ones(n, bool) if mask is None else mask[:, k]
             if not m.any():
                 continue
-            prep = preps[name, k] = _Prepared(P[m, k], Y[m, k], num_bins)
-            r = rows[name, k] = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()),
-                                 "target_mean": float(prep.y.mean())}
+            prep = preps[k] = _Prepared(P[m, k], Y[m, k], num_bins)
+            r = rows[k] = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()),
+                           "target_mean": float(prep.y.mean())}
             r.update(prep.metrics())
-    if n_boot and preps:
-        share_pair_ranks(preps)
-        n = len(next(iter(Ps.values())))
-        with threadpool_limits(1):
-            _bootstrap(preps, rows, np.arange(n) if groups is None else groups, n_boot, level, seed, mask)
-    return {name: pd.DataFrame([rows[key] for key in sorted(k for k in rows if k[0] == name)]) for name in Ps}
+        if blocks and preps:
+            with threadpool_limits(1):
+                _bootstrap(preps, rows, {k: code if mask is None else code[mask[:, k]] for k in preps}, blocks,
+                           level, first)
+        out[name] = pd.DataFrame([rows[k] for k in sorted(rows)])
+    return out
 
 
-def share_pair_ranks(preps: dict) -> None:
-    """Samples of one position (keys (name, position)) whose scores order the rows alike, ties
-    included, get one pair-ranks object: their AUROC replicates are the same numbers, computed once
-    (:meth:`_Prepared.metrics_many`'s ``aucs``). Position 0's survival is ``sigmoid(z / T)``, the same
-    order for every STS table unless clamping ties some rows: one AUROC bootstrap for all methods."""
-    seen: dict = {}
-    for (_, k), prep in preps.items():
-        ranks = prep._pair_ranks()
-        if ranks is None:
-            continue
-        for other in seen.setdefault(k, []):
-            if all(np.array_equal(a, b) for a, b in zip(ranks, other)):
-                prep._ranks = other
-                break
-        else:
-            seen[k].append(ranks)
-
-
-def _bootstrap(preps: dict, rows: dict, keys, n_boot: int, level: float, seed: int, mask) -> None:
-    """The basic bootstrap intervals of :func:`position_metrics_many`' rows (keyed (name, position)), in place."""
+def _bootstrap(preps: dict, rows: dict, codes: dict, blocks: list, level: float, first: dict) -> None:
+    """The basic bootstrap intervals of one prediction's rows (by position), in place. ``first``: see
+    :func:`position_metrics_many` (filled by the first prediction, read by the others)."""
     a = (1 - level) / 2
-    code, uniq = pd.factorize(np.asarray(keys))
-    positions = {k for _, k in preps}  # one code array per position (a prep binds to it once)
-    codes = {k: code if mask is None else code[mask[:, k]] for k in positions}
-    reps = {key: {name: [] for name in METRICS} for key in preps}
-    for start in range(0, n_boot, REPLICATE_BLOCK):
-        Wc = cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - start), seed, start=start)
-        aucs: dict = {}  # AUROC replicates of this block per shared pair ranks
-        for key, prep in preps.items():
-            got = prep.metrics_many(codes[key[1]], Wc, aucs)
+    shared, owns = {}, set()
+    for k, prep in preps.items():
+        ranks = prep._pair_ranks()
+        if k not in first:
+            first[k] = (ranks, [])
+            owns.add(k)
+        elif ranks is not None and first[k][0] is not None and \
+                all(np.array_equal(x, y) for x, y in zip(ranks, first[k][0])):
+            shared[k] = first[k][1]
+    reps = {k: {name: [] for name in METRICS} for k in preps}
+    for b, Wc in enumerate(blocks):
+        for k, prep in preps.items():
+            got = prep.metrics_many(codes[k], Wc, shared[k][b] if k in shared else None)
+            if k in owns and first[k][0] is not None:
+                first[k][1].append(got["auroc"])
             for name in METRICS:
-                reps[key][name].append(got[name])
-    for key, r in rows.items():
+                reps[k][name].append(got[name])
+    for k, r in rows.items():
         for name in METRICS:
-            v = np.concatenate(reps[key][name])
+            v = np.concatenate(reps[k][name])
             v = v[np.isfinite(v)]
             if not v.size:
                 r[f"{name}_lo"] = r[f"{name}_hi"] = np.nan
