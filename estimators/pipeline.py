@@ -114,15 +114,30 @@ def hazard_plan(store, run_id: str, gamma: int, exact: bool, audit_group=None,
 
 
 def fit_estimator(store, runs: tuple, gamma: int, fit_rows: int, seed: int, duckdb_memory=None):
-    """A TailEstimator fitted on a stable hash-sample of whole requests of ``runs``, and its notes."""
+    """A TailEstimator fitted on a stable hash-sample of whole requests of ``runs``, and its notes.
+
+    Runs whose every request-step has its ceiling recorded and none trimmed (static arms) hold no
+    position past a window, so the fit fails on any sample of them: it is tried on one request, for the
+    hazard model's own error, instead of reading and walking ``fit_rows`` request-steps (a store's ten
+    static arms and the compact arms trained on them: ~1.5 of the fleet's CPU-s)."""
+    n_total, n_open = training_counts(store, runs, gamma)
+    if n_total and not n_open:  # raises the fit's ValueError (should it fit, the sample is fitted below)
+        TailEstimator().fit(BlockFrame.from_request_steps(read_sample(store, runs, 1, seed=seed,
+                                                                      duckdb_memory=duckdb_memory), gamma=gamma))
     tbl = read_sample(store, runs, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
     n_fit = tbl.num_rows
     est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
     del tbl
-    n_total = int(store.query_df("SELECT count(*) AS n FROM request_steps WHERE run_id IN (SELECT UNNEST(?))",
-                                 [list(runs)]).n.iloc[0])
     return est, ([f"hazards fitted on a stable hash-sample of {n_fit} of {n_total} request-steps (whole requests)"]
                  if n_fit < n_total else [])
+
+
+def training_counts(store, runs: tuple, gamma: int) -> tuple[int, int]:
+    """The request-steps of ``runs``, and how many of them lack a recorded ceiling or were trimmed (window
+    short of ``gamma``): none, and nothing lies past a window to fit hazards on (:func:`fit_estimator`)."""
+    got = store.query_df('SELECT count(*) AS n, count(*) FILTER (WHERE coalesce(ceiling, -1) < 0 OR coalesce("window", 0) '
+                         "< ?) AS open FROM request_steps WHERE run_id IN (SELECT UNNEST(?))", [int(gamma), list(runs)])
+    return int(got.n.iloc[0]), int(got.open.iloc[0])
 
 
 def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_from: str | None = None,

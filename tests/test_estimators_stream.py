@@ -1,6 +1,7 @@
 """The streaming estimator pass (estimators.stream) and the request-keyed bootstrap (estimators.bootstrap)."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -339,3 +340,26 @@ def test_per_request_table_by_bincount_equals_the_groupby():
     want["ceiling_tokens"] += want["n"]
     pd.testing.assert_frame_equal(got, want.reset_index(), check_exact=False, rtol=1e-12, check_dtype=False)
     assert got["n"].dtype.kind == got["committed"].dtype.kind == "i"
+
+
+def test_untrimmed_truth_runs_fail_their_hazard_fit_on_one_request(tmp_path, monkeypatch):
+    """A static arm (every ceiling recorded, nothing trimmed) has no position past a window: fit_estimator
+    reads one request for the hazard model's own error, not the whole sample, and the run's results say
+    what a fit on all its rows says."""
+    import acceptscope.estimators.pipeline as pl
+    from acceptscope.estimators.frame import BlockFrame
+    from acceptscope.estimators.tail import TailEstimator
+
+    st = Store(tmp_path / "s.duckdb")
+    t = dict(simulate(n_requests=30, seed=4, trim=False, run_id="syn-static").tables)
+    t["runs"] = t["runs"].assign(arm="static")
+    st.append(t)
+    with pytest.raises(ValueError) as whole:
+        TailEstimator().fit(BlockFrame.from_request_steps(st.read_table("request_steps", "syn-static"), gamma=7))
+    seen, real = [], pl.read_sample
+    monkeypatch.setattr(pl, "read_sample", lambda store, runs, n, **kw: seen.append(n) or real(store, runs, n, **kw))
+    with pytest.raises(ValueError, match=re.escape(str(whole.value))):
+        pl.fit_estimator(st, ("syn-static",), 7, 1 << 18, 0)
+    assert seen == [1]
+    res = run_all_stream(st, n_boot=20)["syn-static"]
+    assert res["tail"].hazard_info["why"] == str(whole.value)
