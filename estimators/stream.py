@@ -36,9 +36,12 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from acceptscope import schema
 from acceptscope.store import fetch_arrow
@@ -96,6 +99,7 @@ def _stream_runs(store, run_ids, n_boot, hazard_boot, seed, chunk_rows, sample_r
         except ValueError as e:
             fitted[rid] = e
     open_runs: dict[str, tuple[RunAccumulator, RunSide, bool]] = {}
+    windows: dict[str, Window] = {}  # runs in several chunks: their planner window's rows, kept as they pass
 
     def open_run(rid: str) -> None:
         m = meta.loc[rid]
@@ -109,16 +113,19 @@ def _stream_runs(store, run_ids, n_boot, hazard_boot, seed, chunk_rows, sample_r
                                                       else STEP_COLUMNS))
         acc = new_accumulator(est, rid, int(m.gamma), bool(m.n_truth == m.n_rows), int(m.n_rows), side, store,
                               n_boot, hazard_boot, seed, sample_rows, gather=gather)
+        if not whole_runs and int(m.n_rows) > chunk_rows:  # several chunks: the planner audits a window
+            windows[rid] = Window.of(store, rid, None if big else side.data["steps"], PLANNER_ROWS, duckdb_memory)
         if big:
             side.data["steps"] = None  # the accumulator keeps the batch sizes; the cost fit reads a sample at the end
         open_runs[rid] = (acc, side, big)
 
     def finish(rid: str) -> None:
         acc, side, big = open_runs.pop(rid)
+        win = windows.pop(rid, None)
         try:
             cost_steps = read_steps(store, rid, max_steps=COST_STEPS) if big else None
             out[rid] = assemble(acc, side, n_boot, seed, planner=lambda table, steps: _planner(
-                store, acc, steps, table, duckdb_memory), cost_steps=cost_steps)
+                store, acc, steps, table, duckdb_memory, win), cost_steps=cost_steps)
             if acc.chunks > 1:
                 out[rid]["tail"].notes.append(f"estimated in {acc.chunks} chunks of whole requests")
         except ValueError as e:
@@ -137,41 +144,82 @@ def _stream_runs(store, run_ids, n_boot, hazard_boot, seed, chunk_rows, sample_r
                 open_run(rid)
             if rid in open_runs:
                 open_runs[rid][0].add(tbl)
+                if rid in windows:
+                    windows[rid].keep(tbl)
         except ValueError as e:  # this run cannot be estimated: say why, go on with the others
             out[rid] = e
             open_runs.pop(rid, None)
+            windows.pop(rid, None)
     if current in open_runs:
         finish(current)
     return out
 
 
-def _planner(store, acc: RunAccumulator, steps: pd.DataFrame, table, duckdb_memory):
-    """The planner audit of a DuckDB store's run: exact when the run was one chunk, else on a window."""
+def _planner(store, acc: RunAccumulator, steps: pd.DataFrame, table, duckdb_memory, win: "Window | None" = None):
+    """The planner audit of a DuckDB store's run: exact when the run was one chunk, else on a window
+    (``win``: its bounds and rows, kept during the pass)."""
     if acc.chunks == 1:
         return audit(acc.last_frame, with_run(steps, acc.run_id), table,
                      ceiling_estimate=None if acc.exact else acc.last_tail.blocks["mean"].to_numpy())
     return planner_window(store, acc, None if "sampled_from" in steps.attrs else steps, table, PLANNER_ROWS,
-                          duckdb_memory)
+                          duckdb_memory, win)
 
 
-def planner_window(store, acc: RunAccumulator, steps: pd.DataFrame | None, table, max_rows: int, duckdb_memory):
-    """Planner audit of the run's first decode steps (at most ``max_rows`` request-steps: the
-    budget needs whole steps and each request's history), with the streamed run totals.
-    ``steps=None``: the window's steps are found and read in DuckDB (a big run's are not held)."""
-    if steps is None:
-        last, steps = window_steps(store, acc.run_id, max_rows, duckdb_memory)
-        upto = pd.MultiIndex.from_frame(steps[["epoch", "forward_ct"]].drop_duplicates())
-    else:
-        st = steps.sort_values(["epoch", "forward_ct"])
-        per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
-        upto = per[per <= max_rows].index
-        last = upto[-1] if len(upto) else per.index[0]
-    with store.connect(read_only=True) as con:
-        configure(con, duckdb_memory)
-        tbl = fetch_arrow(con, f"SELECT {s_columns(TAIL_COLUMNS)} FROM request_steps s WHERE s.run_id = ? AND "
-                               f"(s.epoch < ? OR (s.epoch = ? AND s.forward_ct <= ?)) ORDER BY {S_ORDER}",
-                          [acc.run_id, int(last[0]), int(last[0]), int(last[1])])
-    frame = BlockFrame.from_request_steps(tbl, gamma=acc.G)
+@dataclass
+class Window:
+    """A run's planner window: its last decode step ``(epoch, forward_ct)``, the steps up to it (``upto``)
+    and the ``steps`` rows it audits; ``rows``: its request-steps, kept from the streamed chunks as they
+    pass (:meth:`keep`; the window was read again from the store after the pass before: a second scan
+    of up to :data:`~estimators.pipeline.PLANNER_ROWS` request-steps per run)."""
+
+    last: tuple
+    upto: Any
+    steps: pd.DataFrame
+    rows: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, store, run_id: str, steps: pd.DataFrame | None, max_rows: int, duckdb_memory) -> "Window":
+        """The window of the run's first decode steps holding at most ``max_rows`` request-steps (the
+        budget needs whole steps and each request's history). ``steps=None``: found and read in DuckDB
+        (a big run's steps are not held)."""
+        if steps is None:
+            last, steps = window_steps(store, run_id, max_rows, duckdb_memory)
+            upto = pd.MultiIndex.from_frame(steps[["epoch", "forward_ct"]].drop_duplicates())
+        else:
+            st = steps.sort_values(["epoch", "forward_ct"])
+            per = st.groupby(["epoch", "forward_ct"])["bs"].max().fillna(0).cumsum()
+            upto = per[per <= max_rows].index
+            last = upto[-1] if len(upto) else per.index[0]
+        return cls(tuple(last), upto, steps)
+
+    def keep(self, tbl: pa.Table) -> None:
+        """Keep the chunk's request-steps inside the window (chunks come in request order: kept in order)."""
+        e, f = (int(x) for x in self.last)
+        ep, fc = tbl.column("epoch"), tbl.column("forward_ct")
+        inside = pc.or_(pc.less(ep, e), pc.and_(pc.equal(ep, e), pc.less_equal(fc, f)))
+        self.rows.append(tbl.filter(pc.fill_null(inside, False)))
+
+    def read(self, store, run_id: str, duckdb_memory) -> pa.Table:
+        """The window's request-steps in request order (what the pass kept, else read from the store)."""
+        if self.rows:
+            return pa.concat_tables(self.rows).combine_chunks()
+        e, f = (int(x) for x in self.last)
+        with store.connect(read_only=True) as con:
+            configure(con, duckdb_memory)
+            return fetch_arrow(con, f"SELECT {s_columns(TAIL_COLUMNS)} FROM request_steps s WHERE s.run_id = ? AND "
+                                    f"(s.epoch < ? OR (s.epoch = ? AND s.forward_ct <= ?)) ORDER BY {S_ORDER}",
+                               [run_id, e, e, f])
+
+
+def planner_window(store, acc: RunAccumulator, steps: pd.DataFrame | None, table, max_rows: int, duckdb_memory,
+                   win: Window | None = None):
+    """Planner audit of the run's first decode steps (:class:`Window`), with the streamed run totals.
+    ``steps=None``: the window's steps are found and read in DuckDB (a big run's are not held);
+    ``win``: the window as the pass found and kept it (else found and read now)."""
+    win = win or Window.of(store, acc.run_id, steps, max_rows, duckdb_memory)
+    last, upto, steps = win.last, win.upto, win.steps
+    frame = BlockFrame.from_request_steps(win.read(store, acc.run_id, duckdb_memory), gamma=acc.G)
+    win.rows = []
     p = audit(frame, with_run(steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto if len(upto) else [last])],
                               acc.run_id), table, ceiling_estimate=None)
     t = acc.trim

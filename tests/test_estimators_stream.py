@@ -363,3 +363,23 @@ def test_untrimmed_truth_runs_fail_their_hazard_fit_on_one_request(tmp_path, mon
     assert seen == [1]
     res = run_all_stream(st, n_boot=20)["syn-static"]
     assert res["tail"].hazard_info["why"] == str(whole.value)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_planner_window_kept_in_the_pass_equals_the_store_read(store, monkeypatch, big):
+    """A run in several chunks audits its planner window on the request-steps the pass kept as its chunks
+    went by (Window.keep): the same audit as reading the window from the store after the pass, whether
+    the run's steps are held or (``big``) found in DuckDB."""
+    import acceptscope.estimators.stream as stream
+
+    monkeypatch.setattr(stream, "PLANNER_ROWS", 300)  # a window shorter than the runs
+    if big:  # every run's steps past COST_STEPS: found and read in DuckDB
+        from acceptscope.estimators.pipeline import count_steps
+        monkeypatch.setattr(stream, "COST_STEPS", min(count_steps(store, r) for r in ("syn-cap", "syn-c")) // 3)
+    kept = run_all_stream(store, n_boot=20, chunk_rows=250)
+    monkeypatch.setattr(stream.Window, "keep", lambda self, tbl: None)  # nothing kept: read after the pass
+    read = run_all_stream(store, n_boot=20, chunk_rows=250)
+    for rid in ("syn-cap", "syn-c"):
+        a, b = to_jsonable(kept[rid])["planner"], to_jsonable(read[rid])["planner"]
+        _assert_same(a, b)
+        assert 0 < a["summary"]["audited_request_steps"] < a["summary"]["request_steps"]
