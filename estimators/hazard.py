@@ -21,7 +21,7 @@ Methods:
   reference engine it is calibrated (reliability within a few points in every hazard decile;
   unresolved-block bias ~0) where the binned table, shrunk toward flat cell means, was
   under-confident (predicted 0.3 / 0.85 hazards were 0.1 / 0.92 empirically). Refits under
-  request-bootstrap weights are one lbfgs fit each (~0.04 s on 10k training positions).
+  request-bootstrap weights are two or three Newton steps each from the full fit (:func:`fit_penalized_logistic`).
   Keyed (``keys``, default :data:`KEYS`) by the sampling temperature and the workload label: an
   intercept and a ``logit(c)`` slope per temperature level and per workload, additive in logit.
   Why: with the retrained fixture pair acceptance at a given confidence differs by both, and the
@@ -83,7 +83,52 @@ from threadpoolctl import threadpool_limits
 from acceptscope.estimators.frame import BlockFrame
 
 _CLIP = 1e-4
+L2_C = 10.0  # the logistic hazard's inverse L2 penalty: |b|^2 / 20 against the summed weighted log-loss, a weak pull
 KEYS = ("temperature", "workload")  # what the logistic hazard is keyed by, beyond cell, walk state, greedy
+
+
+def fit_penalized_logistic(X: np.ndarray, pos: np.ndarray, neg: np.ndarray, C: float = 10.0,
+                           start: np.ndarray | None = None, tol: float = 1e-9, max_iter: int = 100) -> np.ndarray:
+    """``argmin_b sum_j pos_j log(1 + e^-z_j) + neg_j log(1 + e^z_j) + |b|^2 / (2 C)``, ``z = X b``: a logistic
+    regression on distinct design rows with accepted / rejected weights, L2-penalized, no separate intercept
+    (scikit-learn's ``LogisticRegression(C=C, fit_intercept=False)`` objective, ``tests/test_hazard_fit.py``).
+
+    Why our own: the design has a few tens of columns, so Newton's method with the exact Hessian reaches the
+    optimum in a handful of steps (two or three from a warm start: a bootstrap refit), where lbfgs stopped at its
+    tolerance; and importing scikit-learn cost ~0.5 CPU-s in every process that fits a hazard.
+
+    Example::
+
+        >>> X = np.array([[1.0, -1.0], [1.0, 0.0], [1.0, 1.0]])
+        >>> b = fit_penalized_logistic(X, np.array([2.0, 5.0, 9.0]), np.array([8.0, 5.0, 1.0]), C=1e6)
+        >>> bool(b[1] > 1.5)   # acceptance rises with the second column
+        True
+    """
+    n = pos + neg
+    b = np.zeros(X.shape[1]) if start is None else np.array(start, float)
+
+    def objective(beta):
+        z = X @ beta
+        return float(pos @ np.logaddexp(0.0, -z) + neg @ np.logaddexp(0.0, z) + beta @ beta / (2 * C))
+
+    f = objective(b)
+    eye = np.eye(X.shape[1]) / C
+    for _ in range(max_iter):
+        p = 1.0 / (1.0 + np.exp(-(X @ b)))
+        grad = X.T @ (n * p - pos) + b / C
+        hess = (X.T * (n * p * (1 - p))) @ X + eye
+        step = np.linalg.solve(hess, grad)
+        if np.max(np.abs(step)) < tol:  # converged (quadratically): the last step is below rounding
+            return b - step
+        t, decrease = 1.0, float(grad @ step)
+        while True:  # backtracking (Armijo): Newton's full step can overshoot far from the optimum
+            nb = b - t * step
+            nf = objective(nb)
+            if nf <= f - 1e-4 * t * decrease + 1e-12 * abs(f) or t < 1e-8:
+                break
+            t *= 0.5
+        b, f = nb, nf
+    return b
 
 
 def temperature_key(t: np.ndarray) -> np.ndarray:
@@ -555,8 +600,6 @@ class HazardModel:
         return L["_logistic_cells"]
 
     def _fit_logistic(self, weights=None) -> None:
-        from sklearn.linear_model import LogisticRegression  # lazy: see LAZY_IMPORTS in tests/test_layers.py
-
         L = self._train
         previous = getattr(self, "coef_", {})  # a refit keeps these where a replicate is degenerate
         self.coef_ = {}
@@ -567,25 +610,19 @@ class HazardModel:
                 continue
             m, cell, X = cells[g]
             y, w = L["y"][m], wt[m]
-            # the weighted log-likelihood summed per distinct design row: the same objective (and the
-            # same sum of weights, by which sklearn scales the penalty) over far fewer rows
-            Xd = np.concatenate([X, X])
-            yd = np.concatenate([np.ones(X.shape[0]), np.zeros(X.shape[0])])
-            wd = np.concatenate([np.bincount(cell, weights=w * y, minlength=X.shape[0]),
-                                 np.bincount(cell, weights=w * (1 - y), minlength=X.shape[0])])
-            keep = wd > 0
-            if np.unique(yd[keep]).size < 2:
+            # the weighted log-likelihood summed per distinct design row: the same objective over far fewer rows
+            pos = np.bincount(cell, weights=w * y, minlength=X.shape[0])
+            neg = np.bincount(cell, weights=w * (1 - y), minlength=X.shape[0])
+            if not (pos > 0).any() or not (neg > 0).any():
                 # every (weighted) position accepted, or none: a logistic fit has no solution. Keep the
                 # full-data fit in a bootstrap replicate, else a flat hazard at the smoothed rate.
                 self.coef_[g] = previous[g] if g in previous else self._flat_coef((w * y).sum(), w.sum())
                 continue
-            # a refit (bootstrap replicate) starts from the full-data fit: same optimum, a fraction of the iterations
-            lr = LogisticRegression(C=10.0, fit_intercept=False, max_iter=500, warm_start=g in previous)
-            if g in previous:
-                lr.coef_ = np.asarray(previous[g], float)[None, :].copy()
+            keep = (pos + neg) > 0
+            # a refit (bootstrap replicate) starts from the full-data fit: same optimum, two or three Newton steps
+            start = np.asarray(previous[g], float) if g in previous else None
             with threadpool_limits(1):  # a small design: BLAS/OpenMP threads only contend (8x the CPU on 2 cores)
-                lr.fit(Xd[keep], yd[keep], sample_weight=wd[keep])
-            self.coef_[g] = lr.coef_[0]
+                self.coef_[g] = fit_penalized_logistic(X[keep], pos[keep], neg[keep], C=L2_C, start=start)
 
     # ------------------------------------------------------------------
     def predict(self, frame: BlockFrame, rows: np.ndarray | None = None, state: np.ndarray | None = None) -> np.ndarray:

@@ -79,10 +79,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # run_all imports estimators.validation (batch_band); only the binomial reading needs scipy.stats
     # (scipy.special.bdtr is not bit-equal to binom.cdf)
     ("acceptscope.estimators.validation", "scipy.stats"): "+3.0 s on `import acceptscope.estimators.validation`",
-    # the default hazard fit is logistic, but the report and the figures import acceptscope.estimators.tail for its
-    # result types and never fit (scipy.special is hoisted: every path that imports it has it loaded already)
-    ("acceptscope.estimators.hazard", "sklearn"): ("+2.3 s on `import acceptscope.report`, +2.0 s on `import acceptscope.figures`, "
-                                       "+3.2 s on `import acceptscope.estimators.tail`"),
 }
 
 @dataclass(frozen=True)
