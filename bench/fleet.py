@@ -18,7 +18,9 @@ Usage::
     .venv/bin/python bench/fleet.py --workdir /tmp/fleet --rows 2000000 \\
         --tree before=/tmp/wt-before --tree after=. [--repeats 1] [--single-rows 125000]
 
-``--single-rows N`` adds two stores of one run each grown to ~N request-steps (a run with its ceiling
+``--json-dir DIR`` keeps every tree's ``--json`` output and compares each with the first tree's (results
+must not change with a speed-up: the count of float fields that differ and their largest relative
+difference, timings aside). ``--single-rows N`` adds two stores of one run each grown to ~N request-steps (a run with its ceiling
 recorded, so the held-out calibration comparison runs, and a tail-estimated one): ``estimate`` over one
 such run is the per-run fixed cost plus N rows of per-row work.
 """
@@ -92,7 +94,7 @@ def build(source: Path, db: Path, rows: int, only_run: str | None = None) -> dic
     return out
 
 
-def measure(tree: Path, args: list[str], timeout: float) -> dict:
+def measure(tree: Path, args: list[str], timeout: float, json_out: Path | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), COLUMNS="100")
     try:
         r = subprocess.run([PY, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, timeout=timeout,
@@ -109,7 +111,25 @@ def measure(tree: Path, args: list[str], timeout: float) -> dict:
             out["runs_estimated"] = len(json.loads(r.stdout))
         except json.JSONDecodeError:
             out["runs_estimated"] = None
+        if json_out is not None:
+            json_out.write_text(r.stdout)
     return out
+
+
+def json_diff(a, b, path: str = "") -> tuple[int, float, list]:
+    """(float fields that differ, their largest relative difference, other differences) between two
+    ``estimate --json`` documents; the calibration fits' ``fit_seconds`` (timings) are skipped."""
+    if path.endswith("/fit_seconds"):
+        return 0, 0.0, []
+    if isinstance(a, dict) and isinstance(b, dict) and sorted(a) == sorted(b):
+        parts = [json_diff(a[k], b[k], f"{path}/{k}") for k in a]
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        parts = [json_diff(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b))]
+    elif isinstance(a, float) and isinstance(b, float):
+        return (0, 0.0, []) if a == b else (1, abs(a - b) / max(abs(a), abs(b)), [])
+    else:
+        return 0, 0.0, [] if a == b else [path]
+    return (sum(p[0] for p in parts), max([p[1] for p in parts], default=0.0), [x for p in parts for x in p[2]])
 
 
 def biggest_run(source: Path, exact: bool) -> str:
@@ -133,11 +153,15 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout (repeatable; default: this one)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--json-dir", type=Path, help="keep each tree's JSON output here and compare it with the first "
+                                                  "tree's (float fields that differ, largest relative difference)")
     ap.add_argument("--single-rows", type=int, default=0,
                     help="also one run alone grown to this many request-steps (the per-run fixed cost), once for "
                          "the biggest run with a recorded ceiling (calibration) and once for the biggest without (tail)")
     a = ap.parse_args()
     a.workdir.mkdir(parents=True, exist_ok=True)
+    if a.json_dir is not None:
+        a.json_dir.mkdir(parents=True, exist_ok=True)
     source = a.source
     if source is None:
         source = a.workdir / "audit.duckdb"
@@ -164,7 +188,8 @@ def main() -> None:
     for rep in range(a.repeats):
         for case, args in cases.items():
             for name, path in trees:
-                m = measure(Path(path).resolve(), args, a.timeout)
+                out = None if a.json_dir is None else a.json_dir / f"{case.replace(' ', '-')}.{name}.{rep}.json"
+                m = measure(Path(path).resolve(), args, a.timeout, out)
                 m.update(tree=name, case=case, repeat=rep)
                 rows.append(m)
                 print(json.dumps(m), flush=True)
@@ -182,6 +207,17 @@ def main() -> None:
             n = rows_of[case]
             base = base or cpu
             print(f"{case:<20} {name:<10} {cpu:8.1f} {wall:8.1f} {peak:8.0f} {n / cpu:10.0f}  x{base / cpu:.2f}")
+    if a.json_dir is not None:
+        first = trees[0][0]
+        print(f"\nJSON against {first} (repeat 0): float fields that differ, largest relative difference, other fields")
+        for case in cases:
+            slug = case.replace(" ", "-")
+            ref = a.json_dir / f"{slug}.{first}.0.json"
+            for name, _ in trees[1:]:
+                got = a.json_dir / f"{slug}.{name}.0.json"
+                if ref.exists() and got.exists():
+                    n, rel, other = json_diff(json.loads(ref.read_text()), json.loads(got.read_text()))
+                    print(f"{case:<20} {name:<10} {n:6d} {rel:10.2e} {len(other):6d} {other[:3]}")
 
 
 if __name__ == "__main__":
