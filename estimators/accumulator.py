@@ -270,12 +270,10 @@ class RunAccumulator:
                     self.shifts[g] = fold_sums(self.shifts[g], by)
             gc, groups = group_codes(b, by)
             ng = len(groups)
-            u = groups.copy() if by else pd.DataFrame(index=range(ng))
-            for name, w in (("n", None), ("window", frame.window), ("committed", acc), ("ceiling_tokens", ceil + 1),
-                            ("bound_lo", blo), ("bound_hi", bhi),
-                            ("correct", frame.correct)):
-                u[name] = np.bincount(gc, weights=w, minlength=ng)
-            self.util[g].append(u)
+            u = pd.DataFrame({name: np.bincount(gc, weights=w, minlength=ng) for name, w in (
+                ("n", None), ("window", frame.window), ("committed", acc), ("ceiling_tokens", ceil + 1),
+                ("bound_lo", blo), ("bound_hi", bhi), ("correct", frame.correct))})  # one frame, not 7 column inserts
+            self.util[g].append(pd.concat([groups, u], axis=1) if by else u)
             if fold:
                 self.util[g] = fold_sums(self.util[g], by)
         self.pos[0] += (np.arange(G)[None, :] < frame.correct[:, None]).sum(0)

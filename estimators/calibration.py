@@ -62,7 +62,13 @@ def sglang_grid() -> np.ndarray:
 
 
 def _sig(x):
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+    """``0.5 * (1 + tanh(x / 2))`` in one array (the same operations in the same order, so the same bits):
+    the grid fit scores 41 temperatures a position, and three temporaries of that size cost 40% more."""
+    y = np.multiply(x, 0.5, dtype=np.float64)
+    np.tanh(y, out=y)
+    y += 1.0
+    y *= 0.5
+    return y
 
 
 def survival(z: np.ndarray, temperatures) -> np.ndarray:
@@ -73,7 +79,8 @@ def survival(z: np.ndarray, temperatures) -> np.ndarray:
 
 def _grid_ece(prev: np.ndarray, zk: np.ndarray, yk: np.ndarray, grid: np.ndarray, nb: int) -> np.ndarray:
     """SGLang's ECE for every grid temperature at once."""
-    return ece_rows(prev[None, :] * _sig(zk[None, :] / grid[:, None]), yk, nb)
+    P = _sig(zk[None, :] / grid[:, None])
+    return ece_rows(np.multiply(prev[None, :], P, out=P), yk, nb)
 
 
 def fit_grid(z: np.ndarray, y: np.ndarray, grid: np.ndarray | None = None, num_bins: int = 15) -> dict:
