@@ -35,6 +35,11 @@ from acceptscope.estimators.bootstrap import group_codes
 from acceptscope.estimators.frame import BlockFrame
 
 STEP_CELLS = 1 << 20  # (step, candidate) cells of the budget recomputation held at once (8 MB an array)
+# the request_steps columns the audit reads (its frame's confidences, windows, outcomes, keys): a window of
+# rows kept for it need not hold the draft tokens and log-probs
+AUDIT_COLUMNS = ("run_id", "rank", "epoch", "forward_ct", "rid", "step_index", "prefix_len", "window",
+                 "correct_drafts", "cap_trim", "bonus_token", "confidence", "ceiling", "temperature", "workload",
+                 "finished")
 
 def budget_rule(S_lag: np.ndarray, table: SpsTable) -> dict:
     """SGLang's ``compute_verify_token_budget`` on an ``(N, G)`` lagged-survival matrix (the engine's rule)."""

@@ -51,7 +51,9 @@ from acceptscope.estimators.chunks import (AUTO_MEMORY, CHUNK_ROWS, S_ORDER, TAI
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.estimators.pipeline import (COST_STEPS, PLANNER_ROWS, STEP_COLUMNS, RunSide, assemble, count_steps,
                                              fit_hazards, new_accumulator, read_steps, run_meta, run_side, with_run)
-from acceptscope.estimators.planner import audit
+from acceptscope.estimators.planner import AUDIT_COLUMNS, audit
+
+WINDOW_COLUMNS = tuple(c for c in TAIL_COLUMNS if c in AUDIT_COLUMNS)  # what a planner window holds of a row
 
 
 def run_all_stream(store, run_ids=None, n_boot: int = 200, hazard_boot: int = 20, seed: int = 0,
@@ -193,11 +195,12 @@ class Window:
         return cls(tuple(last), upto, steps)
 
     def keep(self, tbl: pa.Table) -> None:
-        """Keep the chunk's request-steps inside the window (chunks come in request order: kept in order)."""
+        """Keep the chunk's request-steps inside the window, the columns the audit reads (chunks come in
+        request order: kept in order; the draft tokens and log-probs were ~2/3 of a kept row)."""
         e, f = (int(x) for x in self.last)
         ep, fc = tbl.column("epoch"), tbl.column("forward_ct")
         inside = pc.or_(pc.less(ep, e), pc.and_(pc.equal(ep, e), pc.less_equal(fc, f)))
-        self.rows.append(tbl.filter(pc.fill_null(inside, False)))
+        self.rows.append(tbl.select(list(WINDOW_COLUMNS)).filter(pc.fill_null(inside, False)))
 
     def read(self, store, run_id: str, duckdb_memory) -> pa.Table:
         """The window's request-steps in request order (what the pass kept, else read from the store)."""
@@ -206,7 +209,7 @@ class Window:
         e, f = (int(x) for x in self.last)
         with store.connect(read_only=True) as con:
             configure(con, duckdb_memory)
-            return fetch_arrow(con, f"SELECT {s_columns(TAIL_COLUMNS)} FROM request_steps s WHERE s.run_id = ? AND "
+            return fetch_arrow(con, f"SELECT {s_columns(WINDOW_COLUMNS)} FROM request_steps s WHERE s.run_id = ? AND "
                                     f"(s.epoch < ? OR (s.epoch = ? AND s.forward_ct <= ?)) ORDER BY {S_ORDER}",
                                [run_id, e, e, f])
 
