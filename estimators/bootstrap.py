@@ -59,10 +59,21 @@ _P1_CDF = np.cumsum(np.exp(-1.0) / np.cumprod(np.concatenate([[1.0], np.arange(1
 
 def _mix(h: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer (uint64 in, uint64 out; wraps)."""
+    return _mix_into(np.array(h, dtype=np.uint64))
+
+
+def _mix_into(h: np.ndarray) -> np.ndarray:
+    """:func:`_mix` in place on an array this code owns, with one scratch array: the same numbers, ~10x
+    faster on a (replicates x requests) block than the expression form (each ``^``, ``>>`` and ``*`` of that
+    made a temporary the size of the block; the keyed draws were ~10% of ``estimate`` over a fleet)."""
+    t = np.empty_like(h)
     with np.errstate(over="ignore"):
-        h = (h ^ (h >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-        h = (h ^ (h >> _U64(27))) * _U64(0x94D049BB133111EB)
-        return h ^ (h >> _U64(31))
+        for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
+            np.right_shift(h, _U64(shift), out=t)
+            h ^= t
+            if mult is not None:
+                h *= _U64(mult)
+    return h
 
 
 def _strings(x) -> np.ndarray:
@@ -118,8 +129,11 @@ def uniforms(keys: np.ndarray, i, seed: int = 0, stream: int = 0) -> np.ndarray:
         idx = np.atleast_1d(np.asarray(i)).astype(np.uint64)
         salt = _mix(_U64(seed) * _U64(0xD6E8FEB86659FD93) + idx * _U64(0x9E3779B97F4A7C15)
                     + _U64(stream) * _U64(0xC2B2AE3D27D4EB4F))
-        h = _mix(np.asarray(keys, np.uint64)[None, :] ^ salt[:, None])
-    u = ((h >> _U64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+        h = _mix_into(np.bitwise_xor(np.asarray(keys, np.uint64)[None, :], salt[:, None]))
+    np.right_shift(h, _U64(11), out=h)
+    u = h.astype(np.float64)
+    u += 0.5
+    u *= 1.0 / float(1 << 53)  # a power of two: the same as dividing by it
     return u if many else u[0]
 
 

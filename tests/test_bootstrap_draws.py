@@ -95,3 +95,26 @@ def test_kept_draws_are_the_draws():
     for g, w in zip(got, want):
         assert np.array_equal(g["num"], w["num"]) and list(g["labels"]) == list(w["labels"])
     assert np.array_equal(got[0]["num"][:200], got[1]["num"])  # the first 200 of 400 replicates are the 200
+
+
+def test_keyed_uniforms_are_the_splitmix_expression():
+    """The in-place hashing draws exactly what the splitmix64 expression form draws (the keyed draws are
+    the bootstrap's identity: any change would move every interval)."""
+    u64 = np.uint64
+
+    def mix(h):
+        with np.errstate(over="ignore"):
+            h = (h ^ (h >> u64(30))) * u64(0xBF58476D1CE4E5B9)
+            h = (h ^ (h >> u64(27))) * u64(0x94D049BB133111EB)
+            return h ^ (h >> u64(31))
+
+    keys = _keys(300)
+    idx = np.arange(5, 45)
+    for seed, stream in ((0, 0), (7, 2), (123, 1)):
+        with np.errstate(over="ignore"):
+            salt = mix(u64(seed) * u64(0xD6E8FEB86659FD93) + idx.astype(np.uint64) * u64(0x9E3779B97F4A7C15)
+                       + u64(stream) * u64(0xC2B2AE3D27D4EB4F))
+        h = mix(keys[None, :] ^ salt[:, None])
+        expected = ((h >> u64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+        assert np.array_equal(uniforms(keys, idx, seed, stream), expected)
+    assert 0.0 < expected.min() and expected.max() < 1.0
