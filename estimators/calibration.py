@@ -48,7 +48,7 @@ from scipy.optimize import minimize, minimize_scalar
 
 from acceptscope.domain.sts import sts_problem
 from acceptscope.estimators.bootstrap import row_request_keys
-from acceptscope.estimators.calibration_metrics import ece, ece_rows, position_metrics_many, reliability_table
+from acceptscope.estimators.calibration_metrics import PositionScorer, ece, ece_rows, reliability_table
 from acceptscope.estimators.frame import BlockFrame, padded
 
 METHODS = ("sequential-ece", "smooth-nll", "smooth-brier")
@@ -310,16 +310,16 @@ def compare(train: CalData, test: CalData, methods=METHODS, n_boot: int = 200, s
     for name, T in (extra_fits or {}).items():
         temps[name] = list(T)
     G = test.z.shape[1]
-    Ps = {("identity", "before"): survival(test.z, np.ones(G)), **{(m, "after"): survival(test.z, T) for m, T in temps.items()}}
-    # one draw of the replicate weights for every method (the same rows and clusters)
-    scored = position_metrics_many(Ps, test.y, test.groups, n_boot=n_boot, seed=seed)
+    # the replicate weights drawn once for every method (the same rows and clusters); one survival held at a time
+    scorer = PositionScorer(len(test.z), test.groups, n_boot, seed)
     frames, rels = [], []
-    for (m, stage), P in Ps.items():
-        d = scored[m, stage]
+    for m, stage, T in [("identity", "before", np.ones(G))] + [(m, "after", T) for m, T in temps.items()]:
+        P = survival(test.z, T)
+        d = scorer.score(P, test.y)
         d.insert(0, "stage", stage)
         d.insert(0, "method", m)
         if stage == "after":
-            d["temperature"] = [temps[m][k] for k in d.position]
+            d["temperature"] = [T[k] for k in d.position]
         frames.append(d)
         r = reliability_table(P, test.y)
         r.insert(0, "method", m)

@@ -28,6 +28,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
@@ -287,20 +289,33 @@ def position_metrics(P: np.ndarray, Y: np.ndarray, groups=None, n_boot: int = 20
 
 def position_metrics_many(Ps: dict, Y: np.ndarray, groups=None, n_boot: int = 200, level: float = 0.95,
                           num_bins: int = 15, seed: int = 0, mask: np.ndarray | None = None) -> dict:
-    """:func:`position_metrics` of several predictions ``{name: P}`` of the same rows and labels (the STS
-    methods scored on one test split), each frame equal to its own call: the replicate weights are drawn
-    once for all (``n_boot x clusters`` numbers), the predictions scored one at a time (a prediction's
-    positions hold ~50 bytes a row each), and a position whose scores order the rows as the first
-    prediction's do, ties included, reuses its AUROC replicates (the same pair counts). Position 0's
-    survival, ``sigmoid(z / T)``, orders alike for every STS table unless clamping ties some rows."""
-    n = len(next(iter(Ps.values())))
-    code, uniq = pd.factorize(np.asarray(np.arange(n) if groups is None else groups))
-    blocks = [cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - s), seed, start=s)
-              for s in range(0, n_boot, REPLICATE_BLOCK)]
-    first: dict = {}  # position -> (the first prediction's pair ranks, its AUROC replicates per block)
-    out = {}
-    for name, P in Ps.items():
-        preps, rows = {}, {}
+    """:func:`position_metrics` of several predictions ``{name: P}`` of the same rows and labels (see
+    :class:`PositionScorer`), each frame equal to its own call."""
+    scorer = PositionScorer(len(next(iter(Ps.values()))), groups, n_boot, seed)
+    return {name: scorer.score(P, Y, level, num_bins, mask) for name, P in Ps.items()}
+
+
+class PositionScorer:
+    """:func:`position_metrics` for several predictions of the same rows (the STS methods scored on one
+    test split), one after another: the replicate weights are drawn once for all (``n_boot x clusters``
+    numbers), and a position whose scores order the rows as the first prediction's do, ties included,
+    reuses its AUROC replicates (the same pair counts; position 0's survival, ``sigmoid(z / T)``, orders
+    alike for every STS table unless clamping ties some rows). A caller holds one prediction at a time
+    (its positions' structures are ~50 bytes a row each)."""
+
+    def __init__(self, n: int, groups=None, n_boot: int = 200, seed: int = 0):
+        self.n = n
+        self.code, uniq = pd.factorize(np.asarray(np.arange(n) if groups is None else groups))
+        self.nc = len(uniq)
+        self.blocks = [cluster_weights(uniq, min(REPLICATE_BLOCK, n_boot - s), seed, start=s)
+                       for s in range(0, n_boot, REPLICATE_BLOCK)]
+        self.first: dict = {}  # position -> (the first prediction's pair-ranks digest, its AUROC replicates per block)
+
+    def score(self, P: np.ndarray, Y: np.ndarray, level: float = 0.95, num_bins: int = 15,
+              mask: np.ndarray | None = None) -> pd.DataFrame:
+        """:func:`position_metrics`' frame of ``P`` (n, G) against ``Y``."""
+        n, code = self.n, self.code
+        preps, rows, codes, digests = {}, {}, {}, {}
         for k in range(P.shape[1]):
             m = np.ones(n, bool) if mask is None else mask[:, k]
             if not m.any():
@@ -309,26 +324,41 @@ def position_metrics_many(Ps: dict, Y: np.ndarray, groups=None, n_boot: int = 20
             r = rows[k] = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()),
                            "target_mean": float(prep.y.mean())}
             r.update(prep.metrics())
-        if blocks and preps:
+            if self.blocks:  # bound now: one position's sorted pair ranks alive at a time (then freed)
+                digests[k] = ranks_digest(prep._pair_ranks())
+                codes[k] = code if mask is None else code[m]
+                prep._bind(codes[k], self.nc)
+                prep._ranks = False
+        if self.blocks and preps:
             with threadpool_limits(1):
-                _bootstrap(preps, rows, {k: code if mask is None else code[mask[:, k]] for k in preps}, blocks,
-                           level, first)
-        out[name] = pd.DataFrame([rows[k] for k in sorted(rows)])
-    return out
+                _bootstrap(preps, rows, codes, digests, self.blocks, level, self.first)
+        return pd.DataFrame([rows[k] for k in sorted(rows)])
 
 
-def _bootstrap(preps: dict, rows: dict, codes: dict, blocks: list, level: float, first: dict) -> None:
+def ranks_digest(ranks) -> bytes | None:
+    """A 128-bit BLAKE2 digest of :meth:`_Prepared._pair_ranks` (None: labels not binary): equal digests,
+    the same pair counts under any weights. Why a digest: the first prediction's ranks held for the
+    others' comparison were ~20 MB on a 175k-row test split (~3 ms a position to hash)."""
+    if ranks is None:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for a in ranks:
+        a = np.ascontiguousarray(a, np.int64)
+        h.update(np.int64(a.size).tobytes())
+        h.update(a.data)
+    return h.digest()
+
+
+def _bootstrap(preps: dict, rows: dict, codes: dict, digests: dict, blocks: list, level: float, first: dict) -> None:
     """The basic bootstrap intervals of one prediction's rows (by position), in place. ``first``: see
-    :func:`position_metrics_many` (filled by the first prediction, read by the others)."""
+    :class:`PositionScorer` (filled by the first prediction, read by the others)."""
     a = (1 - level) / 2
     shared, owns = {}, set()
-    for k, prep in preps.items():
-        ranks = prep._pair_ranks()
+    for k, digest in digests.items():
         if k not in first:
-            first[k] = (ranks, [])
+            first[k] = (digest, [])
             owns.add(k)
-        elif ranks is not None and first[k][0] is not None and \
-                all(np.array_equal(x, y) for x, y in zip(ranks, first[k][0])):
+        elif digest is not None and digest == first[k][0]:
             shared[k] = first[k][1]
     reps = {k: {name: [] for name in METRICS} for k in preps}
     for b, Wc in enumerate(blocks):
