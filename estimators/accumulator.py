@@ -29,7 +29,7 @@ from acceptscope.estimators.frame import BlockFrame
 from acceptscope.estimators.registry import Chunk, RunInfo, registered
 from acceptscope.estimators.tail import observation_statement
 from acceptscope.estimators.utilization import UtilizationResult
-from acceptscope.estimators.validation import batch_band
+from acceptscope.estimators.bands import batch_band
 
 GROUPINGS = ((), ("workload",), ("band",))
 FOLD_CHUNKS = 32  # per-chunk group sums (utilization, windows, refit shifts) are added up every this many chunks

@@ -30,7 +30,7 @@ import pandas as pd
 
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.estimators.tail import TailResult
-from acceptscope.estimators.validation import batch_band
+from acceptscope.estimators.bands import batch_band
 
 
 @dataclass

@@ -54,25 +54,12 @@ import pandas as pd
 
 from acceptscope.ingest import ingest_paths
 from acceptscope.store import Store
+from acceptscope.estimators.bands import batch_band
 from acceptscope.estimators.bracket import bracket_from_frame, bracket_from_jsonl
 from acceptscope.estimators.frame import BlockFrame, padded
 from acceptscope.estimators.hazard import KEYS, HazardModel
 from acceptscope.estimators.synthetic import simulate
 from acceptscope.estimators.tail import TailEstimator, TailResult, quantile_intervals
-
-BANDS = (0, 8, 16, 32, 64, 128, 1 << 30)
-
-
-def batch_band(bs) -> np.ndarray:
-    """Batch-size band label ('1-8', '9-16', ...)."""
-    bs = np.asarray(bs, float)
-    edges = np.array(BANDS)
-    i = np.clip(np.searchsorted(edges, bs, side="left") - 1, 0, len(edges) - 2)
-    lab = np.array([f"{edges[j] + 1}-{edges[j + 1]}" if edges[j + 1] < (1 << 30) else f">{edges[j]}"
-                    for j in range(len(edges) - 1)], dtype=object)
-    out = lab[i]
-    return np.where(np.isnan(bs), "unknown", out)
-
 
 def hide(rs: pd.DataFrame, logprobs: bool = True) -> pd.DataFrame:
     """What a compact run would have recorded for the same draws (see module docstring)."""
