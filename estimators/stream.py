@@ -203,9 +203,11 @@ class Window:
         self.rows.append(tbl.select(list(WINDOW_COLUMNS)).filter(pc.fill_null(inside, False)))
 
     def read(self, store, run_id: str, duckdb_memory) -> pa.Table:
-        """The window's request-steps in request order (what the pass kept, else read from the store)."""
-        if self.rows:
-            return pa.concat_tables(self.rows).combine_chunks()
+        """The window's request-steps in request order (what the pass kept, handed over, else read from the
+        store)."""
+        if self.rows:  # (chunked, not combined: no second copy of the window)
+            tbl, self.rows = pa.concat_tables(self.rows), []
+            return tbl
         e, f = (int(x) for x in self.last)
         with store.connect(read_only=True) as con:
             configure(con, duckdb_memory)
@@ -222,7 +224,6 @@ def planner_window(store, acc: RunAccumulator, steps: pd.DataFrame | None, table
     win = win or Window.of(store, acc.run_id, steps, max_rows, duckdb_memory)
     last, upto, steps = win.last, win.upto, win.steps
     frame = BlockFrame.from_request_steps(win.read(store, acc.run_id, duckdb_memory), gamma=acc.G)
-    win.rows = []
     p = audit(frame, with_run(steps[steps.set_index(["epoch", "forward_ct"]).index.isin(upto if len(upto) else [last])],
                               acc.run_id), table, ceiling_estimate=None)
     t = acc.trim
