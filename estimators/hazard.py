@@ -182,6 +182,7 @@ class HazardModel:
     keys: tuple = KEYS  # logistic: per-level intercept and confidence slope for each (see _set_levels)
     temperature_model: str = "levels"  # logistic: one-hot "levels" or "continuous" (tau, tau * logit c): docs/hazard.md
     temperature_position: bool = False  # continuous: a tau term per cell index too (measured: docs/hazard.md)
+    workload_position: bool = True  # an intercept per (workload, cell index past the first) (measured: docs/hazard.md)
     fitted_: bool = False
     info_: dict = field(default_factory=dict)
 
@@ -520,7 +521,9 @@ class HazardModel:
         b = (coef[G:2 * G, None] + coef[None, 2 * G + S:2 * G + 2 * S]).reshape(-1)
         cell = k * S + st
         if NT + NW:
-            a = (a[:, None, None] + ta[None, :, None] + wa[None, None, :]).reshape(-1)
+            wk = self._wk_table(coef, g)  # zeros without workload_position
+            a = (a.reshape(G, S)[:, :, None, None] + ta[None, None, :, None] + wa[None, None, None, :]
+                 + wk[:, None, None, :]).reshape(-1)
             b = (b[:, None, None] + tb[None, :, None] + wb[None, None, :]).reshape(-1)
             tc = NT if t is None or self._continuous() else t  # continuous: no temperature level
             w = NW if w is None else w
@@ -535,7 +538,24 @@ class HazardModel:
         return z
 
     def _ncoef(self) -> int:
-        return 2 * (self.gamma_ + self.NSTATE + len(getattr(self, "workloads_", ()))) + self._ntcol()
+        return 2 * (self.gamma_ + self.NSTATE + len(getattr(self, "workloads_", ()))) + self._ntcol() + self._nwkcol()
+
+    def _nwkcol(self) -> int:
+        """Design columns of the workload x cell-index intercepts (``workload_position``): one per workload and
+        cell index past the first, after every other column."""
+        NW = len(getattr(self, "workloads_", ()))
+        return NW * (self.gamma_ - 1) if self.workload_position and NW > 1 else 0  # one workload: the cells' own
+
+    def _wk_table(self, coef: np.ndarray, g: bool) -> np.ndarray:
+        """``(G, NW + 1)`` workload x cell-index intercepts (cell index 0: none; the last column, an unseen
+        workload: the training shares' mean, the pooled term)."""
+        G, NW = self.gamma_, len(getattr(self, "workloads_", ()))
+        out = np.zeros((G, NW + 1))
+        if self._nwkcol():
+            wk = coef[self._ncoef() - self._nwkcol():].reshape(NW, G - 1).T  # (G - 1, NW)
+            out[1:, :NW] = wk
+            out[1:, NW] = wk @ self.shares_[g][1]
+        return out
 
     def _flat_coef(self, accepted: float, total: float) -> np.ndarray:
         """Logistic coefficients of a constant hazard (accepted + 0.5) / (total + 1) at every position."""
@@ -572,6 +592,13 @@ class HazardModel:
             oh = np.vstack([np.eye(N), sh[None, :]])[code]  # unseen: the level shares
             X[:, at:at + N] = oh
             X[:, at + N:at + 2 * N] = oh * np.asarray(x, float)[:, None]
+        if self._nwkcol():  # workload x cell index (past the first): the workload's one-hot at column k - 1
+            code = np.full(n, NW) if w is None else np.broadcast_to(w, (n,))
+            oh = np.vstack([np.eye(NW), self.shares_[g][1][None, :]])[code]
+            at = self._ncoef() - self._nwkcol()
+            past = np.flatnonzero(k > 0)
+            for j in range(NW):
+                X[past, at + j * (G - 1) + k[past] - 1] = oh[past, j]
         return X
 
     def _logistic_cells(self) -> dict:
