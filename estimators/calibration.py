@@ -79,8 +79,14 @@ def survival(z: np.ndarray, temperatures) -> np.ndarray:
 
 def _grid_ece(prev: np.ndarray, zk: np.ndarray, yk: np.ndarray, grid: np.ndarray, nb: int) -> np.ndarray:
     """SGLang's ECE for every grid temperature at once."""
-    P = _sig(zk[None, :] / grid[:, None])
-    return ece_rows(np.multiply(prev[None, :], P, out=P), yk, nb)
+    # (an expression, not a local: ece_rows' clamped copy then replaces the survival, not sits beside it)
+    return ece_rows(_scaled(_sig(zk[None, :] / grid[:, None]), prev[None, :]), yk, nb)
+
+
+def _scaled(a: np.ndarray, b) -> np.ndarray:
+    """``b * a`` into ``a`` (the same bits: multiplication commutes)."""
+    a *= b
+    return a
 
 
 def fit_grid(z: np.ndarray, y: np.ndarray, grid: np.ndarray | None = None, num_bins: int = 15) -> dict:
