@@ -44,7 +44,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -125,7 +125,8 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
     (widened by the rest's share). Likelihood: Student-t of the summed residual over its standard error,
     the between-request variance pooled with :data:`SIGMA_PER_REQUEST`'s as :data:`SIGMA_PRIOR_DF`
     requests' worth (``SIGMA_PRIOR_DF + n - 1`` degrees of freedom). The result's center is the posterior median, its
-    band the central ``level`` interval; fewer than 2 audited requests with open blocks leave the prior.
+    band the central ``level`` interval; fewer than 2 audited requests with open blocks leave the prior as it
+    was (its scope and band: an audit that measured nothing must not widen the compact run's interval).
 
     Example::
 
@@ -141,9 +142,9 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
     c0 = prior.center * share
     s0 = (prior.half_width * (2.0 - share)) / Z95
     base = dict(n_requests=n, prior_center=c0, prior_band=[c0 - Z95 * s0, c0 + Z95 * s0], logprob_share=share)
-    if n < 2:
-        return UnobservedPrior(center=c0, half_width=Z95 * s0, margin_check=prior.margin_check, scope="open",
-                               audit=dict(base, note=f"{n} audited request(s) with open blocks: the prior alone"))
+    if n < 2:  # nothing measured: the estimate is the compact run's own, its prior as it was (scope, band and all)
+        return replace(prior, audit=dict(base, note=f"{n} audited request(s) with open blocks: the prior alone, "
+                                                    "as without an audit"))
     resid = truth[:, None] - curves  # (n, grid)
     tot = resid.sum(0)
     v_hat = n / (n - 1) * ((resid - resid.mean(0)) ** 2).sum(0)  # the summed residual's variance, between requests

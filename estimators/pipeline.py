@@ -160,6 +160,7 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
                 cache[("alone", rid)] = (plan.calibrate[0], gamma, est.frozen(boot, seed), list(notes))
                 audit = read_sample(store, plan.calibrate, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
                 est.calibrate_prior(BlockFrame.from_request_steps(audit, gamma=gamma), seed)
+                note += est.calibration_note()
                 del audit
         except ValueError as e:  # nothing past any window to learn from (e.g. static runs never trim)
             if plan.calibrate:  # the audit's truth still shows every position: hazards fitted on it

@@ -545,6 +545,7 @@ def run_lake(store: LakeStore, engine: SparkTail, run_id: str, n_boot: int = 200
                              expect_truth=exact or n_truth > 0 or plan.fit != (run_id,))
             if plan.calibrate:
                 engine.calibrate(est, list(plan.calibrate), gamma, fit_rows, seed)
+                train_note += est.calibration_note()
         except ValueError as e:
             if not plan.calibrate:
                 raise

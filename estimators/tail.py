@@ -600,6 +600,12 @@ class TailEstimator:
         self.hazard.info_ = dict(self.hazard.info_, unobserved_prior=self.prior_.to_json())
         return self
 
+    def calibration_note(self) -> str:
+        """What the hazard note adds after :meth:`calibrate_prior`: nothing when the audit measured the shift,
+        else why the prior stands as it was (fewer than 2 audited requests with an open block)."""
+        audit = self.prior_.audit if self.prior_ is not None else None
+        return f" ({audit['note']})" if audit and self.prior_.cdf is None else ""
+
     @staticmethod
     def _pmf(frame, rows, Hk, Hm):
         G = frame.gamma
