@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import math
 
-from acceptscope.estimators.margin import SIGMA_PER_REQUEST, SIGMA_QUARTILES, Z95  # noqa: F401 (SIGMA_*: the spread
-# where no audit measured it; re-exported for the advice's readers)
+from acceptscope.estimators.margin import SIGMA_PER_REQUEST, SIGMA_QUARTILES, Z95  # SIGMA_*: the spread no audit measured
 TARGETS = (0.05, 0.10)  # half-widths (drafts) the estimate gives advice for
 
 

@@ -255,9 +255,6 @@ class _Prepared:
             auc[i] = (np.dot(wp, c[:m]) + np.dot(wp, c[m:])) * 0.5 / (P * N) if P > 0 and N > 0 else np.nan
         return auc
 
-    def reliability(self, w=None) -> pd.DataFrame:
-        return reliability_bins(self.p, self.y, self.nb, w)
-
 
 def reliability_bins(p, y, num_bins: int = 15, w=None) -> pd.DataFrame:
     """Equal-width bins: mean prediction, observed frequency, count."""

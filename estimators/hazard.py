@@ -87,7 +87,7 @@ L2_C = 10.0  # the logistic hazard's inverse L2 penalty: |b|^2 / 20 against the 
 KEYS = ("temperature", "workload")  # what the logistic hazard is keyed by, beyond cell, walk state, greedy
 
 
-def fit_penalized_logistic(X: np.ndarray, pos: np.ndarray, neg: np.ndarray, C: float = 10.0,
+def fit_penalized_logistic(X: np.ndarray, pos: np.ndarray, neg: np.ndarray, C: float = L2_C,
                            start: np.ndarray | None = None, tol: float = 1e-9, max_iter: int = 100) -> np.ndarray:
     """``argmin_b sum_j pos_j log(1 + e^-z_j) + neg_j log(1 + e^z_j) + |b|^2 / (2 C)``, ``z = X b``: a logistic
     regression on distinct design rows with accepted / rejected weights, L2-penalized, no separate intercept

@@ -139,12 +139,13 @@ def audit_posterior(prior: UnobservedPrior, curves: np.ndarray, truth: np.ndarra
     """
     n = int(curves.shape[0])
     share = float(np.clip(logprob_share, 0.0, 1.0))
+    if n < 2:  # nothing measured: the estimate is the compact run's own, its prior as it was (scope, band and all)
+        return replace(prior, audit=dict(n_requests=n, prior_center=prior.center, prior_band=list(prior.band()),
+                                         logprob_share=share, note=f"{n} audited request(s) with open blocks: the "
+                                                                   "prior alone, as without an audit"))
     c0 = prior.center * share
     s0 = (prior.half_width * (2.0 - share)) / Z95
     base = dict(n_requests=n, prior_center=c0, prior_band=[c0 - Z95 * s0, c0 + Z95 * s0], logprob_share=share)
-    if n < 2:  # nothing measured: the estimate is the compact run's own, its prior as it was (scope, band and all)
-        return replace(prior, audit=dict(base, note=f"{n} audited request(s) with open blocks: the prior alone, "
-                                                    "as without an audit"))
     resid = truth[:, None] - curves  # (n, grid)
     tot = resid.sum(0)
     v_hat = n / (n - 1) * ((resid - resid.mean(0)) ** 2).sum(0)  # the summed residual's variance, between requests
