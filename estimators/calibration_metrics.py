@@ -28,7 +28,7 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -118,6 +118,9 @@ def _ece_from_bins(p, y, b, nb, w=None):
 
 
 REPLICATE_BLOCK = 64  # bootstrap replicates scored together (memory: this many weight rows per cluster)
+# a position with at least this many clusters (requests) takes its AUROC interval from the bootstrap's normal
+# limit (_Prepared.auroc_sd), not 200 pair counts; the audit's exact bootstrap stops at the same size
+AUROC_NORMAL_CLUSTERS = 2000
 
 
 class _Prepared:
@@ -183,12 +186,13 @@ class _Prepared:
         P, N = pw.sum(), nw.sum()
         return float((pw * (below + 0.5 * nw)).sum() / (P * N)) if P > 0 and N > 0 else float("nan")
 
-    def _bind(self, clusters: np.ndarray, nc: int) -> tuple:
+    def _bind(self, clusters: np.ndarray, nc: int, pair_counts: bool = True) -> tuple:
         """Per-cluster sums of everything :meth:`metrics_many` reweights, made once per cluster coding.
 
         ``X`` (n_clusters, 6 bins + 3): each metric is a weighted sum of its columns. The AUROC's
         pair count (binary labels): the negatives' clusters in score order, the positives' clusters,
-        and per positive how many negatives score below it (``lo``) and at most as high (``hi``)."""
+        and per positive how many negatives score below it (``lo``) and at most as high (``hi``);
+        ``pair_counts=False``: none (the AUROC's interval is its normal limit, :meth:`auroc_sd`)."""
         if self._bound is not None and self._bound[0] is clusters and self._bound[1] == nc:
             return self._bound[2]
         p, y, nb = self.p, self.y, self.nb
@@ -202,20 +206,20 @@ class _Prepared:
         X = np.hstack([per_cluster(self.bw, nb, v) for v in (ones, p, y)] + [per_cluster(self.bm, nb, v) for v in (ones, p, y)]
                       + [per_cluster(np.zeros(p.size, np.int64), 1, v) for v in (ones, (p - y) ** 2, nll)])
         auc = None
-        ranks = self._pair_ranks()
+        ranks = self._pair_ranks() if pair_counts else None
         if ranks is not None:  # binary labels: the pair count in exact integer arithmetic
             # a positive's negatives strictly below, and below or tied, by index into the negatives' cumsum
             auc = (clusters[ranks[0]], clusters[ranks[1]], ranks[2])
         self._bound = (clusters, nc, (X, auc))
         return self._bound[2]
 
-    def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray, auroc: np.ndarray | None = None) -> dict:
+    def metrics_many(self, clusters: np.ndarray, Wc: np.ndarray, auroc: bool = True) -> dict:
         """:meth:`metrics` under each row of cluster weights ``Wc`` (B, n_clusters), the rows' cluster
         codes ``clusters`` (n,) in ``0..n_clusters-1``. Why it is cheap: a replicate weighs whole
         clusters, so every binned sum is a per-cluster sum (:meth:`_bind`, once) times the weights: one
         matrix product for all replicates; the AUROC, a Mann-Whitney pair count, is one cumulative sum of
-        the negatives' weights per replicate (:meth:`_auroc_many`). ``auroc``: those replicates when known
-        (a sample whose scores order the rows alike under the same weights, :func:`position_metrics_many`)."""
+        the negatives' weights per replicate (:meth:`_auroc_many`). ``auroc=False``: no AUROC replicates
+        (NaN; a sample with many clusters takes the AUROC's normal limit instead, :meth:`auroc_sd`)."""
         nb = self.nb
         Wc = np.asarray(Wc, np.float64)
         X, bound_auc = self._bind(clusters, Wc.shape[1])
@@ -230,10 +234,12 @@ class _Prepared:
             out["ece_debiased"] = np.sqrt(np.maximum(0.0, np.where(n > 1, n * term, 0.0).sum(1) / W))
             out["brier"] = sq / W
             out["nll"] = nll / W
-        if bound_auc is None:
+        if not auroc:
+            out["auroc"] = np.full(Wc.shape[0], np.nan)
+        elif bound_auc is None:
             out["auroc"] = np.array([self.metrics(w)["auroc"] for w in Wc[:, clusters]])
         else:
-            out["auroc"] = self._auroc_many(Wc) if auroc is None else auroc
+            out["auroc"] = self._auroc_many(Wc)
         for name in METRICS:
             out[name] = np.where(W > 0, out[name], np.nan)
         return out
@@ -255,6 +261,31 @@ class _Prepared:
             auc[i] = (np.dot(wp, c[:m]) + np.dot(wp, c[m:])) * 0.5 / (P * N) if P > 0 and N > 0 else np.nan
         return auc
 
+
+    def auroc_sd(self, clusters: np.ndarray, nc: int) -> float:
+        """The standard deviation of the AUROC under the request-clustered Poisson bootstrap, to first
+        order: ``sqrt(sum_c IF_c^2)`` with cluster ``c``'s influence ``IF_c = u_c / (P N) - AUROC (p_c / P
+        + n_c / N)``, where ``u_c`` counts the pairs its rows are in (a positive's negatives below it, a
+        negative's positives above it, ties one half) and ``p_c``, ``n_c`` its positives and negatives.
+
+        Why: the pair-count bootstrap costs a cumulative sum over the sample per replicate (200 x 35
+        position-methods a run: the largest share of a recorded run's fixed cost), and with thousands of
+        clusters its basic interval is this normal limit up to its own Monte Carlo noise (the limit
+        :func:`estimators.bootstrap.iid_replicates` takes for the audit too). NaN: labels not binary."""
+        ranks = self._pair_ranks()
+        if ranks is None or ranks[0].size == 0 or ranks[1].size == 0:
+            return float("nan")
+        neg, pos, lohi = ranks
+        P, N, m = pos.size, neg.size, lohi.size // 2
+        below = 0.5 * (lohi[:m] + lohi[m:])  # per positive: negatives below it, ties one half
+        pp = np.sort(self.p[pos])
+        ps = self.p[neg]  # in score order (_pair_ranks sorted the negatives)
+        above = P - 0.5 * (np.searchsorted(pp, ps, "left") + np.searchsorted(pp, ps, "right"))
+        auc = below.sum() / (P * N)
+        u = np.bincount(clusters[pos], weights=below, minlength=nc) + np.bincount(clusters[neg], weights=above, minlength=nc)
+        influence = u / (P * N) - auc * (np.bincount(clusters[pos], minlength=nc) / P
+                                         + np.bincount(clusters[neg], minlength=nc) / N)
+        return float(np.sqrt(np.dot(influence, influence)))
 
 def reliability_bins(p, y, num_bins: int = 15, w=None) -> pd.DataFrame:
     """Equal-width bins: mean prediction, observed frequency, count."""
@@ -294,12 +325,9 @@ def position_metrics_many(Ps: dict, Y: np.ndarray, groups=None, n_boot: int = 20
 
 class PositionScorer:
     """:func:`position_metrics` for several predictions of the same rows (the STS methods scored on one
-    test split), one after another: the clusters are coded once, and a position whose scores order the
-    rows as the first prediction's do, ties included, reuses its AUROC replicates (the same pair counts; position 0's survival, ``sigmoid(z / T)``, orders
-    alike for every STS table unless clamping ties some rows). A caller holds one prediction at a time
-    (its positions' structures are ~50 bytes a row each). The replicate weights are drawn per block of
-    :data:`REPLICATE_BLOCK` as they are scored (keyed draws: the same numbers whenever drawn; all 200 at
-    once held ~20 MB more at a 349k-row run's comparison)."""
+    test split), one after another: the clusters are coded once and the replicate weights drawn per block
+    of :data:`REPLICATE_BLOCK` as they are scored (keyed draws: the same numbers whenever drawn; all 200
+    at once held ~20 MB more at a 349k-row run's comparison). A caller holds one prediction at a time."""
 
     def blocks(self):
         """The replicate weights, :data:`REPLICATE_BLOCK` replicates at a time."""
@@ -311,13 +339,12 @@ class PositionScorer:
         self.code, uniq = pd.factorize(np.asarray(np.arange(n) if groups is None else groups))
         self.nc = len(uniq)
         self.uniq, self.n_boot, self.seed = uniq, n_boot, seed
-        self.first: dict = {}  # position -> (the first prediction's pair-ranks digest, its AUROC replicates per block)
 
     def score(self, P: np.ndarray, Y: np.ndarray, level: float = 0.95, num_bins: int = 15,
               mask: np.ndarray | None = None) -> pd.DataFrame:
         """:func:`position_metrics`' frame of ``P`` (n, G) against ``Y``."""
         n, code = self.n, self.code
-        preps, rows, codes, digests = {}, {}, {}, {}
+        preps, rows, codes, sds = {}, {}, {}, {}
         for k in range(P.shape[1]):
             m = np.ones(n, bool) if mask is None else mask[:, k]
             if not m.any():
@@ -327,51 +354,34 @@ class PositionScorer:
                            "target_mean": float(prep.y.mean())}
             r.update(prep.metrics())
             if self.n_boot:  # bound now: one position's sorted pair ranks alive at a time (then freed)
-                digests[k] = ranks_digest(prep._pair_ranks())
                 codes[k] = code if mask is None else code[m]
-                prep._bind(codes[k], self.nc)
+                if np.count_nonzero(np.bincount(codes[k], minlength=self.nc)) >= AUROC_NORMAL_CLUSTERS:
+                    sds[k] = prep.auroc_sd(codes[k], self.nc)
+                prep._bind(codes[k], self.nc, pair_counts=k not in sds)
                 prep._ranks = False
         if self.n_boot and preps:
             with threadpool_limits(1):
-                _bootstrap(preps, rows, codes, digests, self.blocks(), level, self.first)
+                _bootstrap(preps, rows, codes, sds, self.blocks(), level)
         return pd.DataFrame([rows[k] for k in sorted(rows)])
 
 
-def ranks_digest(ranks) -> bytes | None:
-    """A 128-bit BLAKE2 digest of :meth:`_Prepared._pair_ranks` (None: labels not binary): equal digests,
-    the same pair counts under any weights. Why a digest: the first prediction's ranks held for the
-    others' comparison were ~20 MB on a 175k-row test split (~3 ms a position to hash)."""
-    if ranks is None:
-        return None
-    h = hashlib.blake2b(digest_size=16)
-    for a in ranks:
-        a = np.ascontiguousarray(a, np.int64)
-        h.update(np.int64(a.size).tobytes())
-        h.update(a.data)
-    return h.digest()
-
-
-def _bootstrap(preps: dict, rows: dict, codes: dict, digests: dict, blocks, level: float, first: dict) -> None:
-    """The basic bootstrap intervals of one prediction's rows (by position), in place. ``first``: see
-    :class:`PositionScorer` (filled by the first prediction, read by the others)."""
+def _bootstrap(preps: dict, rows: dict, codes: dict, sds: dict, blocks, level: float) -> None:
+    """The basic bootstrap intervals of one prediction's rows (by position), in place; the AUROC of a
+    position in ``sds`` (its normal limit's standard deviation, :meth:`_Prepared.auroc_sd`) is
+    ``auroc +- z sd`` instead."""
     a = (1 - level) / 2
-    shared, owns = {}, set()
-    for k, digest in digests.items():
-        if k not in first:
-            first[k] = (digest, [])
-            owns.add(k)
-        elif digest is not None and digest == first[k][0]:
-            shared[k] = first[k][1]
     reps = {k: {name: [] for name in METRICS} for k in preps}
-    for b, Wc in enumerate(blocks):
+    for Wc in blocks:
         for k, prep in preps.items():
-            got = prep.metrics_many(codes[k], Wc, shared[k][b] if k in shared else None)
-            if k in owns and first[k][0] is not None:
-                first[k][1].append(got["auroc"])
+            got = prep.metrics_many(codes[k], Wc, auroc=k not in sds)
             for name in METRICS:
                 reps[k][name].append(got[name])
+    z = NormalDist().inv_cdf(1 - a)
     for k, r in rows.items():
         for name in METRICS:
+            if name == "auroc" and k in sds:
+                r["auroc_lo"], r["auroc_hi"] = max(r["auroc"] - z * sds[k], 0.0), min(r["auroc"] + z * sds[k], 1.0)
+                continue
             v = np.concatenate(reps[k][name])
             v = v[np.isfinite(v)]
             if not v.size:

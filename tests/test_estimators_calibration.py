@@ -201,21 +201,79 @@ def test_replicate_metrics_equal_one_replicate_at_a_time():
 
 
 def test_methods_scored_together_equal_each_alone():
-    """compare scores every STS method with one draw of the replicate weights (and one AUROC bootstrap
-    where two methods order the rows alike); each method's frame must be its own position_metrics call,
-    bit for bit; the unit-weight AUROC (read off the sorted pair ranks)
+    """compare scores every STS method with one coding of the clusters; each method's frame must be its
+    own position_metrics call, bit for bit; the unit-weight AUROC (read off the sorted pair ranks)
     must be the per-score sums' number exactly (ties included)."""
     rng = np.random.default_rng(11)
     n, G = 2500, 3
     groups = rng.integers(0, 150, n).astype(np.uint64)
     Y = (rng.random((n, G)) < 0.6).astype(float)
     Ps = {name: np.round(rng.random((n, G)), 3) for name in ("a", "b")}  # rounded: tied scores
-    Ps["a2"] = Ps["a"] ** 2  # the same order and ties as "a" at every position: one AUROC bootstrap shared
+    Ps["a2"] = Ps["a"] ** 2  # the same order and ties as "a" at every position: the same AUROC interval
     mask = rng.random((n, G)) < 0.9
     got = position_metrics_many(Ps, Y, groups, n_boot=70, seed=4, mask=mask)
     assert not got["a"]["auroc_lo"].equals(got["b"]["auroc_lo"])
+    pd.testing.assert_series_equal(got["a"]["auroc_lo"], got["a2"]["auroc_lo"], check_exact=True)
     for name, P in Ps.items():
         alone = position_metrics(P, Y, groups, n_boot=70, seed=4, mask=mask)
         pd.testing.assert_frame_equal(got[name], alone, check_exact=True)
         prep = _Prepared(P[:, 0], Y[:, 0])
         assert prep.metrics()["auroc"] == prep.metrics(np.ones(n))["auroc"]
+
+
+def _clustered_sample(rng, n_clusters: int, per: int = 6):
+    """Rows of a cluster share an acceptance rate (as a request's positions do): their scores are that
+    rate plus noise (rounded: tied values), their labels drawn from it."""
+    c = np.repeat(np.arange(n_clusters), per)
+    q = rng.random(n_clusters)
+    p = np.clip(np.round(q[c] + 0.15 * rng.standard_normal(c.size), 3), 0, 1)
+    return c, p, (rng.random(c.size) < q[c]).astype(float)
+
+
+def test_auroc_normal_limit_is_the_bootstraps_spread():
+    """auroc_sd is the first-order spread of the request-clustered Poisson bootstrap of the AUROC: on
+    2,500 clusters it must equal the standard deviation of 2,000 exact pair-count replicates to within
+    that estimate's own noise (~1.6% at 2,000 replicates; 6% allowed), and it must be larger than the spread of the same rows taken as
+    independent (the clustering is what it measures)."""
+    from acceptscope.estimators.bootstrap import cluster_weights
+
+    rng = np.random.default_rng(29)
+    c, p, y = _clustered_sample(rng, 2500)
+    prep = _Prepared(p, y)
+    sd = prep.auroc_sd(c, 2500)
+    prep._bind(c, 2500)
+    reps = np.concatenate([prep.metrics_many(c, cluster_weights(np.arange(2500), 250, seed=7, start=s))["auroc"]
+                           for s in range(0, 2000, 250)])
+    assert math.isclose(sd, reps.std(ddof=1), rel_tol=0.06), (sd, reps.std(ddof=1))
+    alone = np.arange(p.size)  # every row its own cluster: the rows of a request are not independent
+    assert _Prepared(p, y).auroc_sd(alone, p.size) < 0.85 * sd
+    assert math.isnan(_Prepared(p, rng.random(p.size)).auroc_sd(c, 2500))  # labels not binary
+
+
+def test_many_clusters_take_the_auroc_normal_limit():
+    """A position with AUROC_NORMAL_CLUSTERS clusters or more reports auroc +- z sd (clipped to [0, 1]);
+    the other metrics keep their basic bootstrap intervals (bit for bit those of a scorer below the
+    threshold), and a position with fewer clusters keeps the AUROC's bootstrap."""
+    from acceptscope.estimators import calibration_metrics as cm
+
+    rng = np.random.default_rng(30)
+    c, p, y = _clustered_sample(rng, cm.AUROC_NORMAL_CLUSTERS)
+    P, Y = p[:, None], y[:, None]
+    got = position_metrics(P, Y, c, n_boot=120, seed=2).iloc[0]
+    sd = _Prepared(p, y).auroc_sd(pd.factorize(c)[0], cm.AUROC_NORMAL_CLUSTERS)
+    z = 1.959963984540054
+    assert math.isclose(got.auroc_lo, got.auroc - z * sd, rel_tol=1e-12)
+    assert math.isclose(got.auroc_hi, got.auroc + z * sd, rel_tol=1e-12)
+    few = c[c < cm.AUROC_NORMAL_CLUSTERS - 1]  # one cluster short: the pair-count bootstrap
+    m = c < cm.AUROC_NORMAL_CLUSTERS - 1
+    boot = position_metrics(P[m], Y[m], few, n_boot=120, seed=2).iloc[0]
+    assert boot.auroc_hi - boot.auroc != pytest.approx(boot.auroc - boot.auroc_lo, rel=1e-9)  # not symmetric
+    assert math.isclose(boot.auroc_hi - boot.auroc_lo, got.auroc_hi - got.auroc_lo, rel_tol=0.25)
+    old = cm.AUROC_NORMAL_CLUSTERS
+    try:
+        cm.AUROC_NORMAL_CLUSTERS = 10 ** 9
+        all_boot = position_metrics(P, Y, c, n_boot=120, seed=2).iloc[0]
+    finally:
+        cm.AUROC_NORMAL_CLUSTERS = old
+    others = [f"{m}_{e}" for m in cm.METRICS if m != "auroc" for e in ("lo", "hi")]
+    assert all_boot[others].equals(got[others])
