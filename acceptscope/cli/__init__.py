@@ -19,6 +19,13 @@ from typer.models import OptionInfo
 from acceptscope.console import one_line
 from acceptscope.exit_codes import EXIT_FAILURE
 
+# 4 kB pages for numpy's arrays in this process (numpy's own switch, read when numpy is first imported: no
+# command module imports it before a command runs; a value the user set is kept). Why: numpy asks for
+# 2 MB pages for every array over 4 MB, and the kernel clears a whole 2 MB page at its first touch; the
+# estimators' short-lived replicate arrays made that a quarter of `estimate`'s CPU over a fleet of runs
+# (system time 10.1 of 41.9 CPU-s; 6.3 of 36.5 with 4 kB pages, the same peak and the same JSON; docs/scale.md §11)
+os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+
 app = typer.Typer(
     name="acceptscope",
     help=(
