@@ -168,16 +168,20 @@ def test_the_wheel_carries_every_fixture_model_and_profile(tmp_path, monkeypatch
         prefix / "share" / "acceptscope" / "fixtures" / "models" / "only-in-wheel"
 
 
-def test_cli_process_uses_small_pages_unless_told_otherwise():
-    """The CLI turns numpy's 2 MB page requests off before numpy loads (a quarter of `estimate`'s CPU over a
-    fleet went to clearing 2 MB pages), and keeps a value the user set: `import acceptscope.cli` must not
-    import numpy itself, or the switch would be read too late."""
-    code = ("import sys, acceptscope.cli; assert 'numpy' not in sys.modules, 'acceptscope.cli imports numpy'; "
-            "from numpy._core import multiarray; print(multiarray._get_madvise_hugepage())")
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    for value, want in ((None, "False"), ("1", "True")):
-        run_env = dict(env, PYTHONPATH=str(ROOT), **({} if value is None else {"NUMPY_MADVISE_HUGEPAGE": value}))
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env, cwd=ROOT,
-                           timeout=300)
+def test_cli_process_numeric_defaults_unless_told_otherwise():
+    """The CLI sets the numeric libraries' process defaults (numpy's 2 MB pages off, Arrow's system pool,
+    one OpenBLAS thread: a quarter of `estimate`'s CPU over a fleet) before any of them loads, and keeps
+    a value the user set: `import acceptscope.cli` must import none of them itself, or the settings would
+    be read too late."""
+    code = ("import sys, acceptscope.cli; loaded = [m for m in ('numpy', 'pyarrow', 'scipy') if m in sys.modules]; "
+            "assert not loaded, loaded; import numpy, pyarrow, threadpoolctl; from numpy._core import multiarray; "
+            "print(multiarray._get_madvise_hugepage(), pyarrow.default_memory_pool().backend_name, "
+            "max(i['num_threads'] for i in threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas'))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMPY_MADVISE_HUGEPAGE", "ARROW_DEFAULT_MEMORY_POOL", "OPENBLAS_NUM_THREADS")}
+    told = {"NUMPY_MADVISE_HUGEPAGE": "1", "ARROW_DEFAULT_MEMORY_POOL": "mimalloc", "OPENBLAS_NUM_THREADS": "2"}
+    for extra, want in (({}, "False system 1"), (told, "True mimalloc 2")):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(env, PYTHONPATH=str(ROOT), **extra), cwd=ROOT, timeout=300)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == want

@@ -19,12 +19,22 @@ from typer.models import OptionInfo
 from acceptscope.console import one_line
 from acceptscope.exit_codes import EXIT_FAILURE
 
-# 4 kB pages for numpy's arrays in this process (numpy's own switch, read when numpy is first imported: no
-# command module imports it before a command runs; a value the user set is kept). Why: numpy asks for
-# 2 MB pages for every array over 4 MB, and the kernel clears a whole 2 MB page at its first touch; the
-# estimators' short-lived replicate arrays made that a quarter of `estimate`'s CPU over a fleet of runs
-# (system time 10.1 of 41.9 CPU-s; 6.3 of 36.5 with 4 kB pages, the same peak and the same JSON; docs/scale.md §11)
-os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+# The numeric libraries' process-wide settings for a command's process, each read when its library first
+# loads (no command module loads one before a command runs: tests/test_packaging.py); a value the user set
+# is kept. Measured on `estimate` over a fleet of 23 runs, 2M request-steps (docs/scale.md §11): 41.9 -> 30.1
+# CPU-s with all three, the same JSON bit for bit, peak 1,190 -> 1,093 MB.
+PROCESS_DEFAULTS = {
+    # numpy asks for 2 MB pages for every array over 4 MB and the kernel clears a whole page at its first
+    # touch: the estimators' short-lived replicate arrays made that a fifth of the CPU (system time)
+    "NUMPY_MADVISE_HUGEPAGE": "0",
+    # the same for Arrow's buffers in pyarrow's default (mimalloc) arenas: 0.6 of a 125k-row run's 4 CPU-s
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+    # the estimators' matrix products are small (a replicate block by a chunk's requests): OpenBLAS's
+    # threads spin waiting for work (blas_thread_server, 6% of the CPU) and change no number
+    "OPENBLAS_NUM_THREADS": "1",
+}
+for _name, _value in PROCESS_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
 
 app = typer.Typer(
     name="acceptscope",
