@@ -79,8 +79,8 @@ def survival(z: np.ndarray, temperatures) -> np.ndarray:
 
 def _grid_ece(prev: np.ndarray, zk: np.ndarray, yk: np.ndarray, grid: np.ndarray, nb: int) -> np.ndarray:
     """SGLang's ECE for every grid temperature at once."""
-    # (an expression, not a local: ece_rows' clamped copy then replaces the survival, not sits beside it)
-    return ece_rows(_scaled(_sig(zk[None, :] / grid[:, None]), prev[None, :]), yk, nb)
+    # (the survival is this call's scratch: ece_rows clamps it in place, no copy beside it)
+    return ece_rows(_scaled(_sig(zk[None, :] / grid[:, None]), prev[None, :]), yk, nb, overwrite=True)
 
 
 def _scaled(a: np.ndarray, b) -> np.ndarray:

@@ -74,19 +74,30 @@ def ece(p, y, num_bins: int = 15, w=None) -> float:
     return _ece_from_bins(_clamp(p), np.asarray(y, float), width_bins(p, num_bins), num_bins, w)
 
 
-def ece_rows(P, y, num_bins: int = 15) -> np.ndarray:
+def ece_rows(P, y, num_bins: int = 15, overwrite: bool = False) -> np.ndarray:
     """Equal-width ECE of every row of ``P`` (m, n) against one label vector ``y`` (n,), at once.
 
-    Why: the STS grid fit scores 41 temperatures per position; one bincount beats 41 calls.
-    """
-    P = _clamp(np.atleast_2d(P))
+    Why: the STS grid fit scores 41 temperatures per position; one bincount beats 41 calls. Binary
+    labels: each bin's count and label sum come from one count of (bin, label) cells (integers: the same
+    numbers as summing the labels; the labels broadcast to ``P``'s shape were a copy per call).
+    ``overwrite``: ``P`` is the caller's scratch (clamped in place)."""
+    P = np.atleast_2d(np.asarray(P, np.float64))
+    P = np.clip(P, EPS, 1 - EPS, out=P if overwrite else None)
     m = P.shape[0]
-    b = (np.clip((P * num_bins).astype(np.int64), 0, num_bins - 1) + num_bins * np.arange(m)[:, None]).ravel()
     size = num_bins * m
-    n = np.bincount(b, minlength=size).reshape(m, num_bins).astype(float)
+    b = np.multiply(P, num_bins).astype(np.int64)
+    np.clip(b, 0, num_bins - 1, out=b)
+    b += num_bins * np.arange(m)[:, None]
+    b = b.ravel()
     sp = np.bincount(b, weights=P.ravel(), minlength=size).reshape(m, num_bins)
-    sy = np.bincount(b, weights=np.broadcast_to(np.asarray(y, float), P.shape).ravel(),
-                     minlength=size).reshape(m, num_bins)
+    y = np.asarray(y, float)
+    if np.isin(y, (0.0, 1.0)).all():
+        b *= 2
+        b += np.broadcast_to(y.astype(np.int64), P.shape).ravel()
+        cells = np.bincount(b, minlength=2 * size).reshape(m, num_bins, 2)
+        return ece_from_sums(cells.sum(-1).astype(float), sp, cells[..., 1].astype(float))
+    n = np.bincount(b, minlength=size).reshape(m, num_bins).astype(float)
+    sy = np.bincount(b, weights=np.broadcast_to(y, P.shape).ravel(), minlength=size).reshape(m, num_bins)
     return ece_from_sums(n, sp, sy)
 
 
