@@ -94,8 +94,8 @@ def build(source: Path, db: Path, rows: int, only_run: str | None = None) -> dic
     return out
 
 
-def measure(tree: Path, args: list[str], timeout: float, json_out: Path | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree), COLUMNS="100")
+def measure(tree: Path, args: list[str], timeout: float, json_out: Path | None = None, env_extra: dict | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), COLUMNS="100", **(env_extra or {}))
     try:
         r = subprocess.run([PY, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, timeout=timeout,
                            env=env, cwd=tree)
@@ -151,6 +151,9 @@ def main() -> None:
     ap.add_argument("--source", type=Path, help="a main-job audit database (default: run the main job into the workdir)")
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout (repeatable; default: this one)")
+    ap.add_argument("--env", action="append", default=[],
+                    help="TREE:NAME=VALUE, an environment variable for that tree's runs only (repeatable): e.g. one "
+                         "checkout twice, once with the CLI's process defaults overridden")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json-dir", type=Path, help="keep each tree's JSON output here and compare it with the first "
@@ -173,6 +176,11 @@ def main() -> None:
     info = build(source, db, a.rows)
     print(json.dumps({"store": info}), flush=True)
     trees = [tuple(t.split("=", 1)) for t in a.tree] or [("this", str(ROOT))]
+    tree_env: dict[str, dict] = {}
+    for spec in a.env:
+        name, _, kv = spec.partition(":")
+        key, _, value = kv.partition("=")
+        tree_env.setdefault(name, {})[key] = value
     cases = {"all runs": ["estimate", "--db", str(db), "--json"],
              "biggest run alone": ["estimate", "--db", str(db), "--run", info["biggest_run"], "--json"]}
     rows_of = {"all runs": info["request_steps"], "biggest run alone": info["biggest_rows"]}
@@ -189,7 +197,7 @@ def main() -> None:
         for case, args in cases.items():
             for name, path in trees:
                 out = None if a.json_dir is None else a.json_dir / f"{case.replace(' ', '-')}.{name}.{rep}.json"
-                m = measure(Path(path).resolve(), args, a.timeout, out)
+                m = measure(Path(path).resolve(), args, a.timeout, out, tree_env.get(name))
                 m.update(tree=name, case=case, repeat=rep)
                 rows.append(m)
                 print(json.dumps(m), flush=True)
