@@ -298,8 +298,10 @@ class _Prepared:
                                          + np.bincount(clusters[neg], minlength=nc) / N)
         return float(np.sqrt(np.dot(influence, influence)))
 
-def reliability_bins(p, y, num_bins: int = 15, w=None) -> pd.DataFrame:
-    """Equal-width bins: mean prediction, observed frequency, count."""
+
+def reliability_curve(p, y, num_bins: int = 15, w=None) -> pd.DataFrame:
+    """One prediction's equal-width reliability curve: per bin its mean prediction, observed frequency and
+    count. (The store's binned counterpart, over runs in SQL, is ``summaries.reliability_bins``.)"""
     p, y = _clamp(p), np.asarray(y, float)
     b = width_bins(p, num_bins)
     w = np.ones_like(p) if w is None else w
@@ -410,7 +412,7 @@ def reliability_table(P: np.ndarray, Y: np.ndarray, num_bins: int = 15) -> pd.Da
     """Long reliability table over positions (equal-width bins)."""
     out = []
     for k in range(P.shape[1]):
-        r = reliability_bins(P[:, k], Y[:, k], num_bins)  # (not a _Prepared: no mass bins, no sort)
+        r = reliability_curve(P[:, k], Y[:, k], num_bins)  # (not a _Prepared: no mass bins, no sort)
         r.insert(0, "position", k)
         out.append(r)
     return pd.concat(out, ignore_index=True)
