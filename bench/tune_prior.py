@@ -8,6 +8,12 @@ walk could not follow. The shift at which the estimate meets the truth is that c
 rounded up to a quarter logit: every tune configuration's truth then lies inside the band's point
 range (sampling noise widens the interval beyond that). Scoring seeds are never read here.
 
+A configuration whose truth lies outside what any shift in ``SHIFTS`` reaches informs no shift (its miss
+is not the unobserved positions'; it is listed with its distance to the reachable range, not clipped to
+the grid's end), and neither does one whose estimate hardly moves (``INSENSITIVE``). The shipped
+constants (``estimators/margin.py``) are printed beside the derived ones, with whether their band holds
+every informative configuration's needed shift.
+
 Usage::
 
     .venv/bin/python bench/paired_grid.py generate --split tune --n 12 --volume 0 --workdir /tmp/grid-tune
@@ -28,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the grid's modules, 
 
 from acceptscope.estimators.chunks import read_sample  # noqa: E402
 from acceptscope.estimators.frame import BlockFrame  # noqa: E402
-from acceptscope.estimators.margin import UnobservedPrior  # noqa: E402
+from acceptscope.estimators.margin import PRIOR_CENTER, PRIOR_HALF_WIDTH, UnobservedPrior  # noqa: E402
 from acceptscope.estimators.tail import TailEstimator  # noqa: E402
 from acceptscope.store import Store  # noqa: E402
 import paired_grid_report as rep  # noqa: E402
@@ -56,13 +62,9 @@ def needed_shift(run_dir: Path, fit_rows: int = 1 << 18) -> dict:
     out = {"truth": t, "unshifted": float(means[np.searchsorted(SHIFTS, 0.0)]), "span": float(means[-1] - means[0])}
     if out["span"] < INSENSITIVE:  # hardly any block left to the model: any shift meets the truth as well
         return {**out, "needed": None}
-    if t <= means[0]:
-        need = float(SHIFTS[0])
-    elif t >= means[-1]:
-        need = float(SHIFTS[-1])
-    else:
-        need = float(np.interp(t, means, SHIFTS))
-    return {**out, "needed": need}
+    if not means[0] <= t <= means[-1]:  # no shift meets it: the gap to the nearest reachable mean, in drafts
+        return {**out, "needed": None, "beyond": float(t - (means[0] if t < means[0] else means[-1]))}
+    return {**out, "needed": float(np.interp(t, means, SHIFTS))}
 
 
 def main() -> None:
@@ -84,8 +86,16 @@ def main() -> None:
         sys.exit("no tune configuration had hazards fitted without truth")
     center = float(np.median(need))
     half = math.ceil(float(np.abs(need - center).max()) * 4) / 4
-    print(f"\n{need.size} tune configurations; needed shifts {np.round(np.sort(need), 2).tolist()}")
-    print(f"PRIOR_CENTER = {center:.2f}; PRIOR_HALF_WIDTH = {half:.2f}")
+    beyond = [r for r in rows if "beyond" in r]
+    print(f"\n{need.size} informative tune configurations of {len(rows)}; needed shifts {np.round(np.sort(need), 2).tolist()}")
+    for r in beyond:
+        print(f"beyond every shift: {r['workload']} T{r['temperature']} b{r['batch']} seed {r['seed']}: the truth "
+              f"{r['beyond']:+.3f} drafts past the reachable mean ceiling")
+    print(f"derived: PRIOR_CENTER = {center:.2f}; PRIOR_HALF_WIDTH = {half:.2f}")
+    lo, hi = PRIOR_CENTER - PRIOR_HALF_WIDTH, PRIOR_CENTER + PRIOR_HALF_WIDTH
+    held = int(((need >= lo) & (need <= hi)).sum())
+    print(f"shipped: PRIOR_CENTER = {PRIOR_CENTER:.2f}; PRIOR_HALF_WIDTH = {PRIOR_HALF_WIDTH:.2f}: its band "
+          f"[{lo:.2f}, {hi:.2f}] holds {held} of {need.size} needed shifts")
 
 
 if __name__ == "__main__":
