@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize, minimize_scalar
 
 from acceptscope.domain.sts import sts_problem
 from acceptscope.estimators.bootstrap import row_request_keys
@@ -118,6 +117,8 @@ def _loss(p, y, kind):
 
 def fit_smooth(z: np.ndarray, y: np.ndarray, loss: str = "nll", sequential: bool = True, num_bins: int = 15) -> dict:
     """Continuous fit of ``log T_k`` minimising NLL or Brier of the cumulative survival."""
+    from scipy.optimize import minimize, minimize_scalar  # (lazy: tests/test_layers.py LAZY_IMPORTS)
+
     n, G = z.shape
     lo, hi = LOG_T_BOUNDS
     if sequential:

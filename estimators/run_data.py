@@ -20,7 +20,7 @@ from acceptscope.runs_table import read_runs
 from acceptscope.store import Store
 from acceptscope.domain.sps import parse_sps
 from acceptscope.domain.temperature import as_served
-from acceptscope.ingest.links import named_tables
+from acceptscope.domain.served_tables import named_tables
 from acceptscope.estimators.bracket import bracket_from_jsonl
 from acceptscope.estimators.calibration import compare
 from acceptscope.estimators.cost import CostModel, table_from_long

@@ -11,28 +11,15 @@ and with them the temperatures the confidences in the dump were computed with.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterable, Optional
 
-TABLE_ARGS = (
-    ("sts_hash", "speculative_dspark_confidence_sts_path", "sts_tables", "STS"),
-    ("sps_hash", "speculative_dspark_sps_table_path", "sps_tables", "SPS"),
-)
+from acceptscope.domain.served_tables import TABLE_ARGS, named_tables
 
 
 def _basename(path: str) -> str:
     return (PureWindowsPath(path) if "\\" in path else PurePosixPath(path)).name
-
-
-def named_tables(config_json: Optional[str]) -> dict[str, str]:
-    """``{"sts_hash": path, "sps_hash": path}`` for the tables a run's server args name."""
-    try:
-        args = (json.loads(config_json or "{}") or {}).get("server_args") or {}
-    except (TypeError, ValueError):
-        return {}
-    return {col: args[key] for col, key, _, _ in TABLE_ARGS if isinstance(args.get(key), str) and args[key]}
 
 
 def link_run_tables(store: Any, this_ingest: Iterable[str] = (), *, run_dirs: Optional[dict] = None,
