@@ -162,10 +162,12 @@ def sample_requests(store, run_ids, max_rows: int, seed: int, duckdb_memory: str
 
 
 def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUMNS,
-                duckdb_memory: str | None = DUCKDB_MEMORY) -> pa.Table:
+                duckdb_memory: str | None = DUCKDB_MEMORY, total: int | None = None) -> pa.Table:
     """``request_steps`` of a stable hash-sample of the runs' requests (whole requests; at most
-    ``max_rows`` rows, all of them when they fit), ordered by request."""
-    sel = sample_requests(store, run_ids, max_rows, seed, duckdb_memory)
+    ``max_rows`` rows, all of them when they fit), ordered by request. ``total``: the runs' request-steps
+    when the caller counted them (all of them fit: no per-request count to sample from)."""
+    sel = None if total is not None and total <= max_rows else sample_requests(store, run_ids, max_rows, seed,
+                                                                                duckdb_memory)
     with store.connect(read_only=True) as con:
         configure(con, duckdb_memory)
         cols = s_columns(columns)

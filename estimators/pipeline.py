@@ -124,7 +124,7 @@ def fit_estimator(store, runs: tuple, gamma: int, fit_rows: int, seed: int, duck
     if n_total and not n_open:  # raises the fit's ValueError (should it fit, the sample is fitted below)
         TailEstimator().fit(BlockFrame.from_request_steps(read_sample(store, runs, 1, seed=seed,
                                                                       duckdb_memory=duckdb_memory), gamma=gamma))
-    tbl = read_sample(store, runs, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
+    tbl = read_sample(store, runs, fit_rows, seed=seed, duckdb_memory=duckdb_memory, total=n_total)
     n_fit = tbl.num_rows
     est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
     del tbl
