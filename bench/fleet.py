@@ -88,7 +88,7 @@ def build(source: Path, db: Path, rows: int, only_run: str | None = None) -> dic
     con.execute("CHECKPOINT")
     out = dict(copies=copies, request_steps=con.execute("SELECT count(*) FROM request_steps").fetchone()[0],
                runs=con.execute("SELECT count(DISTINCT run_id) FROM request_steps").fetchone()[0])
-    biggest = con.execute("SELECT run_id, count(*) n FROM request_steps GROUP BY 1 ORDER BY 2 DESC LIMIT 1").fetchone()
+    biggest = con.execute("SELECT run_id, count(*) n FROM request_steps GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 1").fetchone()
     out.update(biggest_run=biggest[0], biggest_rows=biggest[1])
     con.close()
     return out
