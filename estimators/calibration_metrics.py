@@ -272,7 +272,6 @@ class _Prepared:
             auc[i] = (np.dot(wp, c[:m]) + np.dot(wp, c[m:])) * 0.5 / (P * N) if P > 0 and N > 0 else np.nan
         return auc
 
-
     def auroc_sd(self, clusters: np.ndarray, nc: int) -> float:
         """The standard deviation of the AUROC under the request-clustered Poisson bootstrap, to first
         order: ``sqrt(sum_c IF_c^2)`` with cluster ``c``'s influence ``IF_c = u_c / (P N) - AUROC (p_c / P
@@ -369,7 +368,9 @@ class PositionScorer:
             if self.n_boot:  # bound now: one position's sorted pair ranks alive at a time (then freed)
                 codes[k] = code if mask is None else code[m]
                 if np.count_nonzero(np.bincount(codes[k], minlength=self.nc)) >= AUROC_NORMAL_CLUSTERS:
-                    sds[k] = prep.auroc_sd(codes[k], self.nc)
+                    sd = prep.auroc_sd(codes[k], self.nc)
+                    if np.isfinite(sd):  # (labels not binary: the bootstrap, as for few clusters)
+                        sds[k] = sd
                 prep._bind(codes[k], self.nc, pair_counts=k not in sds)
                 prep._ranks = False
         if self.n_boot and preps:

@@ -277,3 +277,5 @@ def test_many_clusters_take_the_auroc_normal_limit():
         cm.AUROC_NORMAL_CLUSTERS = old
     others = [f"{m}_{e}" for m in cm.METRICS if m != "auroc" for e in ("lo", "hi")]
     assert all_boot[others].equals(got[others])
+    frac = position_metrics(P, rng.random(Y.shape), c, n_boot=20, seed=2).iloc[0]  # labels not binary: bootstrapped
+    assert np.isfinite(frac.auroc_lo) and frac.auroc_lo < frac.auroc < frac.auroc_hi

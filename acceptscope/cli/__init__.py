@@ -21,8 +21,8 @@ from acceptscope.exit_codes import EXIT_FAILURE
 
 # The numeric libraries' process-wide settings for a command's process, each read when its library first
 # loads (no command module loads one before a command runs: tests/test_packaging.py); a value the user set
-# is kept. Measured on `estimate` over a fleet of 23 runs, 2M request-steps (docs/scale.md §11): 41.9 -> 30.1
-# CPU-s with all three, the same JSON bit for bit, peak 1,190 -> 1,093 MB.
+# is kept. Measured on `estimate` over a fleet of 23 runs, 2M request-steps (docs/scale.md §11): 32.2 -> 27.6
+# CPU-s with the three, the same JSON bit for bit, peak 1,157 -> 1,069 MB.
 PROCESS_DEFAULTS = {
     # numpy asks for 2 MB pages for every array over 4 MB and the kernel clears a whole page at its first
     # touch: the estimators' short-lived replicate arrays made that a fifth of the CPU (system time)
