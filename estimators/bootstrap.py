@@ -169,16 +169,20 @@ def _normals(keys: np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray | Non
 
 
 class _Noise:
-    """The imputation noise of per-(group, request) sums: ``s0 + z * sd`` per replicate, ``z`` keyed by the
-    request. Only rows whose ``sd`` is positive draw (about a third over a fleet's runs: a request with no
-    censored block has no predictive variance); the others are ``s0`` as ``s0 + z * 0`` was, bit for bit."""
+    """The replicates of per-(group, request) sums: ``s0 + z * sd``, ``z`` keyed by the request (imputation
+    noise), and with ``population`` each request's keyed Poisson(1) weight on them and on its count ``cnt``.
+    Only rows whose ``sd`` is positive draw noise (about a third over a fleet's runs: a request with no
+    censored block has no predictive variance); the others are ``s0`` as ``s0 + z * 0`` was, bit for bit.
+    One home for :func:`aggregate_stats` and :func:`replicate_sums`, which read the same replicates."""
 
-    def __init__(self, keys: np.ndarray, s0: np.ndarray, sd: np.ndarray, n_boot: int, seed: int):
-        self.s0, self.seed = s0, seed
+    def __init__(self, keys: np.ndarray, s0: np.ndarray, sd: np.ndarray, cnt: np.ndarray, n_boot: int, seed: int,
+                 population: bool):
+        self.s0, self.cnt, self.seed = s0, cnt, seed
         self.rows = np.flatnonzero(sd > 0)
         self.all = self.rows.size == sd.size
         self.sd = sd[self.rows]
         self.Z, self.kuniq, self.kcode = _normals(keys[self.rows], n_boot, seed)
+        self.weights = np.unique(keys, return_inverse=True) if population else None  # (distinct keys, codes)
 
     def block(self, i: np.ndarray) -> np.ndarray:
         """``(len(i), rows)`` noisy sums of replicates ``i``."""
@@ -188,6 +192,15 @@ class _Noise:
         out = np.repeat(self.s0[None, :], len(i), axis=0)
         out[:, self.rows] += z
         return out
+
+    def group_sums(self, g: np.ndarray, ng: int, i: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Replicates ``i``' per-group numerators and (population target; else None) denominators."""
+        noisy = self.block(i)
+        if self.weights is None:
+            return group_sums(g, noisy, ng), None
+        kuniq, kcode = self.weights
+        w = poisson_weights(kuniq, i, self.seed)[:, kcode]
+        return group_sums(g, w * noisy, ng), group_sums(g, w * self.cnt, ng)
 
 
 def replicate_blocks(n_boot: int, n_keys: int, cells: int | None = None):
@@ -347,18 +360,11 @@ def aggregate_stats(stats: pd.DataFrame, by: list[str] | None = None, *, level: 
             m = shift[cols].sum().to_frame().T
         sh = m[cols].fillna(0.0).to_numpy(float).T  # (R, ng)
     # keys repeat across (group, request) clusters of one request: draw once per distinct key
-    noise = _Noise(key, s0, sd, n_boot, seed)
-    kuniq, kcode = np.unique(key, return_inverse=True) if target == "population" else (None, None)
+    noise = _Noise(key, s0, sd, cnt, n_boot, seed, target == "population")
     reps = np.empty((n_boot, ng))
     for i in replicate_blocks(n_boot, key.size):
-        noisy = noise.block(i)
-        if target == "population":
-            w = poisson_weights(kuniq, i, seed)[:, kcode]
-            num = group_sums(g, w * noisy, ng)
-            den = group_sums(g, w * cnt, ng)
-        else:
-            num = group_sums(g, noisy, ng)
-            den = n_g
+        num, den = noise.group_sums(g, ng, i)
+        den = n_g if den is None else den
         if sh is not None:
             num = num + sh[i % sh.shape[0]] * den / np.maximum(n_g, 1e-12)
         reps[i] = num / np.maximum(den, 1e-12)
@@ -403,18 +409,13 @@ def replicate_sums(stats: pd.DataFrame, by: list[str] | None = None, *, n_boot: 
     cnt, s0 = stats["n"].to_numpy(float), stats["sum_mean"].to_numpy(float)
     sd = np.sqrt(np.maximum(stats["sum_var"].to_numpy(float), 0))
     key = stats[KEY].to_numpy(np.uint64)
-    noise = _Noise(key, s0, sd, n_boot if ng else 0, seed)
-    kuniq, kcode = np.unique(key, return_inverse=True) if target == "population" else (None, None)
+    noise = _Noise(key, s0, sd, cnt, n_boot if ng else 0, seed, target == "population")
     num = np.zeros((n_boot, ng))
     den = np.zeros((n_boot, ng)) if target == "population" else None
     for i in replicate_blocks(n_boot if ng else 0, key.size):
-        noisy = noise.block(i)
+        num[i], d = noise.group_sums(g, ng, i)
         if den is not None:
-            w = poisson_weights(kuniq, i, seed)[:, kcode]
-            num[i] = group_sums(g, w * noisy, ng)
-            den[i] = group_sums(g, w * cnt, ng)
-        else:
-            num[i] = group_sums(g, noisy, ng)
+            den[i] = d
     out = dict(labels=labels[:ng], by=by, num=num, den=den, target=target,
                values=[[_label(v) for v in groups[c]][:ng] for c in by])
     for c in _SUMS:
