@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from acceptscope.estimators.chunks import S_ORDER, TAIL_COLUMNS, configure, s_columns, sample_requests
+from acceptscope.estimators.chunks import (ORDER, S_ORDER, TAIL_COLUMNS, configure, fetch_by_request, s_columns,
+                                           sample_requests)
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.store import fetch_arrow
 
@@ -71,8 +72,11 @@ def _rows(store, run_id: str, keys: pd.DataFrame, columns) -> pa.Table:
         configure(con, None)
         con.register("_acceptscope_audited", keys)
         try:
-            return fetch_arrow(con, f"SELECT {s_columns(columns)} FROM request_steps s SEMI JOIN _acceptscope_audited k "
-                                    f"ON s.rid = k.rid WHERE s.run_id = ? ORDER BY {S_ORDER}", [run_id])
+            sql = (f"SELECT {s_columns(columns)} FROM request_steps s SEMI JOIN _acceptscope_audited k "
+                   f"ON s.rid = k.rid WHERE s.run_id = ?")
+            if set(ORDER.split(", ")) <= set(columns):  # (the key columns read: sorted here)
+                return fetch_by_request(con, sql, [run_id])
+            return fetch_arrow(con, f"{sql} ORDER BY {S_ORDER}", [run_id])
         finally:
             con.unregister("_acceptscope_audited")
 
