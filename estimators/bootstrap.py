@@ -121,25 +121,61 @@ def row_request_keys(run_id, rid) -> np.ndarray:
     return request_keys(at(runs, first), at(rids, first))[code]
 
 
-def uniforms(keys: np.ndarray, i, seed: int = 0, stream: int = 0) -> np.ndarray:
-    """Uniform(0, 1) per key for replicate ``i`` (independent streams by ``stream``). ``i`` an array of
-    replicates: one row per replicate (each the same numbers as that replicate alone: one draw a cell)."""
-    many = np.ndim(i) > 0
+def _hashes(keys: np.ndarray, i, seed: int, stream: int) -> np.ndarray:
+    """The 53-bit keyed hash per (replicate, key) behind :func:`uniforms` (one row per replicate of ``i``)."""
     with np.errstate(over="ignore"):
         idx = np.atleast_1d(np.asarray(i)).astype(np.uint64)
         salt = _mix(_U64(seed) * _U64(0xD6E8FEB86659FD93) + idx * _U64(0x9E3779B97F4A7C15)
                     + _U64(stream) * _U64(0xC2B2AE3D27D4EB4F))
         h = _mix_into(np.bitwise_xor(np.asarray(keys, np.uint64)[None, :], salt[:, None]))
     np.right_shift(h, _U64(11), out=h)
+    return h
+
+
+def _to_uniform(h: np.ndarray) -> np.ndarray:
+    """53-bit hashes as Uniform(0, 1) draws, the midpoints of their 2**53 cells."""
     u = h.astype(np.float64)
     u += 0.5
     u *= 1.0 / float(1 << 53)  # a power of two: the same as dividing by it
-    return u if many else u[0]
+    return u
+
+
+def uniforms(keys: np.ndarray, i, seed: int = 0, stream: int = 0) -> np.ndarray:
+    """Uniform(0, 1) per key for replicate ``i`` (independent streams by ``stream``). ``i`` an array of
+    replicates: one row per replicate (each the same numbers as that replicate alone: one draw a cell)."""
+    u = _to_uniform(_hashes(keys, i, seed, stream))
+    return u if np.ndim(i) > 0 else u[0]
+
+
+_P1_BITS = 16  # the hash's leading bits that index the Poisson(1) table
+
+
+def _poisson_table() -> np.ndarray:
+    """Poisson(1) value per value of a hash's leading :data:`_P1_BITS` bits, 255 where the CDF steps inside
+    that cell of hashes (their draw is looked up in the CDF itself). Exact: a cell's uniforms run from its
+    first hash's to its last's (the conversion is monotone), so a cell without a step holds one value."""
+    shift = 53 - _P1_BITS
+    first = np.arange(1 << _P1_BITS, dtype=np.uint64) << _U64(shift)
+    last = first + _U64((1 << shift) - 1)
+    lo, hi = (np.searchsorted(_P1_CDF, _to_uniform(h), side="right") for h in (first, last))
+    return np.where(lo == hi, lo, 255).astype(np.uint8)
+
+
+_P1_TABLE = _poisson_table()
 
 
 def poisson_weights(keys: np.ndarray, i, seed: int = 0) -> np.ndarray:
-    """Poisson(1) replicate weight per request (the request-clustered bootstrap); ``i`` as :func:`uniforms`."""
-    return np.searchsorted(_P1_CDF, uniforms(keys, i, seed, 1), side="right").astype(np.float64)
+    """Poisson(1) replicate weight per request (the request-clustered bootstrap); ``i`` as :func:`uniforms`.
+    ``searchsorted(CDF, uniform)``, read off a table of the hash's leading bits (one cell in ~2,600 holds a
+    step of the CDF: only its draws search); 12 of 17 ns a draw were the search (trim regret, calibration
+    metrics and hazard refits draw 400 or 200 per request)."""
+    h = _hashes(keys, i, seed, 1)
+    w = _P1_TABLE[h >> _U64(53 - _P1_BITS)]
+    step = np.flatnonzero(w == 255)
+    if step.size:
+        w.reshape(-1)[step] = np.searchsorted(_P1_CDF, _to_uniform(h.reshape(-1)[step]), side="right")
+    w = w.astype(np.float64)
+    return w if np.ndim(i) > 0 else w[0]
 
 
 def normal_draws(keys: np.ndarray, i, seed: int = 0) -> np.ndarray:
