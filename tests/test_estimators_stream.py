@@ -386,3 +386,31 @@ def test_planner_window_kept_in_the_pass_equals_the_store_read(store, monkeypatc
         a, b = to_jsonable(kept[rid])["planner"], to_jsonable(read[rid])["planner"]
         _assert_same(a, b)
         assert 0 < a["summary"]["audited_request_steps"] < a["summary"]["request_steps"]
+
+
+def test_runs_sorted_in_memory_give_the_pieces_of_duckdbs_ordered_scan(tmp_path):
+    """A run read whole and put in order here (request_chunks, sort_rows) gives the pieces DuckDB's ordered
+    scan gives, row for row, and fetch_by_request the table ORDER BY gives, also for rids beyond ASCII,
+    rids that are prefixes of others and several runs in one result."""
+    from acceptscope.estimators.chunks import ORDER, TAIL_COLUMNS, fetch_by_request, request_chunks, s_columns
+    from acceptscope.store import fetch_arrow
+
+    st = Store(tmp_path / "o.duckdb")
+    for seed, run in ((1, "b-run"), (2, "a-run")):
+        t = dict(simulate(n_requests=30, seed=seed, run_id=run).tables)
+        rs = t["request_steps"]
+        names = {r: n for r, n in zip(sorted(rs.rid.unique()), ["é1", "e", "ä", "Z", "e1", "日本", "r10", "r2"] * 10)}
+        t["request_steps"] = rs.assign(rid=rs.rid.map(lambda r: names[r] + "-" + r if r in names else r))
+        st.append(t)
+    runs = ["b-run", "a-run"]
+    for chunk_rows in (40, 1 << 20):
+        memory = [(r, t.to_pandas()) for r, t in request_chunks(st, runs, chunk_rows=chunk_rows)]
+        duck = [(r, t.to_pandas()) for r, t in request_chunks(st, runs, chunk_rows=chunk_rows, sort_rows=0)]
+        assert [r for r, _ in memory] == [r for r, _ in duck] and len(memory) >= (2 if chunk_rows > 1000 else 10)
+        for (_, a), (_, b) in zip(memory, duck):
+            pd.testing.assert_frame_equal(a, b)
+    with st.connect(read_only=True) as con:
+        sql = f"SELECT {s_columns(TAIL_COLUMNS)} FROM request_steps s WHERE s.run_id IN ('a-run', 'b-run')"
+        want = fetch_arrow(con, f"{sql} ORDER BY {ORDER}").combine_chunks()
+        got = fetch_by_request(con, sql)
+    assert got.num_rows == want.num_rows > 100 and got.equals(want)
