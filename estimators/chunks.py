@@ -203,10 +203,13 @@ def sample_requests(store, run_ids, max_rows: int, seed: int, duckdb_memory: str
 
 
 def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUMNS,
-                duckdb_memory: str | None = DUCKDB_MEMORY, total: int | None = None) -> pa.Table:
+                duckdb_memory: str | None = DUCKDB_MEMORY, total: int | None = None, ordered: bool = True) -> pa.Table:
     """``request_steps`` of a stable hash-sample of the runs' requests (whole requests; at most
     ``max_rows`` rows, all of them when they fit), ordered by request. ``total``: the runs' request-steps
-    when the caller counted them (all of them fit: no per-request count to sample from)."""
+    when the caller counted them (all of them fit: no per-request count to sample from). ``ordered=False``:
+    in stored order, for a caller that builds a :class:`~estimators.frame.BlockFrame` of it (which puts its
+    rows in request order itself, its list columns after padding: cheaper than any sort of the lists)."""
+    fetch = fetch_by_request if ordered else fetch_arrow
     sel = None if total is not None and total <= max_rows else sample_requests(store, run_ids, max_rows, seed,
                                                                                 duckdb_memory)
     with store.connect(read_only=True) as con:
@@ -214,11 +217,11 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
         cols = s_columns(columns)
         if sel is None:
             sql = f"SELECT {cols} FROM request_steps s WHERE s.run_id IN (SELECT UNNEST(?))"
-            return fetch_by_request(con, sql, [list(run_ids)])
+            return fetch(con, sql, [list(run_ids)])
         con.register("_acceptscope_sample", sel)
         try:
             sql = (f"SELECT {cols} FROM request_steps s SEMI JOIN _acceptscope_sample k "
                    f"ON s.run_id = k.run_id AND s.rid = k.rid")
-            return fetch_by_request(con, sql)
+            return fetch(con, sql)
         finally:
             con.unregister("_acceptscope_sample")

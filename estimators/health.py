@@ -23,8 +23,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from acceptscope.estimators.chunks import (ORDER, S_ORDER, TAIL_COLUMNS, configure, fetch_by_request, s_columns,
-                                           sample_requests)
+from acceptscope.estimators.chunks import TAIL_COLUMNS, configure, s_columns, sample_requests
 from acceptscope.estimators.frame import BlockFrame
 from acceptscope.store import fetch_arrow
 
@@ -72,11 +71,10 @@ def _rows(store, run_id: str, keys: pd.DataFrame, columns) -> pa.Table:
         configure(con, None)
         con.register("_acceptscope_audited", keys)
         try:
-            sql = (f"SELECT {s_columns(columns)} FROM request_steps s SEMI JOIN _acceptscope_audited k "
-                   f"ON s.rid = k.rid WHERE s.run_id = ?")
-            if set(ORDER.split(", ")) <= set(columns):  # (the key columns read: sorted here)
-                return fetch_by_request(con, sql, [run_id])
-            return fetch_arrow(con, f"{sql} ORDER BY {S_ORDER}", [run_id])
+            # in stored order: a BlockFrame puts the production rows in request order itself, and the
+            # audit's truth is only averaged
+            return fetch_arrow(con, f"SELECT {s_columns(columns)} FROM request_steps s SEMI JOIN _acceptscope_audited k "
+                                    f"ON s.rid = k.rid WHERE s.run_id = ?", [run_id])
         finally:
             con.unregister("_acceptscope_audited")
 

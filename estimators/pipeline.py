@@ -122,9 +122,9 @@ def fit_estimator(store, runs: tuple, gamma: int, fit_rows: int, seed: int, duck
     static arms and the compact arms trained on them: ~1.5 of the fleet's CPU-s)."""
     n_total, n_open = training_counts(store, runs, gamma)
     if n_total and not n_open:  # raises the fit's ValueError (should it fit, the sample is fitted below)
-        TailEstimator().fit(BlockFrame.from_request_steps(read_sample(store, runs, 1, seed=seed,
-                                                                      duckdb_memory=duckdb_memory), gamma=gamma))
-    tbl = read_sample(store, runs, fit_rows, seed=seed, duckdb_memory=duckdb_memory, total=n_total)
+        TailEstimator().fit(BlockFrame.from_request_steps(read_sample(store, runs, 1, seed=seed, duckdb_memory=duckdb_memory,
+                                                                      ordered=False), gamma=gamma))
+    tbl = read_sample(store, runs, fit_rows, seed=seed, duckdb_memory=duckdb_memory, total=n_total, ordered=False)
     n_fit = tbl.num_rows
     est = TailEstimator().fit(BlockFrame.from_request_steps(tbl, gamma=gamma))
     del tbl
@@ -158,7 +158,8 @@ def fit_hazards(store, meta_row, fit_rows: int, seed: int, cache: dict, hazards_
             est, notes = fit_estimator(store, plan.fit, gamma, fit_rows, seed, duckdb_memory)
             if plan.calibrate:  # the run alone, as production estimates it: what interval health scores
                 cache[("alone", rid)] = (plan.calibrate[0], gamma, est.frozen(boot, seed), list(notes))
-                audit = read_sample(store, plan.calibrate, fit_rows, seed=seed, duckdb_memory=duckdb_memory)
+                audit = read_sample(store, plan.calibrate, fit_rows, seed=seed, duckdb_memory=duckdb_memory,
+                                    ordered=False)
                 est.calibrate_prior(BlockFrame.from_request_steps(audit, gamma=gamma), seed)
                 note += est.calibration_note()
                 del audit
