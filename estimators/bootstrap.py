@@ -277,16 +277,6 @@ def replicate_blocks(n_boot: int, n_keys: int, cells: int | None = None):
     return (np.arange(i, min(i + step, n_boot)) for i in range(0, n_boot, step))
 
 
-def group_sums(g: np.ndarray, values: np.ndarray, ng: int) -> np.ndarray:
-    """``np.bincount(g, weights=row, minlength=ng)`` of every row of ``values`` (b, n) in one call:
-    each (row, group) sum adds the same numbers in the same order as the row's own bincount."""
-    b = values.shape[0]
-    if b == 1:
-        return np.bincount(g, weights=values[0], minlength=ng)[None, :]
-    idx = (np.arange(b)[:, None] * ng + g[None, :]).ravel()
-    return np.bincount(idx, weights=values.ravel(), minlength=b * ng).reshape(b, ng)
-
-
 def cluster_weights(clusters, n_boot: int, seed: int = 0, start: int = 0) -> np.ndarray:
     """``(n_boot, len(clusters))`` Poisson(1) replicate weights, one draw per cluster shared by its
     rows (the request-clustered bootstrap of every estimator: hazard refits, calibration metrics,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from acceptscope.estimators.bootstrap import (aggregate_stats, cluster_weights, group_sums, iid_replicates,
+from acceptscope.estimators.bootstrap import (aggregate_stats, cluster_weights, iid_replicates,
                                               normal_draws, poisson_weights, replicate_blocks, request_keys,
                                               request_stats, uniforms)
 
@@ -31,13 +31,57 @@ def test_a_block_of_replicates_is_each_replicate_alone():
     assert [b.tolist() for b in replicate_blocks(3, 3, cells=6)] == [[0], [1], [2]]
 
 
-def test_group_sums_are_the_rows_bincounts():
+def test_noise_group_sums_are_the_sums_of_their_rows_replicates():
+    """A block of replicates' group sums, made as products of the draws with per-request columns, are the
+    (group, request) rows' own replicates ``s0 + z sd`` (``w (s0 + z sd)`` and ``w n`` for the population)
+    summed per group, within rounding; and a replicate's numbers do not depend on the block it is made in."""
+    import acceptscope.estimators.bootstrap as bs
+
     rng = np.random.default_rng(1)
-    g = rng.integers(0, 4, 300)
-    v = rng.normal(size=(5, 300))
-    got = group_sums(g, v, 4)
-    for row, want in zip(got, (np.bincount(g, weights=r, minlength=4) for r in v)):
-        assert np.array_equal(row, want)  # same numbers added in the same order: equal, not close
+    n = 3000
+    b = pd.DataFrame({"run_id": "r", "rid": rng.integers(0, 400, n).astype(str), "workload": rng.choice(["a", "b", "c"], n),
+                      "mean": rng.random(n) * 4, "var": np.where(rng.random(n) < 0.6, 0.0, rng.random(n)),
+                      "censored": rng.random(n) < 0.4})
+    st = request_stats(b, ["workload"])
+    g, _ = bs.group_codes(st, ["workload"])
+    key = st[bs.KEY].to_numpy(np.uint64)
+    s0, cnt = st["sum_mean"].to_numpy(float), st["n"].to_numpy(float)
+    sd = np.sqrt(st["sum_var"].to_numpy(float))
+    assert 0 < (sd > 0).sum() < len(sd)  # rows with noise and rows without
+    i = np.arange(40)
+    z = np.where(sd > 0, normal_draws(key, i, 5), 0.0)  # a request's draw, whatever row it is on
+    w = poisson_weights(key, i, 5)
+    for population in (False, True):
+        noise = bs._Noise(key, s0, sd, cnt, 40, 5, population)
+        num, den = noise.group_sums(g, 3, i)
+        rows = s0 + z * sd
+        want = np.stack([np.bincount(g, weights=r, minlength=3) for r in (w * rows if population else rows)])
+        np.testing.assert_allclose(num, want, rtol=1e-12)
+        if population:
+            np.testing.assert_allclose(den, np.stack([np.bincount(g, weights=r, minlength=3) for r in w * cnt]), rtol=1e-12)
+        else:
+            assert den is None
+        assert np.array_equal(noise.group_sums(g, 3, i[7:9])[0], num[7:9])  # the same numbers in a smaller block
+
+
+def test_poisson_weights_are_the_cdf_searched():
+    """The table of the hash's leading bits gives exactly ``searchsorted(CDF, uniform)``: over random keys,
+    and over hashes on either side of every step of the CDF (the cells where the table defers to the search)."""
+    import acceptscope.estimators.bootstrap as bs
+
+    keys = _keys(3000)
+    i = np.arange(30)
+    want = np.searchsorted(bs._P1_CDF, uniforms(keys, i, 9, stream=1), side="right").astype(float)
+    assert np.array_equal(poisson_weights(keys, i, 9), want) and want.max() >= 4
+    steps = (bs._P1_TABLE == 255).sum()
+    assert 1 <= steps <= 25
+    shift = np.uint64(53 - bs._P1_BITS)
+    for c in bs._P1_CDF[:10]:
+        h = (np.arange(-5000, 5000) + int(c * 2.0 ** 53)).astype(np.uint64)
+        v = bs._P1_TABLE[h >> shift].astype(int)
+        at = v == 255
+        v[at] = np.searchsorted(bs._P1_CDF, bs._to_uniform(h[at]), side="right")
+        assert np.array_equal(v, np.searchsorted(bs._P1_CDF, bs._to_uniform(h), side="right"))
 
 
 def test_aggregate_intervals_do_not_depend_on_the_block_size():
