@@ -45,11 +45,20 @@ def _clamp(p):
 
 
 def width_bins(p, num_bins: int = 15) -> np.ndarray:
-    return np.clip((_clamp(p) * num_bins).astype(np.int64), 0, num_bins - 1)
+    return _width(_clamp(p), num_bins)
 
 
 def mass_bins(p, num_bins: int = 15) -> np.ndarray:
-    p = _clamp(p)
+    return _mass(_clamp(p), num_bins)
+
+
+def _width(p: np.ndarray, num_bins: int) -> np.ndarray:
+    """:func:`width_bins` of predictions already clamped."""
+    return np.clip((p * num_bins).astype(np.int64), 0, num_bins - 1)
+
+
+def _mass(p: np.ndarray, num_bins: int) -> np.ndarray:
+    """:func:`mass_bins` of predictions already clamped."""
     edges = np.quantile(p, np.linspace(0, 1, num_bins + 1)[1:-1]) if p.size else np.array([])
     return np.searchsorted(edges, p, side="right")
 
@@ -141,8 +150,8 @@ class _Prepared:
         self.p = _clamp(p)
         self.y = np.asarray(y, float)
         self.nb = num_bins
-        self.bw = width_bins(self.p, num_bins)
-        self.bm = mass_bins(self.p, num_bins)
+        self.bw = _width(self.p, num_bins)
+        self.bm = _mass(self.p, num_bins)
         self._bound = None  # (clusters, n_clusters, per-cluster sums): see _bind
         self._ranks = False  # the binary labels' score order (see _pair_ranks); None: labels not binary
 
@@ -231,10 +240,35 @@ class _Prepared:
         matrix product for all replicates; the AUROC, a Mann-Whitney pair count, is one cumulative sum of
         the negatives' weights per replicate (:meth:`_auroc_many`). ``auroc=False``: no AUROC replicates
         (NaN; a sample with many clusters takes the AUROC's normal limit instead, :meth:`auroc_sd`)."""
-        nb = self.nb
         Wc = np.asarray(Wc, np.float64)
         X, bound_auc = self._bind(clusters, Wc.shape[1])
-        R = Wc @ X
+        out = self._from_sums(Wc @ X)
+        if not auroc:
+            out["auroc"] = np.full(Wc.shape[0], np.nan)
+        elif bound_auc is None:
+            out["auroc"] = np.array([self.metrics(w)["auroc"] for w in Wc[:, clusters]])
+        else:
+            out["auroc"] = self._auroc_many(Wc)
+        W = out.pop("_W")
+        for name in METRICS:
+            out[name] = np.where(W > 0, out[name], np.nan)
+        return out
+
+    def metrics_bound(self) -> dict:
+        """:meth:`metrics` (unit weights) from the sums :meth:`_bind` made for the replicates: each binned
+        sum is its clusters' sums added up, not a second pass over the rows (the point and its replicates
+        from the same sums; the same numbers up to rounding, ~6% of scoring saved). The AUROC is the exact
+        pair count."""
+        out = self._from_sums(self._bound[2][0].sum(0)[None, :])
+        W = float(out.pop("_W")[0])
+        res = {name: float(out[name][0]) if W > 0 else float("nan") for name in METRICS if name != "auroc"}
+        res["auroc"] = self._auroc(np.ones_like(self.p), True)
+        return res
+
+    def _from_sums(self, R: np.ndarray) -> dict:
+        """Every metric but the AUROC from rows of summed :meth:`_bind` columns ``R`` (B, 6 bins + 3), and the
+        total weight ``_W``."""
+        nb = self.nb
         cnt_w, sp_w, sy_w, n, sp, sy = (R[:, j * nb:(j + 1) * nb] for j in range(6))
         W, sq, nll = R[:, 6 * nb], R[:, 6 * nb + 1], R[:, 6 * nb + 2]
         out = {"ece": ece_from_sums(cnt_w, sp_w, sy_w), "ece_mass": ece_from_sums(n, sp, sy)}
@@ -245,14 +279,7 @@ class _Prepared:
             out["ece_debiased"] = np.sqrt(np.maximum(0.0, np.where(n > 1, n * term, 0.0).sum(1) / W))
             out["brier"] = sq / W
             out["nll"] = nll / W
-        if not auroc:
-            out["auroc"] = np.full(Wc.shape[0], np.nan)
-        elif bound_auc is None:
-            out["auroc"] = np.array([self.metrics(w)["auroc"] for w in Wc[:, clusters]])
-        else:
-            out["auroc"] = self._auroc_many(Wc)
-        for name in METRICS:
-            out[name] = np.where(W > 0, out[name], np.nan)
+        out["_W"] = W
         return out
 
     def _auroc_many(self, Wc: np.ndarray) -> np.ndarray:
@@ -371,15 +398,18 @@ class PositionScorer:
             prep = preps[k] = _Prepared(P[m, k], Y[m, k], num_bins)
             r = rows[k] = {"position": k, "n": int(m.sum()), "pred_mean": float(prep.p.mean()),
                            "target_mean": float(prep.y.mean())}
-            r.update(prep.metrics())
-            if self.n_boot:  # bound now: one position's sorted pair ranks alive at a time (then freed)
-                codes[k] = code if mask is None else code[m]
-                if np.count_nonzero(np.bincount(codes[k], minlength=self.nc)) >= AUROC_NORMAL_CLUSTERS:
-                    sd = prep.auroc_sd(codes[k], self.nc)
-                    if np.isfinite(sd):  # (labels not binary: the bootstrap, as for few clusters)
-                        sds[k] = sd
-                prep._bind(codes[k], self.nc, pair_counts=k not in sds)
-                prep._ranks = False
+            if not self.n_boot:
+                r.update(prep.metrics())
+                continue
+            # bound now: one position's sorted pair ranks alive at a time (then freed)
+            codes[k] = code if mask is None else code[m]
+            if np.count_nonzero(np.bincount(codes[k], minlength=self.nc)) >= AUROC_NORMAL_CLUSTERS:
+                sd = prep.auroc_sd(codes[k], self.nc)
+                if np.isfinite(sd):  # (labels not binary: the bootstrap, as for few clusters)
+                    sds[k] = sd
+            prep._bind(codes[k], self.nc, pair_counts=k not in sds)
+            r.update(prep.metrics_bound())
+            prep._ranks = False
         if self.n_boot and preps:
             with threadpool_limits(1):
                 _bootstrap(preps, rows, codes, sds, self.blocks(), level)

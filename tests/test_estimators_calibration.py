@@ -221,6 +221,22 @@ def test_methods_scored_together_equal_each_alone():
         assert prep.metrics()["auroc"] == prep.metrics(np.ones(n))["auroc"]
 
 
+def test_point_metrics_from_the_bootstraps_sums_equal_the_row_sums():
+    """With replicates, a position's point metrics come from the per-cluster sums the replicates reweight
+    (_Prepared.metrics_bound); without, from the rows (metrics): the same numbers within rounding, the
+    AUROC exactly, for binary and fractional labels."""
+    rng = np.random.default_rng(12)
+    n, G = 3000, 3
+    groups = rng.integers(0, 200, n).astype(np.uint64)
+    P = np.round(rng.random((n, G)), 3)
+    for Y in ((rng.random((n, G)) < 0.6).astype(float), rng.random((n, G))):
+        boot = position_metrics(P, Y, groups, n_boot=30, seed=1)
+        point = position_metrics(P, Y, groups, n_boot=0)
+        for name in ("ece", "ece_mass", "ece_debiased", "brier", "nll"):
+            np.testing.assert_allclose(boot[name], point[name], rtol=1e-10, err_msg=name)
+        assert boot["auroc"].tolist() == point["auroc"].tolist()
+
+
 def _clustered_sample(rng, n_clusters: int, per: int = 6):
     """Rows of a cluster share an acceptance rate (as a request's positions do): their scores are that
     rate plus noise (rounded: tied values), their labels drawn from it."""
