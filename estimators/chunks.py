@@ -1,10 +1,11 @@
-"""Whole requests out of the store: one ordered scan of ``request_steps`` cut into chunks that never
-split a request, and stable hash-samples of requests. Every executor of :mod:`estimators.pipeline` that
+"""Whole requests out of the store: ``request_steps`` read run by run in request order and cut into chunks
+that never split a request, and stable hash-samples of requests. Every executor of :mod:`estimators.pipeline` that
 reads a DuckDB store gets its chunks here (the Spark executors cut their partitions with
 :func:`whole_requests` too).
 
-Memory: DuckDB's sort is capped (:func:`sort_memory`, spilling beyond) and a chunk is ``chunk_rows``
-request-steps, so a pass holds one chunk on top of the sort whatever the run's size."""
+Memory: a run of up to :data:`SORT_ROWS` request-steps is sorted in memory, a bigger one by DuckDB, its sort
+capped (:func:`sort_memory`, spilling beyond); a chunk is ``chunk_rows`` request-steps, so a pass holds one
+chunk on top of the sort whatever the run's size."""
 
 from __future__ import annotations
 

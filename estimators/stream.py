@@ -16,8 +16,9 @@ read **once**, ordered by request, as Arrow record batches cut into chunks of wh
   whole decode steps with each request's history), with the run's streamed totals for the trimming counts.
 
 Memory: a chunk (``chunk_rows`` request-steps plus the estimator's per-block arrays), the per-request
-statistics (runs up to ``sample_rows`` only; bigger ones keep per-replicate sums) and DuckDB's sort,
-capped by ``duckdb_memory`` (it spills to a temporary directory). Results equal the in-memory ones on a
+statistics (runs up to ``sample_rows`` only; bigger ones keep per-replicate sums) and the sort by request:
+a run of up to :data:`~estimators.chunks.SORT_ROWS` request-steps is sorted in memory, a bigger one by
+DuckDB, capped by ``duckdb_memory`` (it spills to a temporary directory). Results equal the in-memory ones on a
 run that fits in one chunk (the tail's point estimates for any chunking).
 
 Example::
