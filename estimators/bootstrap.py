@@ -221,10 +221,9 @@ class _Noise:
 
     def __init__(self, keys: np.ndarray, s0: np.ndarray, sd: np.ndarray, cnt: np.ndarray, n_boot: int, seed: int,
                  population: bool):
-        self.keys, self.s0, self.sd, self.cnt, self.seed = keys, s0, sd, cnt, seed
-        noisy = np.flatnonzero(sd > 0)
-        self.noisy = noisy
-        self.Z, self.kuniq, self.kcode = _normals(keys[noisy], n_boot, seed)
+        self.s0, self.sd, self.cnt, self.seed = s0, sd, cnt, seed
+        self.noisy = np.flatnonzero(sd > 0)
+        self.Z, self.kuniq, self.kcode = _normals(keys[self.noisy], n_boot, seed)
         self.weights = np.unique(keys, return_inverse=True) if population else None  # (distinct keys, codes)
         self._by = None  # (g, ng, per-request columns) of the last grouping asked for
         # draws a replicate of a block holds: its noise, and with population its weights

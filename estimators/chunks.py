@@ -44,10 +44,11 @@ def fetch_by_request(con, sql: str, params: list | None = None) -> pa.Table:
     forward_ct``) in :data:`ORDER`, sorted here rather than by DuckDB.
 
     Why: DuckDB sorts a row with its payload, and a request-step carries six lists; a run's 349k rows
-    took 0.58 CPU-s ordered in DuckDB against 0.38 read as stored and put in order by one
-    ``lexsort`` of the keys and one Arrow ``take`` (bench/phases.py: the hazard fits' sample reads). The
-    strings order by their code points, as DuckDB's byte order of UTF-8 does; for a result that need not
-    fit in memory, the ordered scan is :func:`request_chunks`' (DuckDB's external sort)."""
+    took 0.58 CPU-s ordered in DuckDB against 0.38 read as stored and put in order by one ``lexsort`` of
+    the keys and one Arrow ``take``. The strings order by their code points, as DuckDB's byte order of
+    UTF-8 does. For a result that may not fit in memory, :func:`request_chunks` keeps DuckDB's external
+    sort; a caller that builds a :class:`~estimators.frame.BlockFrame` needs no order at all (the frame
+    sorts its own rows: ``read_sample(ordered=False)``)."""
     tbl = fetch_arrow(con, sql, params)
     if tbl.num_rows < 2:
         return tbl
@@ -93,7 +94,7 @@ def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_CO
     ``whole_runs``: cut only between runs (each run is one piece, however long).
 
     A run of at most ``sort_rows`` request-steps is read whole and put in order here
-    (:func:`fetch_by_request`: a fleet's pass 2.5 -> ~1.3 CPU-s); longer runs, and reads with a ``where``,
+    (:func:`fetch_by_request`: the 2M-row fleet's pass 2.5 -> 1.6 CPU-s); longer runs, and reads with a ``where``,
     stream out of DuckDB's external sort, so memory stays bounded by ``sort_rows`` whatever the run."""
     with store.connect(read_only=True) as con:
         configure(con, duckdb_memory)
@@ -210,7 +211,13 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
     when the caller counted them (all of them fit: no per-request count to sample from). ``ordered=False``:
     in stored order, for a caller that builds a :class:`~estimators.frame.BlockFrame` of it (which puts its
     rows in request order itself, its list columns after padding: cheaper than any sort of the lists)."""
-    fetch = fetch_by_request if ordered else fetch_arrow
+    def fetch(con, sql, params=None):
+        if not ordered:
+            return fetch_arrow(con, sql, params)
+        if set(ORDER.split(", ")) <= set(columns):  # the keys read: sorted here
+            return fetch_by_request(con, sql, params)
+        return fetch_arrow(con, f"{sql} ORDER BY {S_ORDER}", params)
+
     sel = None if total is not None and total <= max_rows else sample_requests(store, run_ids, max_rows, seed,
                                                                                 duckdb_memory)
     with store.connect(read_only=True) as con:

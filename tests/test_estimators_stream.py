@@ -414,3 +414,13 @@ def test_runs_sorted_in_memory_give_the_pieces_of_duckdbs_ordered_scan(tmp_path)
         want = fetch_arrow(con, f"{sql} ORDER BY {ORDER}").combine_chunks()
         got = fetch_by_request(con, sql)
     assert got.num_rows == want.num_rows > 100 and got.equals(want)
+    # read_sample: ordered by request (sorted here, or by DuckDB when the keys are not read), or as stored
+    from acceptscope.estimators.chunks import read_sample
+    assert read_sample(st, runs, 1 << 20).combine_chunks().equals(want)
+    few = ("rid", "ceiling")
+    with st.connect(read_only=True) as con:
+        want_few = fetch_arrow(con, f"SELECT {s_columns(few)} FROM request_steps s ORDER BY {ORDER}").combine_chunks()
+    assert read_sample(st, runs, 1 << 20, columns=few).combine_chunks().equals(want_few)
+    stored = read_sample(st, runs, 1 << 20, ordered=False).to_pandas()
+    pd.testing.assert_frame_equal(stored.sort_values(["run_id", "rid", "epoch", "forward_ct"], ignore_index=True),
+                                  want.to_pandas())
