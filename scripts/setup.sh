@@ -21,6 +21,6 @@ PYTHONWARNINGS="ignore:Editable installation" pip_install "$VENV/bin/python" -e 
 "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
 # the package's own bytecode: pip compiles what it installs, not an editable source tree, and where
 # PYTHONDONTWRITEBYTECODE is set (this project's machine) every process compiled ~160 modules again
-# (~0.2 of a 125k-row `estimate`'s 2.6 CPU-s). A source edited later is recompiled in memory, as usual.
+# (~0.08 CPU-s of every `estimate`'s imports). A source edited later is recompiled in memory, as usual.
 "$VENV/bin/python" -m compileall -q acceptscope estimators app >/dev/null
 echo "acceptscope: $VENV ready ($("$VENV/bin/python" -c 'import torch, duckdb; print("torch", torch.__version__, "duckdb", duckdb.__version__)'))"
