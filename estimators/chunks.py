@@ -54,7 +54,7 @@ def fetch_by_request(con, sql: str, params: list | None = None) -> pa.Table:
         return tbl
     keys = [tbl.column(c).to_numpy() for c in ("forward_ct", "epoch")]
     for c in ("rid", "run_id"):  # each string column as the rank of its value among the distinct ones
-        d = pc.dictionary_encode(tbl.column(c)).combine_chunks()
+        d = pc.dictionary_encode(tbl.column(c).combine_chunks())  # one dictionary for every chunk
         rank = np.empty(len(d.dictionary), np.int64)
         rank[np.asarray(pc.sort_indices(d.dictionary))] = np.arange(rank.size)
         keys.append(rank[np.asarray(d.indices)])
