@@ -22,7 +22,8 @@ Usage::
 must not change with a speed-up: the count of float fields that differ and their largest relative
 difference, timings aside). ``--single-rows N`` adds two stores of one run each grown to ~N request-steps (a run with its ceiling
 recorded, so the held-out calibration comparison runs, and a tail-estimated one): ``estimate`` over one
-such run is the per-run fixed cost plus N rows of per-row work.
+such run is the per-run fixed cost plus N rows of per-row work. Several sizes (``--single-rows 31250 62500
+125000 250000``) separate the two: the line through each arm's CPU-s against its rows, intercept and slope.
 """
 
 from __future__ import annotations
@@ -132,6 +133,15 @@ def json_diff(a, b, path: str = "") -> tuple[int, float, list]:
     return (sum(p[0] for p in parts), max([p[1] for p in parts], default=0.0), [x for p in parts for x in p[2]])
 
 
+def line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares intercept and slope of ``(x, y)`` points."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
 def biggest_run(source: Path, exact: bool) -> str:
     """The source's biggest run whose ceiling is recorded on every request-step (``exact``: the held-out
     calibration runs) or on none (the tail is estimated)."""
@@ -158,9 +168,10 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json-dir", type=Path, help="keep each tree's JSON output here and compare it with the first "
                                                   "tree's (float fields that differ, largest relative difference)")
-    ap.add_argument("--single-rows", type=int, default=0,
+    ap.add_argument("--single-rows", type=int, nargs="*", default=[],
                     help="also one run alone grown to this many request-steps (the per-run fixed cost), once for "
-                         "the biggest run with a recorded ceiling (calibration) and once for the biggest without (tail)")
+                         "the biggest run with a recorded ceiling (calibration) and once for the biggest without (tail); "
+                         "several sizes: each, and per tree the line through them (its intercept is the run's fixed cost)")
     a = ap.parse_args()
     a.workdir.mkdir(parents=True, exist_ok=True)
     if a.json_dir is not None:
@@ -184,14 +195,17 @@ def main() -> None:
     cases = {"all runs": ["estimate", "--db", str(db), "--json"],
              "biggest run alone": ["estimate", "--db", str(db), "--run", info["biggest_run"], "--json"]}
     rows_of = {"all runs": info["request_steps"], "biggest run alone": info["biggest_rows"]}
-    if a.single_rows:
+    sweep: dict[str, list[str]] = {}  # arm -> its cases, by size
+    for size in a.single_rows:
         for arm, exact in (("exact", True), ("estimated", False)):
-            one = a.workdir / f"single-{arm}.duckdb"
-            got = build(source, one, a.single_rows, only_run=biggest_run(source, exact))
-            print(json.dumps({f"single {arm}": got}), flush=True)
-            case = f"one {arm} run"
+            suffix = "" if len(a.single_rows) == 1 else f"-{size}"
+            one = a.workdir / f"single-{arm}{suffix}.duckdb"
+            got = build(source, one, size, only_run=biggest_run(source, exact))
+            print(json.dumps({f"single {arm}{suffix}": got}), flush=True)
+            case = f"one {arm} run" + ("" if len(a.single_rows) == 1 else f" {size // 1000}k")
             cases[case] = ["estimate", "--db", str(one), "--json"]
             rows_of[case] = got["request_steps"]
+            sweep.setdefault(arm, []).append(case)
     rows = []
     for rep in range(a.repeats):
         for case, args in cases.items():
@@ -215,6 +229,15 @@ def main() -> None:
             n = rows_of[case]
             base = base or cpu
             print(f"{case:<20} {name:<10} {cpu:8.1f} {wall:8.1f} {peak:8.0f} {n / cpu:10.0f}  x{base / cpu:.2f}")
+    if len(a.single_rows) > 1:
+        print("\none run alone, CPU-s against its request-steps (least squares over the sizes, each size's smaller CPU):")
+        for arm, names in sweep.items():
+            for name, _ in trees:
+                pts = [(rows_of[c], min(r["cpu_seconds"] for r in rows if r["case"] == c and r["tree"] == name and r["rc"] == 0))
+                       for c in names if any(r["case"] == c and r["tree"] == name and r["rc"] == 0 for r in rows)]
+                if len(pts) >= 2:
+                    fixed, per_row = line(pts)
+                    print(f"{arm:<10} {name:<10} fixed cost {fixed:6.2f} CPU-s, {per_row * 1e5:6.2f} CPU-s per 100k request-steps")
     if a.json_dir is not None:
         first = trees[0][0]
         print(f"\nJSON against {first} (repeat 0): float fields that differ, largest relative difference, other fields")
