@@ -39,9 +39,10 @@ def s_columns(columns) -> str:
     return ", ".join(f's."{c}"' for c in columns)
 
 
-def fetch_by_request(con, sql: str, params: list | None = None) -> pa.Table:
-    """A query's whole result (``sql`` without ORDER BY, columns including ``run_id, rid, epoch,
-    forward_ct``) in :data:`ORDER`, sorted here rather than by DuckDB.
+def fetch_by_request(con, sql: str, params: list | None, columns) -> pa.Table:
+    """A query's whole result (``sql`` without ORDER BY, selecting ``columns``) in :data:`ORDER`, sorted here
+    rather than by DuckDB when ``columns`` hold the keys (``run_id, rid, epoch, forward_ct``), else by
+    DuckDB's ORDER BY.
 
     Why: DuckDB sorts a row with its payload, and a request-step carries six lists; a run's 349k rows
     took 0.58 CPU-s ordered in DuckDB against 0.38 read as stored and put in order by one ``lexsort`` of
@@ -49,6 +50,8 @@ def fetch_by_request(con, sql: str, params: list | None = None) -> pa.Table:
     UTF-8 does. For a result that may not fit in memory, :func:`request_chunks` keeps DuckDB's external
     sort; a caller that builds a :class:`~estimators.frame.BlockFrame` needs no order at all (the frame
     sorts its own rows: ``read_sample(ordered=False)``)."""
+    if not set(ORDER.split(", ")) <= set(columns):
+        return fetch_arrow(con, f"{sql} ORDER BY {S_ORDER}", params)
     tbl = fetch_arrow(con, sql, params)
     if tbl.num_rows < 2:
         return tbl
@@ -93,13 +96,13 @@ def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_CO
     ``chunk_rows`` rows each (a request longer than that is one piece), run after run in run order.
     ``whole_runs``: cut only between runs (each run is one piece, however long).
 
-    A run of at most ``sort_rows`` request-steps is read whole and put in order here
+    A run of at most ``sort_rows`` request-steps is read whole and put in order in memory
     (:func:`fetch_by_request`: the 2M-row fleet's pass 2.5 -> 1.6 CPU-s); longer runs, and reads with a ``where``,
     stream out of DuckDB's external sort, so memory stays bounded by ``sort_rows`` whatever the run."""
     with store.connect(read_only=True) as con:
         configure(con, duckdb_memory)
         select = f"SELECT {s_columns(columns)} FROM request_steps s"
-        if where or params or not set(ORDER.split(", ")) <= set(columns):
+        if where or params:
             sql = f"{select} WHERE s.run_id IN (SELECT UNNEST(?)) {where} ORDER BY {S_ORDER}"
             reader = fetch_arrow_reader(con, sql, [list(run_ids)] + list(params or []),
                                         batch_rows=min(chunk_rows, 1 << 16))
@@ -110,7 +113,7 @@ def request_chunks(store, run_ids, chunk_rows: int = CHUNK_ROWS, columns=TAIL_CO
                                 "GROUP BY run_id", [list(run_ids)]).fetchall())
         for run in sorted(rows):  # code point order: DuckDB's byte order of UTF-8
             if rows[run] <= sort_rows:
-                tbl = fetch_by_request(con, f"{select} WHERE s.run_id = ?", [run])
+                tbl = fetch_by_request(con, f"{select} WHERE s.run_id = ?", [run], columns)
                 batches = tbl.to_batches(max_chunksize=min(chunk_rows, 1 << 16))
                 del tbl
             else:
@@ -212,11 +215,7 @@ def read_sample(store, run_ids, max_rows: int, seed: int = 0, columns=TAIL_COLUM
     in stored order, for a caller that builds a :class:`~estimators.frame.BlockFrame` of it (which puts its
     rows in request order itself, its list columns after padding: cheaper than any sort of the lists)."""
     def fetch(con, sql, params=None):
-        if not ordered:
-            return fetch_arrow(con, sql, params)
-        if set(ORDER.split(", ")) <= set(columns):  # the keys read: sorted here
-            return fetch_by_request(con, sql, params)
-        return fetch_arrow(con, f"{sql} ORDER BY {S_ORDER}", params)
+        return fetch_by_request(con, sql, params, columns) if ordered else fetch_arrow(con, sql, params)
 
     sel = None if total is not None and total <= max_rows else sample_requests(store, run_ids, max_rows, seed,
                                                                                 duckdb_memory)

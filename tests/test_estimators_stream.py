@@ -412,7 +412,7 @@ def test_runs_sorted_in_memory_give_the_pieces_of_duckdbs_ordered_scan(tmp_path)
     with st.connect(read_only=True) as con:
         sql = f"SELECT {s_columns(TAIL_COLUMNS)} FROM request_steps s WHERE s.run_id IN ('a-run', 'b-run')"
         want = fetch_arrow(con, f"{sql} ORDER BY {ORDER}").combine_chunks()
-        got = fetch_by_request(con, sql)
+        got = fetch_by_request(con, sql, None, TAIL_COLUMNS)
     assert got.num_rows == want.num_rows > 100 and got.equals(want)
     # read_sample: ordered by request (sorted here, or by DuckDB when the keys are not read), or as stored
     from acceptscope.estimators.chunks import read_sample
