@@ -219,47 +219,37 @@ class _Noise:
     which replicates are drawn beside it. Only requests with a positive ``sd`` draw noise (about a third
     over a fleet's runs: a request with no censored block has no predictive variance)."""
 
-    def __init__(self, keys: np.ndarray, s0: np.ndarray, sd: np.ndarray, cnt: np.ndarray, n_boot: int, seed: int,
-                 population: bool):
-        self.s0, self.sd, self.cnt, self.seed = s0, sd, cnt, seed
-        self.noisy = np.flatnonzero(sd > 0)
-        self.Z, self.kuniq, self.kcode = _normals(keys[self.noisy], n_boot, seed)
-        self.weights = np.unique(keys, return_inverse=True) if population else None  # (distinct keys, codes)
-        self._by = None  # (g, ng, per-request columns) of the last grouping asked for
-        # draws a replicate of a block holds: its noise, and with population its weights
-        self.block_keys = self.kuniq.size + (self.weights[0].size if population else 0)
-
-    def _columns(self, g: np.ndarray, ng: int) -> tuple:
-        """The grouping's point sums and per-request columns (made once per grouping)."""
-        if self._by is not None and self._by[0] is g and self._by[1] == ng:
-            return self._by[2]
+    def __init__(self, keys: np.ndarray, s0: np.ndarray, sd: np.ndarray, cnt: np.ndarray, g: np.ndarray, ng: int,
+                 n_boot: int, seed: int, population: bool):
+        self.seed = seed
+        noisy = np.flatnonzero(sd > 0)
+        self.Z, self.kuniq, kcode = _normals(keys[noisy], n_boot, seed)
         nk = self.kuniq.size
-        m = np.bincount(self.kcode * ng + g[self.noisy], weights=self.sd[self.noisy], minlength=nk * ng).reshape(nk, ng)
-        if self.weights is None:
-            cols = (np.bincount(g, weights=self.s0, minlength=ng), m, None, None)
+        # per noisy request and group: the sum of its rows' sd
+        self.m = np.bincount(kcode * ng + g[noisy], weights=sd[noisy], minlength=nk * ng).reshape(nk, ng)
+        if population:
+            self.wkeys, wcode = np.unique(keys, return_inverse=True)  # every request draws its Poisson weight
+            cell, size = wcode * ng + g, self.wkeys.size * ng
+            self.a = np.bincount(cell, weights=s0, minlength=size).reshape(self.wkeys.size, ng)
+            self.c = np.bincount(cell, weights=cnt, minlength=size).reshape(self.wkeys.size, ng)
+            self.at = np.searchsorted(self.wkeys, self.kuniq)  # the noisy requests among them
+            self.base = None
         else:
-            wk, wcode = self.weights
-            cell = wcode * ng + g
-            size = wk.size * ng
-            a = np.bincount(cell, weights=self.s0, minlength=size).reshape(wk.size, ng)
-            c = np.bincount(cell, weights=self.cnt, minlength=size).reshape(wk.size, ng)
-            # the noisy requests' positions among every request (their Poisson weights)
-            cols = (None, m, (a, c), np.searchsorted(wk, self.kuniq))
-        self._by = (g, ng, cols)
-        return cols
+            self.wkeys, self.base = None, np.bincount(g, weights=s0, minlength=ng)
+        # draws a replicate of a block holds: its noise, and with population its weights
+        self.block_keys = nk + (self.wkeys.size if population else 0)
 
     def draws(self, i: np.ndarray) -> np.ndarray:
         """``(len(i), noisy requests)`` normal draws of replicates ``i``."""
         return normal_draws(self.kuniq, i, self.seed) if self.Z is None else self.Z[i]
 
-    def group_sums(self, g: np.ndarray, ng: int, i: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def group_sums(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Replicates ``i``' per-group numerators and (population target; else None) denominators."""
-        base, m, ac, at = self._columns(g, ng)
         z = self.draws(i) if self.kuniq.size else np.zeros((len(i), 0))
-        if ac is None:
-            return base[None, :] + _products(z, m), None
-        w = poisson_weights(self.weights[0], i, self.seed)
-        return _products(w, ac[0]) + _products(w[:, at] * z, m), _products(w, ac[1])
+        if self.wkeys is None:
+            return self.base[None, :] + _products(z, self.m), None
+        w = poisson_weights(self.wkeys, i, self.seed)
+        return _products(w, self.a) + _products(w[:, self.at] * z, self.m), _products(w, self.c)
 
 
 def _products(x: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -415,10 +405,10 @@ def aggregate_stats(stats: pd.DataFrame, by: list[str] | None = None, *, level: 
             m = shift[cols].sum().to_frame().T
         sh = m[cols].fillna(0.0).to_numpy(float).T  # (R, ng)
     # keys repeat across (group, request) clusters of one request: draw once per distinct key
-    noise = _Noise(key, s0, sd, cnt, n_boot, seed, target == "population")
+    noise = _Noise(key, s0, sd, cnt, g, ng, n_boot, seed, target == "population")
     reps = np.empty((n_boot, ng))
     for i in replicate_blocks(n_boot, noise.block_keys):
-        num, den = noise.group_sums(g, ng, i)
+        num, den = noise.group_sums(i)
         den = n_g if den is None else den
         if sh is not None:
             num = num + sh[i % sh.shape[0]] * den / np.maximum(n_g, 1e-12)
@@ -464,11 +454,11 @@ def replicate_sums(stats: pd.DataFrame, by: list[str] | None = None, *, n_boot: 
     cnt, s0 = stats["n"].to_numpy(float), stats["sum_mean"].to_numpy(float)
     sd = np.sqrt(np.maximum(stats["sum_var"].to_numpy(float), 0))
     key = stats[KEY].to_numpy(np.uint64)
-    noise = _Noise(key, s0, sd, cnt, n_boot if ng else 0, seed, target == "population")
+    noise = _Noise(key, s0, sd, cnt, g, ng, n_boot if ng else 0, seed, target == "population")
     num = np.zeros((n_boot, ng))
     den = np.zeros((n_boot, ng)) if target == "population" else None
     for i in replicate_blocks(n_boot if ng else 0, noise.block_keys):
-        num[i], d = noise.group_sums(g, ng, i)
+        num[i], d = noise.group_sums(i)
         if den is not None:
             den[i] = d
     out = dict(labels=labels[:ng], by=by, num=num, den=den, target=target,

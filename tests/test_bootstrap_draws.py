@@ -52,8 +52,8 @@ def test_noise_group_sums_are_the_sums_of_their_rows_replicates():
     z = np.where(sd > 0, normal_draws(key, i, 5), 0.0)  # a request's draw, whatever row it is on
     w = poisson_weights(key, i, 5)
     for population in (False, True):
-        noise = bs._Noise(key, s0, sd, cnt, 40, 5, population)
-        num, den = noise.group_sums(g, 3, i)
+        noise = bs._Noise(key, s0, sd, cnt, g, 3, 40, 5, population)
+        num, den = noise.group_sums(i)
         rows = s0 + z * sd
         want = np.stack([np.bincount(g, weights=r, minlength=3) for r in (w * rows if population else rows)])
         np.testing.assert_allclose(num, want, rtol=1e-12)
@@ -61,7 +61,7 @@ def test_noise_group_sums_are_the_sums_of_their_rows_replicates():
             np.testing.assert_allclose(den, np.stack([np.bincount(g, weights=r, minlength=3) for r in w * cnt]), rtol=1e-12)
         else:
             assert den is None
-        assert np.array_equal(noise.group_sums(g, 3, i[7:9])[0], num[7:9])  # the same numbers in a smaller block
+        assert np.array_equal(noise.group_sums(i[7:9])[0], num[7:9])  # the same numbers in a smaller block
 
 
 def test_poisson_weights_are_the_cdf_searched():
