@@ -44,21 +44,14 @@ def _clamp(p):
     return np.clip(np.asarray(p, np.float64), EPS, 1 - EPS)
 
 
-def width_bins(p, num_bins: int = 15) -> np.ndarray:
-    return _width(_clamp(p), num_bins)
-
-
-def mass_bins(p, num_bins: int = 15) -> np.ndarray:
-    return _mass(_clamp(p), num_bins)
-
-
 def _width(p: np.ndarray, num_bins: int) -> np.ndarray:
-    """:func:`width_bins` of predictions already clamped."""
-    return np.clip((p * num_bins).astype(np.int64), 0, num_bins - 1)
+    """Equal-width bin of each clamped prediction (any shape): ``floor(p * num_bins)``, clamped."""
+    b = np.multiply(p, num_bins).astype(np.int64)
+    return np.clip(b, 0, num_bins - 1, out=b)
 
 
 def _mass(p: np.ndarray, num_bins: int) -> np.ndarray:
-    """:func:`mass_bins` of predictions already clamped."""
+    """Equal-mass bin of each clamped prediction: edges at the sample's quantiles."""
     edges = np.quantile(p, np.linspace(0, 1, num_bins + 1)[1:-1]) if p.size else np.array([])
     return np.searchsorted(edges, p, side="right")
 
@@ -80,7 +73,8 @@ def ece_from_sums(n, sp, sy):
 
 def ece(p, y, num_bins: int = 15, w=None) -> float:
     """Plug-in ECE with equal-width bins (SGLang ``expected_calibration_error``)."""
-    return _ece_from_bins(_clamp(p), np.asarray(y, float), width_bins(p, num_bins), num_bins, w)
+    p = _clamp(p)
+    return _ece_from_bins(p, np.asarray(y, float), _width(p, num_bins), num_bins, w)
 
 
 def ece_rows(P, y, num_bins: int = 15, overwrite: bool = False) -> np.ndarray:
@@ -94,8 +88,7 @@ def ece_rows(P, y, num_bins: int = 15, overwrite: bool = False) -> np.ndarray:
     P = np.clip(P, EPS, 1 - EPS, out=P if overwrite else None)
     m = P.shape[0]
     size = num_bins * m
-    b = np.multiply(P, num_bins).astype(np.int64)
-    np.clip(b, 0, num_bins - 1, out=b)
+    b = _width(P, num_bins)
     b += num_bins * np.arange(m)[:, None]
     b = b.ravel()
     sp = np.bincount(b, weights=P.ravel(), minlength=size).reshape(m, num_bins)
@@ -329,7 +322,7 @@ def reliability_curve(p, y, num_bins: int = 15, w=None) -> pd.DataFrame:
     """One prediction's equal-width reliability curve: per bin its mean prediction, observed frequency and
     count. (The store's binned counterpart, over runs in SQL, is ``summaries.reliability_bins``.)"""
     p, y = _clamp(p), np.asarray(y, float)
-    b = width_bins(p, num_bins)
+    b = _width(p, num_bins)
     w = np.ones_like(p) if w is None else w
     n = np.bincount(b, weights=w, minlength=num_bins)
     sp = np.bincount(b, weights=w * p, minlength=num_bins)
